@@ -1,0 +1,131 @@
+// Private types shared by the core's translation units: the loaded backend,
+// the registry, tensor storage, and status-to-Error conversion.
+// Never installed; plugins and host applications cannot see it.
+#ifndef BACKPLANE_CORE_INTERNAL_HPP_
+#define BACKPLANE_CORE_INTERNAL_HPP_
+
+#include <backplane/abi.h>
+#include <backplane/distributed.hpp>
+#include <backplane/error.hpp>
+#include <backplane/registry.hpp>
+#include <backplane/shape.hpp>
+
+#include <atomic>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace boost::dll {
+class shared_library;
+}
+
+namespace backplane::detail {
+
+struct DeviceRecord {
+  std::string name;
+  Capabilities capabilities;
+  std::map<std::string, std::string> attributes;
+  uint64_t memory_bytes = 0;
+};
+
+// Number of dtype values this core knows (bp_dtype 0..kDtypeSlots-1).
+inline constexpr int kDtypeSlots = 10;
+
+struct BackendImpl {
+  // Declared first so it is destroyed last: the library stays mapped until
+  // the plugin instance (destroyed in ~BackendImpl) is gone.
+  std::shared_ptr<boost::dll::shared_library> library_handle;
+
+  // From the config.
+  std::string name;
+  std::string config_path;  // "backends[2]": where in the JSON it came from
+  std::string library;
+  std::string library_path;
+  bool required = false;
+  CollectiveFallback fallback;
+
+  // Outcome of loading.
+  Backend::Status status = Backend::Status::failed;
+  std::string error;
+  std::optional<Errc> error_code;
+
+  // The plugin. `api` is the plugin's table copied into a zero-filled struct
+  // of this core's size, so fields beyond the plugin's struct_size read NULL.
+  bp_plugin_api api{};
+  bp_plugin* plugin = nullptr;
+  std::string plugin_version;
+  std::optional<std::pair<uint32_t, uint32_t>> abi;
+  std::vector<DeviceRecord> devices;
+  Capabilities capabilities;  // union over devices
+
+  std::atomic<bool> warned_local_fallback{false};
+  // supports_op answers, cached per (device, op, dtype): 0 unknown, 1 yes, 2 no.
+  std::unique_ptr<std::atomic<uint8_t>[]> op_support;
+
+  BackendImpl() = default;
+  BackendImpl(const BackendImpl&) = delete;
+  BackendImpl& operator=(const BackendImpl&) = delete;
+  ~BackendImpl();
+
+  bool supports(int32_t device, int32_t op, int32_t dtype);
+  // "cpu:0"
+  std::string device_id(int32_t device) const { return name + ":" + std::to_string(device); }
+  // Throws backplane::Error for a non-NULL status, freeing it. `what` says
+  // which call failed ("execute add on cpu:0").
+  void check(bp_status* status, std::string_view what) const;
+  // Throws Errc::backend_unavailable unless loaded.
+  void require_loaded() const;
+};
+
+struct RegistryImpl {
+  std::filesystem::path config_path;
+  std::string default_backend;
+  std::vector<std::shared_ptr<BackendImpl>> backends;
+};
+
+// A plugin buffer; freed through its plugin when the last view goes away.
+struct Storage {
+  std::shared_ptr<BackendImpl> backend;
+  bp_buffer* buffer = nullptr;
+  uint64_t nbytes = 0;
+  int32_t device = 0;
+
+  Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size);
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage();
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape shape;
+  Shape strides;  // in elements
+  uint64_t byte_offset = 0;
+  DType dtype = DType::f32;
+  std::optional<DistributedParams> distributed;
+};
+
+// Row-major strides for `shape`.
+Shape contiguous_strides(const Shape& shape);
+// Validates a user-given shape (non-negative extents, no overflow of the
+// byte size) and returns its element count.
+int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what);
+// Allocates an uninitialised contiguous tensor on (backend, device).
+std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                            const Shape& shape, DType dtype);
+// A bp_tensor describing `t` (borrows t's shape and strides).
+bp_tensor describe(const TensorImpl& t);
+
+// Maps a plugin status code to Errc.
+Errc errc_from_status(int32_t code) noexcept;
+
+// The services every plugin receives (log forwarding).
+const bp_host_api* host_api() noexcept;
+
+}  // namespace backplane::detail
+
+#endif  // BACKPLANE_CORE_INTERNAL_HPP_

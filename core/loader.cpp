@@ -1,0 +1,255 @@
+// Plugin loading: resolve the file, dlopen it with Boost.DLL (RTLD_NOW, so an
+// unresolved symbol fails here and not later), check the ABI table, create
+// the instance and enumerate devices. Each failure names what and where.
+#include "loader.hpp"
+
+#include <backplane/log.hpp>
+
+#include <boost/dll/shared_library.hpp>
+
+#include <algorithm>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+
+namespace backplane::detail {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> candidate_names(const std::string& spec) {
+  std::string file = fs::path(spec).filename().string();
+  if (file.size() > 3 && (file.ends_with(".so") || file.find(".so.") != std::string::npos)) return {spec};
+  fs::path parent = fs::path(spec).parent_path();
+  return {spec, (parent / ("lib" + file + ".so")).string(), spec + ".so"};
+}
+
+bool is_file(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_regular_file(p, ec);  // follows symlinks
+}
+
+// The useful part of Boost.DLL's message is the dlerror text it embeds.
+std::string dlerror_text(const std::string& what) {
+  const std::string marker = "dlerror system message: ";
+  auto start = what.find(marker);
+  if (start == std::string::npos) return what;
+  start += marker.size();
+  auto end = what.rfind(')');
+  if (end == std::string::npos || end < start) return what.substr(start);
+  return what.substr(start, end - start);
+}
+
+[[noreturn]] void fail(Errc code, const BackendImpl& b, const std::string& what) {
+  throw Error(code, "backend \"" + b.name + "\" (" + b.library_path + "): " + what);
+}
+
+std::string abi_string(uint32_t major, uint32_t minor) {
+  return std::to_string(major) + "." + std::to_string(minor);
+}
+
+// The size of the 1.0 table: every plugin of major 1 provides at least this.
+constexpr std::size_t kMinTableSize = offsetof(bp_plugin_api, barrier) + sizeof(bp_plugin_api::barrier);
+
+void host_log(void* /*ctx*/, int32_t level, const char* message) {
+  if (message == nullptr) return;
+  LogLevel l = level <= BP_LOG_DEBUG ? LogLevel::debug
+               : level == BP_LOG_INFO ? LogLevel::info
+               : level == BP_LOG_WARNING ? LogLevel::warning
+                                         : LogLevel::error;
+  log(l, message);
+}
+
+const bp_host_api kHostApi = {sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
+
+}  // namespace
+
+const bp_host_api* host_api() noexcept { return &kHostApi; }
+
+fs::path resolve_library(const std::string& spec, const Config& config) {
+  fs::path p(spec);
+  std::vector<fs::path> tried;
+  auto try_dir = [&](const fs::path& dir) -> std::optional<fs::path> {
+    for (const auto& name : candidate_names(spec)) {
+      fs::path c = (dir / name).lexically_normal();
+      if (std::find(tried.begin(), tried.end(), c) != tried.end()) continue;
+      tried.push_back(c);
+      if (is_file(c)) return fs::absolute(c);
+    }
+    return std::nullopt;
+  };
+  if (p.is_absolute()) {
+    if (is_file(p)) return p;
+    tried.push_back(p);
+  } else {
+    if (auto r = try_dir(config.base_dir)) return *r;
+    for (const auto& dir : config.plugin_dirs)
+      if (auto r = try_dir(dir)) return *r;
+    if (const char* env = std::getenv("BACKPLANE_PLUGIN_PATH")) {
+      std::stringstream ss(env);
+      std::string dir;
+      while (std::getline(ss, dir, ':'))
+        if (!dir.empty())
+          if (auto r = try_dir(dir)) return *r;
+    }
+  }
+  std::string msg = "library \"" + spec + "\" not found; tried:";
+  for (const auto& t : tried) msg += "\n    " + t.string();
+  msg += "\n  (fix the \"library\" path, add its folder to plugin_dirs, or set BACKPLANE_PLUGIN_PATH)";
+  throw Error(Errc::plugin_load_failed, msg);
+}
+
+void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& config) {
+  try {
+    b.library_path = resolve_library(entry.library, config).string();
+  } catch (const Error& e) {
+    throw Error(e.code(), "backend \"" + b.name + "\": " + e.message());
+  }
+
+  auto lib = std::make_shared<boost::dll::shared_library>();
+  try {
+    // RTLD_NOW: an unresolved symbol fails here, not at first use.
+    // RTLD_NODELETE: a plugin is never unmapped. Runtimes it links (OpenMP,
+    // CUDA, NCCL) keep threads alive inside their code after the last
+    // handle closes; unmapping under them crashes the process at exit.
+    lib->load(b.library_path, static_cast<boost::dll::load_mode::type>(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE));
+  } catch (const std::exception& e) {
+    fail(Errc::plugin_load_failed, b, "cannot load: " + dlerror_text(e.what()));
+  }
+  if (!lib->has(BP_PLUGIN_ENTRY_SYMBOL)) {
+    fail(Errc::plugin_load_failed, b,
+         "does not export the entry symbol " BP_PLUGIN_ENTRY_SYMBOL
+         " (is it a backplane plugin? `nm -D --defined-only` lists what it exports)");
+  }
+  auto entry_fn = lib->get<const bp_plugin_api*(const bp_host_api*)>(BP_PLUGIN_ENTRY_SYMBOL);
+  b.library_handle = lib;
+
+  const bp_plugin_api* table = entry_fn(&kHostApi);
+  if (table == nullptr) fail(Errc::plugin_load_failed, b, BP_PLUGIN_ENTRY_SYMBOL " returned NULL (the plugin refused to start)");
+
+  if (!BP_HAS_FIELD(bp_plugin_api, abi_minor, table->struct_size)) {
+    fail(Errc::abi_mismatch, b,
+         "plugin table struct_size " + std::to_string(table->struct_size) +
+             " is too small to hold even the ABI version; it was not built against abi.h");
+  }
+  b.abi = {table->abi_major, table->abi_minor};
+  if (table->abi_major != BP_ABI_MAJOR) {
+    fail(Errc::abi_mismatch, b,
+         "built against plugin ABI " + abi_string(table->abi_major, table->abi_minor) + ", but this backplane speaks ABI " +
+             abi_string(BP_ABI_MAJOR, BP_ABI_MINOR) + "; rebuild the plugin against backplane's abi.h (major " +
+             std::to_string(BP_ABI_MAJOR) + ")");
+  }
+  if (table->struct_size < kMinTableSize) {
+    fail(Errc::abi_mismatch, b,
+         "plugin table struct_size " + std::to_string(table->struct_size) + " is smaller than the " +
+             std::to_string(kMinTableSize) + " bytes every ABI " + std::to_string(BP_ABI_MAJOR) +
+             ".x table has; the table is truncated or corrupt");
+  }
+  std::memcpy(&b.api, table, std::min<std::size_t>(table->struct_size, sizeof(bp_plugin_api)));
+  b.api.struct_size = std::min<std::size_t>(table->struct_size, sizeof(bp_plugin_api));
+
+  const bp_plugin_api& a = b.api;
+  std::vector<std::string> missing;
+  auto need = [&](const void* fn, const char* name) {
+    if (fn == nullptr) missing.emplace_back(name);
+  };
+  need(reinterpret_cast<const void*>(a.status_code), "status_code");
+  need(reinterpret_cast<const void*>(a.status_message), "status_message");
+  need(reinterpret_cast<const void*>(a.status_free), "status_free");
+  need(reinterpret_cast<const void*>(a.create), "create");
+  need(reinterpret_cast<const void*>(a.destroy), "destroy");
+  need(reinterpret_cast<const void*>(a.device_count), "device_count");
+  need(reinterpret_cast<const void*>(a.device_info), "device_info");
+  need(reinterpret_cast<const void*>(a.supports_op), "supports_op");
+  need(reinterpret_cast<const void*>(a.buffer_alloc), "buffer_alloc");
+  need(reinterpret_cast<const void*>(a.buffer_free), "buffer_free");
+  need(reinterpret_cast<const void*>(a.buffer_write), "buffer_write");
+  need(reinterpret_cast<const void*>(a.buffer_read), "buffer_read");
+  need(reinterpret_cast<const void*>(a.execute), "execute");
+  if (a.plugin_name == nullptr) missing.emplace_back("plugin_name");
+  if (a.plugin_version == nullptr) missing.emplace_back("plugin_version");
+  if (!missing.empty()) {
+    std::string list;
+    for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+    fail(Errc::abi_mismatch, b, "required table entries are NULL: " + list);
+  }
+  b.plugin_version = a.plugin_version;
+
+  bp_create_args args{};
+  args.struct_size = sizeof(args);
+  args.backend_name = b.name.c_str();
+  args.options_json = entry.options_json.c_str();
+  args.host = &kHostApi;
+  bp_plugin* instance = nullptr;
+  try {
+    b.check(a.create(&args, &instance), "create");
+  } catch (const Error& e) {
+    throw Error(Errc::plugin_load_failed, e.message());
+  }
+  if (instance == nullptr) fail(Errc::plugin_load_failed, b, "create() succeeded but returned no instance");
+  b.plugin = instance;
+
+  try {
+    int32_t count = 0;
+    b.check(a.device_count(b.plugin, &count), "device_count");
+    if (count < 0 || count > 4096) fail(Errc::plugin_load_failed, b, "device_count returned " + std::to_string(count));
+    for (int32_t d = 0; d < count; ++d) {
+      bp_device_info info{};
+      info.struct_size = sizeof(info);
+      b.check(a.device_info(b.plugin, d, &info), "device_info(" + std::to_string(d) + ")");
+      DeviceRecord rec;
+      rec.name = info.name != nullptr ? info.name : b.device_id(d);
+      rec.capabilities = Capabilities(info.capabilities);
+      rec.memory_bytes = info.memory_bytes;
+      if (info.num_attributes > 0 && info.attributes != nullptr) {
+        for (int32_t i = 0; i < info.num_attributes; ++i) {
+          const bp_attribute& at = info.attributes[i];
+          if (at.name != nullptr) rec.attributes[at.name] = at.value != nullptr ? at.value : "";
+        }
+      }
+      b.devices.push_back(std::move(rec));
+    }
+  } catch (const Error& e) {
+    if (e.code() == Errc::plugin_load_failed) throw;
+    throw Error(Errc::plugin_load_failed, e.message());
+  }
+
+  // A flag promises entries: check the promise before anyone relies on it.
+  for (std::size_t d = 0; d < b.devices.size(); ++d) {
+    const Capabilities caps = b.devices[d].capabilities;
+    std::vector<std::string> absent;
+    auto promise = [&](Capability cap, std::initializer_list<std::pair<const void*, const char*>> fns) {
+      if (!caps.has(cap)) return;
+      std::string names;
+      for (const auto& [fn, name] : fns)
+        if (fn == nullptr) names += (names.empty() ? "" : ", ") + std::string(name);
+      if (!names.empty())
+        absent.push_back("declares '" + std::string(to_string(cap)) + "' on device " + std::to_string(d) +
+                         " but leaves " + names + " NULL");
+    };
+    promise(Capability::collective, {{reinterpret_cast<const void*>(a.comm_create), "comm_create"},
+                                     {reinterpret_cast<const void*>(a.comm_destroy), "comm_destroy"},
+                                     {reinterpret_cast<const void*>(a.all_reduce), "all_reduce"},
+                                     {reinterpret_cast<const void*>(a.broadcast), "broadcast"},
+                                     {reinterpret_cast<const void*>(a.all_gather), "all_gather"},
+                                     {reinterpret_cast<const void*>(a.reduce_scatter), "reduce_scatter"},
+                                     {reinterpret_cast<const void*>(a.barrier), "barrier"}});
+    promise(Capability::async, {{reinterpret_cast<const void*>(a.synchronize), "synchronize"}});
+    promise(Capability::host_visible, {{reinterpret_cast<const void*>(a.buffer_host_ptr), "buffer_host_ptr"}});
+    if (!absent.empty()) {
+      std::string msg = "the plugin's capabilities contradict its table: ";
+      for (std::size_t i = 0; i < absent.size(); ++i) msg += (i ? "; " : "") + absent[i];
+      fail(Errc::abi_mismatch, b, msg + "; the plugin is rejected");
+    }
+    b.capabilities = Capabilities(b.capabilities.bits() | caps.bits());
+  }
+
+  const std::size_t slots = b.devices.size() * BP_OP_COUNT_ * kDtypeSlots;
+  b.op_support = std::make_unique<std::atomic<uint8_t>[]>(slots);
+  for (std::size_t i = 0; i < slots; ++i) b.op_support[i].store(0, std::memory_order_relaxed);
+  b.status = Backend::Status::loaded;
+}
+
+}  // namespace backplane::detail

@@ -1,0 +1,152 @@
+// Tensor handles: allocation through the plugin, host transfer, metadata.
+#include "internal.hpp"
+
+#include <backplane/ops.hpp>
+#include <backplane/tensor.hpp>
+
+#include <cstring>
+#include <limits>
+
+namespace backplane {
+namespace detail {
+
+Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size)
+    : backend(std::move(b)), nbytes(size), device(dev) {
+  bp_buffer* out = nullptr;
+  backend->check(backend->api.buffer_alloc(backend->plugin, dev, size, &out), "buffer_alloc");
+  if (out == nullptr) {
+    throw Error(Errc::device_error, "backend \"" + backend->name + "\": buffer_alloc of " + std::to_string(size) +
+                                        " bytes succeeded but returned no buffer");
+  }
+  buffer = out;
+}
+
+Storage::~Storage() { backend->api.buffer_free(backend->plugin, buffer); }
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape s = shape;
+  int64_t acc = 1;
+  for (int i = shape.rank() - 1; i >= 0; --i) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what) {
+  const std::size_t elem = dtype_size(dtype);
+  if (elem == 0) throw Error(Errc::invalid_argument, std::string(what) + ": unknown dtype value " +
+                                                         std::to_string(static_cast<int>(dtype)));
+  int64_t n = 1;
+  for (int i = 0; i < shape.rank(); ++i) {
+    if (shape[i] < 0)
+      throw Error(Errc::invalid_argument,
+                  std::string(what) + ": shape " + shape.to_string() + " has a negative extent at dim " + std::to_string(i));
+    if (shape[i] != 0 && n > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(elem) / shape[i])
+      throw Error(Errc::invalid_argument, std::string(what) + ": shape " + shape.to_string() + " of " +
+                                              std::string(to_string(dtype)) + " overflows the addressable size");
+    n *= shape[i];
+  }
+  return n;
+}
+
+std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                            const Shape& shape, DType dtype) {
+  auto t = std::make_shared<TensorImpl>();
+  const uint64_t bytes = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
+  t->storage = std::make_shared<Storage>(backend, device, bytes);
+  t->shape = shape;
+  t->strides = contiguous_strides(shape);
+  t->dtype = dtype;
+  return t;
+}
+
+bp_tensor describe(const TensorImpl& t) {
+  bp_tensor d{};
+  d.buffer = t.storage->buffer;
+  d.byte_offset = t.byte_offset;
+  d.device = t.storage->device;
+  d.dtype = static_cast<int32_t>(t.dtype);
+  d.ndim = t.shape.rank();
+  d.shape = t.shape.data();
+  d.strides = t.strides.data();
+  return d;
+}
+
+}  // namespace detail
+
+namespace {
+const std::shared_ptr<detail::BackendImpl>& usable(const Device& device, std::string_view what) {
+  if (!device.valid()) throw Error(Errc::invalid_argument, std::string(what) + ": invalid (default-constructed) Device");
+  device.impl()->require_loaded();
+  return device.impl();
+}
+}  // namespace
+
+Tensor Tensor::empty(const Device& device, const Shape& shape, DType dtype) {
+  const auto& backend = usable(device, "Tensor::empty");
+  detail::checked_numel(shape, dtype, "Tensor::empty");
+  return Tensor(detail::allocate_tensor(backend, device.index(), shape, dtype));
+}
+
+Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data, std::size_t count) {
+  const auto& backend = usable(device, "Tensor::from_vector");
+  const int64_t n = detail::checked_numel(shape, dtype, "Tensor::from_vector");
+  if (static_cast<uint64_t>(n) != count) {
+    throw Error(Errc::invalid_argument, "Tensor::from_vector: shape " + shape.to_string() + " holds " + std::to_string(n) +
+                                            " elements but " + std::to_string(count) + " values were given");
+  }
+  auto t = detail::allocate_tensor(backend, device.index(), shape, dtype);
+  const uint64_t bytes = t->storage->nbytes;
+  if (bytes > 0) {
+    backend->check(backend->api.buffer_write(backend->plugin, t->storage->buffer, 0, data, bytes),
+                   "buffer_write to " + device.id());
+  }
+  return Tensor(std::move(t));
+}
+
+const detail::TensorImpl& Tensor::checked() const {
+  if (!impl_) throw Error(Errc::invalid_argument, "use of an undefined Tensor (default-constructed or moved-from)");
+  return *impl_;
+}
+
+const Shape& Tensor::shape() const { return checked().shape; }
+const Shape& Tensor::strides() const { return checked().strides; }
+DType Tensor::dtype() const { return checked().dtype; }
+Device Tensor::device() const {
+  const auto& s = *checked().storage;
+  return Device(s.backend, s.device);
+}
+bool Tensor::is_contiguous() const {
+  const auto& t = checked();
+  return t.strides == detail::contiguous_strides(t.shape);
+}
+
+void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {
+  const auto& t = checked();
+  if (dtype != t.dtype) {
+    throw Error(Errc::dtype_mismatch, "Tensor::to_vector: the tensor holds " + std::string(backplane::to_string(t.dtype)) +
+                                          " but " + std::string(backplane::to_string(dtype)) + " was requested");
+  }
+  if (count != static_cast<std::size_t>(t.shape.numel())) {
+    throw Error(Errc::invalid_argument, "Tensor::read_into: destination holds " + std::to_string(count) +
+                                            " elements, the tensor " + std::to_string(t.shape.numel()));
+  }
+  if (count == 0) return;
+  if (!is_contiguous()) {
+    contiguous(*this).read_into(dtype, dst, count);
+    return;
+  }
+  const auto& s = *t.storage;
+  s.backend->check(s.backend->api.buffer_read(s.backend->plugin, s.buffer, t.byte_offset, dst,
+                                              static_cast<uint64_t>(count) * dtype_size(dtype)),
+                   "buffer_read from " + s.backend->device_id(s.device));
+}
+
+std::string Tensor::to_string() const {
+  if (!impl_) return "Tensor(undefined)";
+  return "Tensor(shape=" + impl_->shape.to_string() + ", dtype=" + std::string(backplane::to_string(impl_->dtype)) +
+         ", device=" + device().id() + ")";
+}
+
+}  // namespace backplane

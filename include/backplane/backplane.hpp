@@ -1,0 +1,16 @@
+// The umbrella header of backplane's host-application API.
+#ifndef BACKPLANE_BACKPLANE_HPP_
+#define BACKPLANE_BACKPLANE_HPP_
+
+#include <backplane/capability.hpp>
+#include <backplane/distributed.hpp>
+#include <backplane/dtype.hpp>
+#include <backplane/error.hpp>
+#include <backplane/log.hpp>
+#include <backplane/ops.hpp>
+#include <backplane/registry.hpp>
+#include <backplane/shape.hpp>
+#include <backplane/tensor.hpp>
+#include <backplane/version.hpp>
+
+#endif  // BACKPLANE_BACKPLANE_HPP_

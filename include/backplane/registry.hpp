@@ -1,0 +1,153 @@
+// Registry, Backend and Device: the loaded plugins and what each device can do.
+//
+// A Registry is built once from backends.json and is immutable afterwards:
+// all const methods are safe to call from many threads at once. Backend and
+// Device are cheap value handles; each keeps its plugin library loaded while
+// it (or any tensor made on it) is alive.
+#ifndef BACKPLANE_REGISTRY_HPP_
+#define BACKPLANE_REGISTRY_HPP_
+
+#include <backplane/export.hpp>
+
+#include <backplane/capability.hpp>
+#include <backplane/dtype.hpp>
+#include <backplane/error.hpp>
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace backplane {
+
+namespace detail {
+struct BackendImpl;
+struct RegistryImpl;
+}  // namespace detail
+
+class Backend;
+
+// What set_distributed_params (and process groups) do on a device that
+// lacks Capability::collective. Set per backend in backends.json.
+struct BACKPLANE_API CollectiveFallback {
+  enum class Kind { error, local, host };
+  Kind kind = Kind::error;
+  std::string host_backend;  // for Kind::host: the backend to stage through
+  std::string to_string() const;  // "error", "local", "host:cpu"
+};
+
+class BACKPLANE_API Device {
+ public:
+  Device() = default;  // an invalid device; valid() is false
+
+  bool valid() const noexcept { return backend_ != nullptr; }
+  int32_t index() const noexcept { return index_; }
+  // "cpu:0" style: the backend name and the index.
+  std::string id() const;
+  // The plugin's name for the device, e.g. "host (2 threads)".
+  const std::string& name() const;
+  Capabilities capabilities() const;
+  const std::map<std::string, std::string>& attributes() const;
+  uint64_t memory_bytes() const;
+  Backend backend() const;
+  // Whether the device can run `op` (a bp_op value) on dtype. Cached.
+  bool supports(int32_t op, DType dtype) const;
+  // Waits for queued work; surfaces errors of asynchronous ops.
+  void synchronize() const;
+
+  friend bool operator==(const Device& a, const Device& b) noexcept {
+    return a.backend_ == b.backend_ && a.index_ == b.index_;
+  }
+
+  // For the core.
+  Device(std::shared_ptr<detail::BackendImpl> backend, int32_t index)
+      : backend_(std::move(backend)), index_(index) {}
+  const std::shared_ptr<detail::BackendImpl>& impl() const noexcept { return backend_; }
+
+ private:
+  std::shared_ptr<detail::BackendImpl> backend_;
+  int32_t index_ = -1;
+};
+
+class BACKPLANE_API Backend {
+ public:
+  enum class Status { loaded, failed };
+
+  const std::string& name() const;
+  Status status() const;
+  bool loaded() const { return status() == Status::loaded; }
+  // Why the backend failed to load ("" when loaded), and its code.
+  const std::string& error() const;
+  std::optional<Errc> error_code() const;
+  bool required() const;
+  // The "library" value from the config, and the file it resolved to
+  // ("" when resolution failed).
+  const std::string& library() const;
+  const std::string& library_path() const;
+  // From the plugin's table ("" when the plugin never answered).
+  const std::string& version() const;
+  // "1.0": the ABI the plugin was built against ("" when unknown).
+  std::string abi_version() const;
+  CollectiveFallback collective_fallback() const;
+
+  // The union of the devices' capabilities.
+  Capabilities capabilities() const;
+  int32_t device_count() const;
+  // Throws Errc::backend_unavailable when the backend failed to load, and
+  // Errc::not_found when index is out of range.
+  Device device(int32_t index = 0) const;
+  std::vector<Device> devices() const;
+
+  // For the core.
+  explicit Backend(std::shared_ptr<detail::BackendImpl> impl) : impl_(std::move(impl)) {}
+  const std::shared_ptr<detail::BackendImpl>& impl() const noexcept { return impl_; }
+
+ private:
+  std::shared_ptr<detail::BackendImpl> impl_;
+};
+
+// What from_config does when a `required` backend fails to load.
+enum class RequiredPolicy {
+  throw_on_failure,  // throw Errc::backend_unavailable listing every failure
+  report,            // keep it in the registry as failed (for tools like `backplane check`)
+};
+
+class BACKPLANE_API Registry {
+ public:
+  // Reads, validates and loads the config. Backends that fail to load stay
+  // in the registry with status failed; if any of them is `required`,
+  // throws Errc::backend_unavailable listing every failure. A config that
+  // cannot be read or parsed throws Errc::config_error naming the JSON path.
+  static Registry from_config(const std::filesystem::path& path,
+                              RequiredPolicy policy = RequiredPolicy::throw_on_failure);
+  // The same, from JSON text; relative library paths resolve against base_dir.
+  static Registry from_json(std::string_view json, const std::filesystem::path& base_dir,
+                            std::string_view source_name = "<json>",
+                            RequiredPolicy policy = RequiredPolicy::throw_on_failure);
+  // BACKPLANE_CONFIG if set, else ./backends.json, else the installed default.
+  static Registry from_env();
+  // The path from_env() would read.
+  static std::filesystem::path default_config_path();
+
+  // Every configured backend, in config order, loaded or not.
+  std::vector<Backend> backends() const;
+  // Throws Errc::not_found for an unknown name (listing the known ones).
+  // A backend that failed to load is returned; using its devices throws.
+  Backend backend(std::string_view name) const;
+  // The config's default_backend, else the first loaded backend.
+  Backend default_backend() const;
+  // The config file this registry came from ("" for from_json).
+  const std::filesystem::path& config_path() const;
+
+ private:
+  explicit Registry(std::shared_ptr<detail::RegistryImpl> impl) : impl_(std::move(impl)) {}
+  std::shared_ptr<detail::RegistryImpl> impl_;
+};
+
+}  // namespace backplane
+
+#endif  // BACKPLANE_REGISTRY_HPP_

@@ -1,0 +1,93 @@
+// Tensor: a handle to a typed, shaped view of a plugin buffer on one device.
+//
+// Copies of a Tensor share the same data (like torch.Tensor); the plugin
+// buffer is freed when the last tensor viewing it goes away. Distinct
+// tensors may be used from different threads; one tensor handle must not be
+// mutated (e.g. by set_distributed_params) while another thread reads it.
+#ifndef BACKPLANE_TENSOR_HPP_
+#define BACKPLANE_TENSOR_HPP_
+
+#include <backplane/export.hpp>
+
+#include <backplane/dtype.hpp>
+#include <backplane/error.hpp>
+#include <backplane/registry.hpp>
+#include <backplane/shape.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace backplane {
+
+namespace detail {
+struct TensorImpl;
+}
+
+class BACKPLANE_API Tensor {
+ public:
+  Tensor() = default;  // an undefined tensor; defined() is false
+
+  // A tensor of the given shape whose contents are unspecified.
+  static Tensor empty(const Device& device, const Shape& shape, DType dtype);
+  // Copies `values` (row-major; values.size() must equal shape's element
+  // count) into a new tensor on `device`.
+  template <class T>
+  static Tensor from_vector(const Device& device, const Shape& shape, const std::vector<T>& values) {
+    return from_bytes(device, shape, dtype_of_v<T>, values.data(), values.size());
+  }
+  static Tensor from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data,
+                           std::size_t count);
+
+  bool defined() const noexcept { return impl_ != nullptr; }
+  const Shape& shape() const;
+  const Shape& strides() const;  // in elements
+  int rank() const { return shape().rank(); }
+  int64_t numel() const { return shape().numel(); }
+  DType dtype() const;
+  Device device() const;
+  std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+  bool is_contiguous() const;
+
+  // Reads the elements back to the host, row-major. T must match dtype()
+  // (Errc::dtype_mismatch otherwise). Synchronises the device.
+  template <class T>
+  std::vector<T> to_vector() const {
+    std::vector<T> out(static_cast<std::size_t>(numel()));
+    read_into(dtype_of_v<T>, out.data(), out.size());
+    return out;
+  }
+  // Reads into caller memory; count must equal numel().
+  void read_into(DType dtype, void* dst, std::size_t count) const;
+
+  // "Tensor(shape=[2, 3], dtype=f32, device=cpu:0)"
+  std::string to_string() const;
+
+  // For the core.
+  explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
+  const std::shared_ptr<detail::TensorImpl>& impl() const noexcept { return impl_; }
+
+ private:
+  const detail::TensorImpl& checked() const;
+  std::shared_ptr<detail::TensorImpl> impl_;
+};
+
+// std::vector<bool> is bit-packed: go through one byte per element.
+template <>
+inline Tensor Tensor::from_vector<bool>(const Device& device, const Shape& shape, const std::vector<bool>& values) {
+  const std::vector<uint8_t> bytes(values.begin(), values.end());
+  return from_bytes(device, shape, DType::bool_, bytes.data(), bytes.size());
+}
+
+template <>
+inline std::vector<bool> Tensor::to_vector<bool>() const {
+  std::vector<uint8_t> bytes(static_cast<std::size_t>(numel()));
+  read_into(DType::bool_, bytes.data(), bytes.size());
+  return {bytes.begin(), bytes.end()};
+}
+
+}  // namespace backplane
+
+#endif  // BACKPLANE_TENSOR_HPP_
