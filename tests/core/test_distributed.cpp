@@ -1,0 +1,132 @@
+// Tests of set_distributed_params: a runtime lookup of the device's
+// `collective` capability. Without it (the real cpu plugin) the backend's
+// collective_fallback decides: a typed error by default, or "local" with one
+// warning per backend; with it (the collective_world1 fixture) the tensor is
+// registered and shares its data.
+#include "test_support.hpp"
+
+using namespace backplane;
+using namespace bptest;
+
+namespace {
+
+Device cpu_device(const Registry& r, std::string_view name = "cpu") {
+  Backend b = r.backend(name);
+  expect_loaded(b);
+  return b.device(0);
+}
+
+}  // namespace
+
+TEST_CASE("distributed: without collective the default fallback throws capability_missing") {
+  Registry r = load(config_json({backend_json("cpu", "backplane_cpu")}));
+  Device d = cpu_device(r);
+  REQUIRE_FALSE(d.capabilities().has(Capability::collective));
+  CHECK(r.backend("cpu").collective_fallback().kind == CollectiveFallback::Kind::error);
+  Tensor t = Tensor::from_vector<float>(d, {2}, {1, 2});
+  Error e = error_from([&] { set_distributed_params(t, DistributedParamId{42}); });
+  CHECK(e.code() == Errc::capability_missing);
+  BP_CHECK_CONTAINS(e.message(), "cpu");                  // the backend, as configured
+  BP_CHECK_CONTAINS(e.message(), "cpu:0");                // the device
+  BP_CHECK_CONTAINS(e.message(), "collective");           // the capability
+  BP_CHECK_CONTAINS(e.message(), "collective_fallback");  // the remedy
+  CHECK_FALSE(is_distributed(t));
+  CHECK_FALSE(distributed_params(t).has_value());
+}
+
+TEST_CASE("distributed: the error names the backend as configured") {
+  Registry r = load(config_json({backend_json("trainer_host", "backplane_cpu")}));
+  Tensor t = Tensor::from_vector<float>(cpu_device(r, "trainer_host"), {1}, {1});
+  Error e = error_from([&] { set_distributed_params(t, DistributedParamId{7}); });
+  CHECK(e.code() == Errc::capability_missing);
+  BP_CHECK_CONTAINS(e.message(), "trainer_host");
+  BP_CHECK_CONTAINS(e.message(), "trainer_host:0");
+}
+
+TEST_CASE("distributed: fallback local returns the tensor unregistered and warns once") {
+  Registry r = load(config_json({backend_json("cpu", "backplane_cpu", false, R"("collective_fallback": "local")")}));
+  Device d = cpu_device(r);
+  Tensor t = Tensor::from_vector<float>(d, {3}, {1, 2, 3});
+  Tensor u = Tensor::from_vector<float>(d, {2}, {4, 5});
+
+  LogCapture logs;
+  Tensor t2 = set_distributed_params(t, DistributedParamId{42});
+  Tensor u2 = set_distributed_params(u, DistributedParamId{43});
+  const std::vector<std::string> warnings = logs.at(LogLevel::warning);
+  INFO("log: " << logs.all());
+  REQUIRE(warnings.size() == 1);
+  BP_CHECK_CONTAINS(warnings[0], "collective");
+  BP_CHECK_CONTAINS(warnings[0], "cpu");
+
+  REQUIRE(t2.defined());
+  CHECK_FALSE(is_distributed(t2));
+  CHECK_FALSE(distributed_params(t2).has_value());
+  CHECK(t2.shape() == Shape{3});
+  CHECK(t2.device() == d);
+  CHECK(t2.to_vector<float>() == std::vector<float>{1, 2, 3});
+  CHECK_FALSE(is_distributed(u2));
+  CHECK(u2.to_vector<float>() == std::vector<float>{4, 5});
+}
+
+TEST_CASE("distributed: fallback local warns once per backend") {
+  Registry r = load(config_json({backend_json("cpu_a", "backplane_cpu", false, R"("collective_fallback": "local")"),
+                                 backend_json("cpu_b", "backplane_cpu", false, R"("collective_fallback": "local")")}));
+  Tensor a = Tensor::from_vector<float>(cpu_device(r, "cpu_a"), {1}, {1});
+  Tensor b = Tensor::from_vector<float>(cpu_device(r, "cpu_b"), {1}, {2});
+  LogCapture logs;
+  for (int i = 0; i < 3; ++i) {
+    set_distributed_params(a, DistributedParamId{1});
+    set_distributed_params(b, DistributedParamId{2});
+  }
+  INFO("log: " << logs.all());
+  CHECK(logs.at(LogLevel::warning).size() == 2);
+  CHECK(logs.at(LogLevel::warning, "cpu_a").size() == 1);
+  CHECK(logs.at(LogLevel::warning, "cpu_b").size() == 1);
+}
+
+TEST_CASE("distributed: a device with collective registers the parameter") {
+  Registry r = load(config_json({backend_json("world", "collective_world1")}));
+  Backend b = r.backend("world");
+  expect_loaded(b);
+  Device d = b.device(0);
+  REQUIRE(d.capabilities().has(Capability::collective));
+  CHECK(d.capabilities().has(Capability::host_visible));
+  CHECK(d.capabilities().has(Capability::f64));
+  CHECK(d.attributes().at("world_size_limit") == "1");
+
+  Tensor t = Tensor::from_vector<double>(d, {2, 2}, {1, 2, 3, 4});
+  CHECK_FALSE(is_distributed(t));
+  Tensor p = set_distributed_params(t, DistributedParamId{42});
+  REQUIRE(p.defined());
+  CHECK(is_distributed(p));
+  REQUIRE(distributed_params(p).has_value());
+  CHECK(distributed_params(p)->param_id == DistributedParamId{42});
+  CHECK(p.shape() == Shape{2, 2});
+  CHECK(p.dtype() == DType::f64);
+  CHECK(p.device() == d);
+  CHECK(p.to_vector<double>() == std::vector<double>{1, 2, 3, 4});
+  // The parameter computes like any tensor.
+  CHECK(add(p, p).to_vector<double>() == std::vector<double>{2, 4, 6, 8});
+}
+
+TEST_CASE("distributed: registration shares the tensor's data instead of copying it") {
+  Registry r = load(config_json({backend_json("world", "collective_world1")}));
+  Device d = r.backend("world").device(0);
+  Tensor t = Tensor::from_vector<float>(d, {4}, {1, 2, 3, 4});
+
+  // collective_world1 logs every buffer_alloc at debug level.
+  LogCapture logs(LogLevel::debug);
+  Tensor probe = Tensor::from_vector<float>(d, {1}, {0});
+  const std::size_t allocs_for_probe = logs.at(LogLevel::debug, "collective_world1: buffer_alloc").size();
+  REQUIRE_MESSAGE(allocs_for_probe == 1, "plugin debug logs do not reach the handler; log: " << logs.all());
+  logs.clear();
+  Tensor p = set_distributed_params(t, DistributedParamId{42});
+  CHECK(logs.at(LogLevel::debug, "collective_world1: buffer_alloc").empty());
+  CHECK(is_distributed(p));
+  CHECK(p.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+}
+
+TEST_CASE("distributed: an undefined tensor throws invalid_argument") {
+  Error e = error_from([] { set_distributed_params(Tensor{}, DistributedParamId{42}); });
+  CHECK(e.code() == Errc::invalid_argument);
+}
