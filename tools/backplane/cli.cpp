@@ -1,0 +1,144 @@
+// Shared helpers of the backplane CLI: config choice and loading, error
+// printing, and the text formatting that list and check have in common.
+#include "cli.hpp"
+
+#include <backplane/error.hpp>
+#include <backplane/version.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <system_error>
+
+namespace backplane::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_file(const fs::path& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec);
+}
+
+void print_prefixed(std::string_view prefix, std::string_view message) {
+  std::string text(prefix);
+  text += indent_continuation(message, 2);
+  text += '\n';
+  std::cout.flush();  // keep interleaved stdout / stderr lines in order
+  std::fflush(stdout);
+  std::cerr << text;
+  std::cerr.flush();
+}
+
+}  // namespace
+
+fs::path choose_config(const std::string& flag) {
+  if (!flag.empty()) {
+    const fs::path path = flag;
+    std::error_code ec;
+    if (!fs::exists(path, ec)) {
+      throw CommandError(kExitConfig, "config file '" + flag + "' does not exist");
+    }
+    if (fs::is_directory(path, ec)) {
+      throw CommandError(kExitConfig,
+                         "config '" + flag + "' is a directory; pass the backends.json file in it");
+    }
+    return path;
+  }
+
+  const fs::path path = Registry::default_config_path();
+  const char* env = std::getenv("BACKPLANE_CONFIG");
+  if (env != nullptr && *env != '\0') {
+    if (!is_file(path)) {
+      throw CommandError(kExitConfig, "BACKPLANE_CONFIG names '" + path.string() +
+                                          "', which does not exist or is not a file");
+    }
+    return path;
+  }
+  if (is_file(path)) return path;
+  throw CommandError(kExitConfig,
+                     "no config found: BACKPLANE_CONFIG is not set, there is no backends.json in the current "
+                     "folder, and no installed default (share/backplane/backends.json of the install tree)\n"
+                     "pass --config FILE or set BACKPLANE_CONFIG=FILE");
+}
+
+Registry load_for_report(const fs::path& config) {
+  try {
+    return Registry::from_config(config, RequiredPolicy::report);
+  } catch (const Error& e) {
+    switch (e.code()) {
+      case Errc::config_error:
+      case Errc::not_found:
+      case Errc::io_error:
+        throw CommandError(kExitConfig, e.message());
+      default:
+        throw;
+    }
+  }
+}
+
+fs::path shown_config_path(const Registry& registry, const fs::path& chosen) {
+  const fs::path& path = registry.config_path().empty() ? chosen : registry.config_path();
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  return ec ? path : absolute.lexically_normal();
+}
+
+void print_error(std::string_view message) { print_prefixed("backplane: error: ", message); }
+void print_warning(std::string_view message) { print_prefixed("backplane: warning: ", message); }
+
+std::string indent_continuation(std::string_view text, std::size_t indent) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.remove_suffix(1);
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    out += c;
+    if (c == '\n') out.append(indent, ' ');
+  }
+  return out;
+}
+
+std::string format_bytes(uint64_t bytes) {
+  if (bytes == 0) return "unknown";
+  static constexpr const char* kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  std::size_t unit = 0;
+  while (value >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char buf[32];
+  if (unit == 0) {
+    std::snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f %s", value, kUnits[unit]);
+  }
+  return buf;
+}
+
+std::string failure_hint(const Backend& backend, const fs::path& config) {
+  const std::string cfg = config.string();
+  const std::string& error = backend.error();
+  const std::optional<Errc> code = backend.error_code();
+  if (code == Errc::config_error) return "fix this backend's entry in " + cfg;
+  if (code == Errc::abi_mismatch) {
+    return "rebuild the plugin against this backplane's abi.h (plugin ABI " + std::to_string(kAbiMajor) +
+           "." + std::to_string(kAbiMinor) + "; the major must match)";
+  }
+  if (backend.library_path().empty()) {
+    return "is the plugin built? `cmake --build --preset release` puts the bundled plugins in build/plugins";
+  }
+  if (error.find("cannot load:") != std::string::npos) {
+    return "a dependency is missing or the plugin is linked wrongly; try: ldd " + backend.library_path();
+  }
+  if (error.find(": create:") != std::string::npos) {
+    return "the plugin refused to start; check this backend's \"options\" in " + cfg;
+  }
+  if (error.find("device_count") != std::string::npos || error.find("device_info") != std::string::npos) {
+    return "the plugin could not enumerate its devices; is the device (driver, server) present?";
+  }
+  return "BACKPLANE_LOG_LEVEL=debug shows more detail";
+}
+
+}  // namespace backplane::cli

@@ -1,0 +1,111 @@
+// `backplane check`: loads the config and prints one line per backend, "ok" or
+// "FAILED" with the full reason and a hint. Exit 0 when every required
+// backend loaded (optional failures are warnings), 1 otherwise, 2 on a bad config.
+#include "cli.hpp"
+
+#include <backplane/capability.hpp>
+#include <backplane/error.hpp>
+#include <backplane/registry.hpp>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace backplane::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CheckOptions {
+  std::string config;
+};
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const std::string& item : items) {
+    if (!out.empty()) out += ", ";
+    out += item;
+  }
+  return out;
+}
+
+std::string pad(std::string text, std::size_t width) {
+  if (text.size() < width) text.append(width - text.size(), ' ');
+  return text;
+}
+
+// "0.1.0, 1 device: host_visible, f64" for a loaded backend.
+std::string loaded_summary(const Backend& backend) {
+  std::string text = backend.version().empty() ? std::string() : backend.version() + ", ";
+  const int32_t n = backend.device_count();
+  text += std::to_string(n) + (n == 1 ? " device" : " devices");
+  if (n > 0) text += ": " + backend.capabilities().to_string();
+  return text;
+}
+
+int run_check(const CheckOptions& options) {
+  const fs::path config = choose_config(options.config);
+  const Registry registry = load_for_report(config);
+  const std::vector<Backend> backends = registry.backends();
+  if (backends.empty()) throw CommandError(kExitFailed, "no backends configured in " + config.string());
+
+  std::size_t name_width = 0;
+  for (const Backend& backend : backends) name_width = std::max(name_width, backend.name().size());
+  name_width += 2;
+  constexpr std::size_t kStatusWidth = 8;     // "FAILED  "
+  constexpr std::size_t kRequiredWidth = 10;  // "required  "
+  const std::size_t reason_column = kStatusWidth + name_width + kRequiredWidth;
+
+  std::vector<std::string> required_failed;
+  std::vector<std::string> optional_failed;
+  std::string out = "config " + shown_config_path(registry, config).string() + "\n";
+  for (const Backend& backend : backends) {
+    out += pad(backend.loaded() ? "ok" : "FAILED", kStatusWidth);
+    out += pad(backend.name(), name_width);
+    out += pad(backend.required() ? "required" : "optional", kRequiredWidth);
+    if (backend.loaded()) {
+      out += loaded_summary(backend) + "\n";
+      continue;
+    }
+    (backend.required() ? required_failed : optional_failed).push_back(backend.name());
+    const std::optional<Errc> code = backend.error_code();
+    std::string reason = code ? std::string(to_string(*code)) + ": " : std::string();
+    reason += backend.error().empty() ? "(no reason given)" : backend.error();
+    reason += "\nhint: " + failure_hint(backend, config);
+    out += indent_continuation(reason, reason_column) + "\n";
+  }
+  std::cout << out << std::flush;
+
+  if (!optional_failed.empty()) {
+    print_warning(std::to_string(optional_failed.size()) + " optional backend" +
+                  (optional_failed.size() == 1 ? "" : "s") + " failed to load: " + join(optional_failed));
+  }
+  if (!required_failed.empty()) {
+    print_error(std::to_string(required_failed.size()) + " required backend" +
+                (required_failed.size() == 1 ? "" : "s") + " failed to load: " + join(required_failed));
+    return kExitFailed;
+  }
+  std::cout << "all required backends loaded (" << (backends.size() - optional_failed.size()) << " of "
+            << backends.size() << " loaded)\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+Command add_check_command(CLI::App& parent) {
+  auto options = std::make_shared<CheckOptions>();
+  CLI::App* sub = parent.add_subcommand(
+      "check", "Load every configured backend and report ok / FAILED with the reason and a hint");
+  sub->add_option("-c,--config", options->config, "The backends.json to read")->type_name("FILE");
+  sub->footer(
+      "Exits 0 when every required backend loaded (optional failures are warnings),\n"
+      "1 when a required backend failed, 2 when the config cannot be read or parsed.");
+  return {sub, [options] { return run_check(*options); }};
+}
+
+}  // namespace backplane::cli
