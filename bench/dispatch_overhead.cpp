@@ -4,7 +4,7 @@
 // Prints the added nanoseconds per op; the target is < 100 ns (limit 150 ns).
 // Where a python3 with torch is on PATH, PyTorch's per-op time is printed too.
 #include "bench_util.hpp"
-#include "kernels.hpp"
+#include "cpu/kernels.hpp"
 
 #include <backplane/backplane.hpp>
 

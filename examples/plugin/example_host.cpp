@@ -32,7 +32,7 @@ class ExampleHost {
     return {"example host", BP_CAP_HOST_VISIBLE, {{"example", "yes"}}, 0};
   }
 
-  bool supports_op(int32_t device, bp_op op, bp_dtype dtype) {
+  bool supports_op(int32_t device, int32_t op, int32_t dtype) {
     return device == 0 && op == BP_OP_ADD && dtype == BP_DTYPE_F32;
   }
 

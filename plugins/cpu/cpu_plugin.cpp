@@ -1,0 +1,762 @@
+// The cpu backend plugin (libbackplane_cpu): one host device, buffers in host memory,
+// OpenMP elementwise kernels, OpenBLAS GEMM. It runs every op synchronously and has
+// no collectives yet, so it declares neither BP_CAP_ASYNC nor BP_CAP_COLLECTIVE.
+#include <backplane/abi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <backplane/plugin.hpp>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+
+#include "gemm.hpp"
+#include "host_buffer.hpp"
+#include "kernels.hpp"
+
+namespace backplane::cpu {
+namespace {
+
+using plugin::fail;
+
+// Upper bound of the "threads" option: more would only exhaust the process's threads.
+constexpr int64_t kMaxThreadsOption = 1024;
+
+std::string dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case BP_DTYPE_F32:
+      return "f32";
+    case BP_DTYPE_F64:
+      return "f64";
+    case BP_DTYPE_I32:
+      return "i32";
+    case BP_DTYPE_I64:
+      return "i64";
+    case BP_DTYPE_BOOL:
+      return "bool";
+    case BP_DTYPE_F16:
+      return "f16";
+    case BP_DTYPE_BF16:
+      return "bf16";
+    case BP_DTYPE_U8:
+      return "u8";
+    case BP_DTYPE_I8:
+      return "i8";
+    default:
+      return "dtype " + std::to_string(dtype);
+  }
+}
+
+std::string op_name(int32_t op) {
+  switch (op) {
+    case BP_OP_ADD:
+      return "add";
+    case BP_OP_SUB:
+      return "sub";
+    case BP_OP_MUL:
+      return "mul";
+    case BP_OP_DIV:
+      return "div";
+    case BP_OP_MATMUL:
+      return "matmul";
+    case BP_OP_COPY:
+      return "copy";
+    default:
+      return "op " + std::to_string(op);
+  }
+}
+
+// Bytes per element; 0 for a dtype this plugin does not know.
+int element_size(int32_t dtype) noexcept {
+  switch (dtype) {
+    case BP_DTYPE_F64:
+    case BP_DTYPE_I64:
+      return 8;
+    case BP_DTYPE_F32:
+    case BP_DTYPE_I32:
+      return 4;
+    case BP_DTYPE_F16:
+    case BP_DTYPE_BF16:
+      return 2;
+    case BP_DTYPE_BOOL:
+    case BP_DTYPE_U8:
+    case BP_DTYPE_I8:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+bool is_arithmetic_dtype(int32_t dtype) noexcept {
+  return dtype == BP_DTYPE_F32 || dtype == BP_DTYPE_F64 || dtype == BP_DTYPE_I32 || dtype == BP_DTYPE_I64;
+}
+
+bool is_float_dtype(int32_t dtype) noexcept { return dtype == BP_DTYPE_F32 || dtype == BP_DTYPE_F64; }
+
+void check_device(int32_t device) {
+  if (device != 0)
+    fail(BP_STATUS_INVALID_ARGUMENT,
+         "cpu: no device " + std::to_string(device) + " (the cpu backend has 1 device)");
+}
+
+// ---------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------
+
+// Returns the "threads" option (0 when absent). Accepts a JSON object (or null).
+int64_t parse_threads_option(const std::string& text) {
+  nlohmann::json options;
+  try {
+    options = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(BP_STATUS_INVALID_ARGUMENT, std::string("cpu: options are not valid JSON: ") + e.what());
+  }
+  if (options.is_null()) return 0;
+  if (!options.is_object())
+    fail(BP_STATUS_INVALID_ARGUMENT, "cpu: options must be a JSON object, got " + options.dump());
+  int64_t threads = 0;
+  for (const auto& [key, value] : options.items()) {
+    if (key != "threads")
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           "cpu: unknown option " + nlohmann::json(key).dump() + " (accepted: \"threads\")");
+    // nlohmann stores non-negative integers as unsigned, negative ones as signed.
+    if (!value.is_number_unsigned())
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           "cpu: option \"threads\" must be a non-negative integer, got " + value.dump());
+    const uint64_t n = value.get<uint64_t>();
+    if (n > static_cast<uint64_t>(kMaxThreadsOption))
+      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: option \"threads\" must be at most " +
+                                           std::to_string(kMaxThreadsOption) + ", got " + value.dump());
+    threads = static_cast<int64_t>(n);
+  }
+  return threads;
+}
+
+// ---------------------------------------------------------------------------
+// Tensor views: validated once per operand, then handed to kernels as raw data.
+// ---------------------------------------------------------------------------
+
+struct Role {
+  const char* list;  // "inputs" or "outputs"
+  int index;
+};
+
+struct View {
+  unsigned char* data;  // element [0, ..., 0]; meaningful only when numel > 0
+  int64_t numel;
+  uintptr_t first;  // bytes touched: [first, last); both 0 when numel == 0
+  uintptr_t last;
+  int32_t ndim;
+  int32_t element_size;
+  const int64_t* shape;
+  const int64_t* strides;
+  bool contiguous;  // row-major dense (dimensions of extent 1 ignored)
+  bool scalar;      // every stride 0 (or extent 1): one element broadcast
+};
+
+std::string describe(int32_t ndim, const int64_t* values) {
+  std::string s = "[";
+  for (int32_t d = 0; d < ndim; ++d) {
+    if (d > 0) s += ",";
+    s += std::to_string(values[d]);
+  }
+  return s + "]";
+}
+
+[[noreturn]] void tensor_fail(int32_t op, Role role, const std::string& what) {
+  fail(BP_STATUS_INVALID_ARGUMENT,
+       "cpu: " + op_name(op) + ": " + role.list + "[" + std::to_string(role.index) + "]: " + what);
+}
+
+enum class ViewError {
+  kNone,
+  kNullBuffer,
+  kDeadBuffer,
+  kDevice,
+  kDtype,
+  kNdim,
+  kNullArrays,
+  kMisaligned,
+  kNegativeExtent,
+  kCountOverflow,
+  kOutOfBounds,
+};
+
+// The checks of view_of, without building any message (this runs for every operand
+// of every op). dtype must be known: element_size(dtype) > 0.
+ViewError check_view(const bp_tensor& t, int32_t dtype, View& v) noexcept {
+  if (t.buffer == nullptr) return ViewError::kNullBuffer;
+  if (!is_live(t.buffer)) return ViewError::kDeadBuffer;
+  if (t.device != 0) return ViewError::kDevice;
+  if (t.dtype != dtype) return ViewError::kDtype;
+  if (t.ndim < 0 || t.ndim > kMaxDims) return ViewError::kNdim;
+  if (t.ndim > 0 && (t.shape == nullptr || t.strides == nullptr)) return ViewError::kNullArrays;
+  const int esize = element_size(dtype);  // a power of two
+  if ((t.byte_offset & static_cast<uint64_t>(esize - 1)) != 0) return ViewError::kMisaligned;
+
+  // numel, layout flags, and the lowest / highest element offsets the view reaches
+  // (strides may be negative). Offset overflow matters only when there are elements.
+  // Locals, not v's fields: stores through v could alias shape/strides and force reloads.
+  int64_t numel = 1;
+  int64_t low = 0;
+  int64_t high = 0;
+  bool contiguous = true;
+  bool scalar = true;
+  bool overflow = false;
+  for (int32_t d = t.ndim - 1; d >= 0; --d) {
+    const int64_t n = t.shape[d];
+    const int64_t stride = t.strides[d];
+    if (n < 0) return ViewError::kNegativeExtent;
+    if (n != 1) {
+      contiguous = contiguous && stride == numel;
+      scalar = scalar && stride == 0;
+    }
+    if (__builtin_mul_overflow(numel, n, &numel)) return ViewError::kCountOverflow;
+    int64_t span = 0;
+    overflow |= __builtin_mul_overflow(n > 0 ? n - 1 : 0, stride, &span);
+    overflow |= __builtin_add_overflow(span < 0 ? low : high, span, span < 0 ? &low : &high);
+  }
+  unsigned char* base = buffer_data(t.buffer);
+  v = View{base, numel, 0, 0, t.ndim, esize, t.shape, t.strides, contiguous, scalar};
+  if (numel == 0) return ViewError::kNone;
+
+  // Bytes [first, last) relative to the buffer start must lie inside it.
+  int64_t first = 0;
+  int64_t last = 0;
+  overflow |=
+      __builtin_mul_overflow(low, esize, &first) || __builtin_add_overflow(first, t.byte_offset, &first);
+  overflow |= __builtin_add_overflow(high, 1, &last) || __builtin_mul_overflow(last, esize, &last) ||
+              __builtin_add_overflow(last, t.byte_offset, &last);
+  if (overflow || first < 0 || static_cast<uint64_t>(last) > buffer_size(t.buffer))
+    return ViewError::kOutOfBounds;
+  v.data = base + t.byte_offset;
+  v.first = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(first);
+  v.last = reinterpret_cast<uintptr_t>(base) + static_cast<uintptr_t>(last);
+  return ViewError::kNone;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void view_fail(ViewError error, const bp_tensor& t, int32_t op,
+                                                      Role role, int32_t dtype) {
+  switch (error) {
+    case ViewError::kNullBuffer:
+      tensor_fail(op, role, "buffer is NULL");
+    case ViewError::kDeadBuffer:
+      tensor_fail(op, role, "buffer is not a live cpu buffer (freed, or another backend's)");
+    case ViewError::kDevice:
+      tensor_fail(op, role, "no device " + std::to_string(t.device) + " (the cpu backend has 1 device)");
+    case ViewError::kDtype:
+      tensor_fail(op, role, "dtype " + dtype_name(t.dtype) + " differs from " + dtype_name(dtype));
+    case ViewError::kNdim:
+      tensor_fail(op, role,
+                  "ndim " + std::to_string(t.ndim) + " is outside [0, " + std::to_string(kMaxDims) + "]");
+    case ViewError::kNullArrays:
+      tensor_fail(op, role, "shape or strides is NULL");
+    case ViewError::kMisaligned:
+      tensor_fail(op, role,
+                  "byte_offset " + std::to_string(t.byte_offset) +
+                      " is not a multiple of the element size (" + std::to_string(element_size(dtype)) + ")");
+    case ViewError::kNegativeExtent:
+      tensor_fail(op, role, "shape " + describe(t.ndim, t.shape) + " has a negative extent");
+    case ViewError::kCountOverflow:
+      tensor_fail(op, role, "shape " + describe(t.ndim, t.shape) + ": element count overflows");
+    case ViewError::kOutOfBounds:
+      tensor_fail(op, role,
+                  "view (byte_offset " + std::to_string(t.byte_offset) + ", shape " +
+                      describe(t.ndim, t.shape) + ", strides " + describe(t.ndim, t.strides) +
+                      ") reaches outside its buffer of " + std::to_string(buffer_size(t.buffer)) + " bytes");
+    case ViewError::kNone:
+      break;
+  }
+  fail(BP_STATUS_INTERNAL, "cpu: " + op_name(op) + ": unexpected view error");
+}
+
+// Checks that t is a well-formed view of `dtype` lying inside its buffer.
+inline View view_of(const bp_tensor& t, int32_t op, Role role, int32_t dtype) {
+  View v;
+  const ViewError error = check_view(t, dtype, v);
+  if (error != ViewError::kNone) [[unlikely]]
+    view_fail(error, t, op, role, dtype);
+  return v;
+}
+
+bool same_shape(const View& x, const View& y) noexcept {
+  if (x.ndim != y.ndim) return false;
+  for (int32_t d = 0; d < x.ndim; ++d)
+    if (x.shape[d] != y.shape[d]) return false;
+  return true;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void shape_fail(int32_t op, const View& out, const View& in,
+                                                       Role role) {
+  tensor_fail(
+      op, role,
+      "shape " + describe(in.ndim, in.shape) + " differs from the output's " + describe(out.ndim, out.shape));
+}
+
+inline void expect_same_shape(int32_t op, const View& out, const View& in, Role role) {
+  if (!same_shape(out, in)) [[unlikely]]
+    shape_fail(op, out, in, role);
+}
+
+// Writing through v touches each element once: no two indices share an address.
+// Sufficient test: sorted by stride, each stride exceeds the reach of the smaller ones.
+bool writes_distinct_elements(const View& v) noexcept {
+  if (v.contiguous || v.numel <= 1) return true;
+  int64_t strides[kMaxDims];
+  int64_t extents[kMaxDims];
+  int n = 0;
+  for (int32_t d = 0; d < v.ndim; ++d) {
+    if (v.shape[d] == 1) continue;
+    strides[n] = v.strides[d] < 0 ? -v.strides[d] : v.strides[d];
+    extents[n] = v.shape[d];
+    ++n;
+  }
+  for (int i = 1; i < n; ++i)  // insertion sort: n is tiny
+    for (int j = i; j > 0 && strides[j - 1] > strides[j]; --j) {
+      std::swap(strides[j - 1], strides[j]);
+      std::swap(extents[j - 1], extents[j]);
+    }
+  __int128 reach = 0;
+  for (int i = 0; i < n; ++i) {
+    if (strides[i] <= reach) return false;
+    reach += static_cast<__int128>(strides[i]) * (extents[i] - 1);
+  }
+  return true;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void writable_fail(int32_t op, const View& out) {
+  tensor_fail(op, {"outputs", 0},
+              "strides " + describe(out.ndim, out.strides) +
+                  " make elements share memory (an output cannot be broadcast)");
+}
+
+inline void expect_writable(int32_t op, const View& out) {
+  if (!writes_distinct_elements(out)) [[unlikely]]
+    writable_fail(op, out);
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void arity_fail(const bp_execute_args& args, int32_t inputs,
+                                                       int32_t outputs) {
+  fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + op_name(args.op) + ": expects " + std::to_string(inputs) +
+                                       " inputs and " + std::to_string(outputs) + " output, got " +
+                                       std::to_string(args.num_inputs) + " and " +
+                                       std::to_string(args.num_outputs));
+}
+
+inline void expect_arity(const bp_execute_args& args, int32_t inputs, int32_t outputs) {
+  if (args.num_inputs != inputs || args.num_outputs != outputs || (inputs > 0 && args.inputs == nullptr) ||
+      (outputs > 0 && args.outputs == nullptr)) [[unlikely]]
+    arity_fail(args, inputs, outputs);
+}
+
+bool overlaps(const View& x, const View& y) noexcept {
+  return x.numel > 0 && y.numel > 0 && x.first < y.last && y.first < x.last;
+}
+
+// x and y address the very same elements in the same order (an in-place op).
+bool same_elements(const View& x, const View& y) noexcept {
+  if (x.data != y.data || !same_shape(x, y)) return false;
+  for (int32_t d = 0; d < x.ndim; ++d)
+    if (x.shape[d] != 1 && x.strides[d] != y.strides[d]) return false;
+  return true;
+}
+
+void row_major_strides(int32_t ndim, const int64_t* shape, int64_t* strides) noexcept {
+  int64_t s = 1;
+  for (int32_t d = ndim - 1; d >= 0; --d) {
+    strides[d] = s;
+    s *= shape[d];
+  }
+}
+
+// Copies x into fresh contiguous row-major storage; writes its strides to `strides`.
+// Used when an input overlaps the output, so the kernel never reads what it wrote.
+const unsigned char* materialize(const View& x, std::unique_ptr<unsigned char[]>& storage, int64_t* strides,
+                                 int threads) {
+  storage =
+      std::make_unique_for_overwrite<unsigned char[]>(static_cast<std::size_t>(x.numel * x.element_size));
+  StridedLayout<2> l;
+  l.ndim = x.ndim;
+  for (int32_t d = 0; d < x.ndim; ++d) {
+    l.shape[d] = x.shape[d];
+    l.strides[1][d] = x.strides[d];
+  }
+  row_major_strides(x.ndim, x.shape, l.strides[0]);
+  row_major_strides(x.ndim, x.shape, strides);
+  coalesce(l);
+  copy_strided_bytes(l, x.data, storage.get(), x.element_size, threads);
+  return storage.get();
+}
+
+template <class T>
+bool binary_typed(int32_t op, const StridedLayout<3>& l, const void* a, const void* b, void* out,
+                  int threads) {
+  const T* ta = static_cast<const T*>(a);
+  const T* tb = static_cast<const T*>(b);
+  T* to = static_cast<T*>(out);
+  switch (op) {
+    case BP_OP_ADD:
+      return binary<BinaryOp::add, T>(l, ta, tb, to, threads);
+    case BP_OP_SUB:
+      return binary<BinaryOp::sub, T>(l, ta, tb, to, threads);
+    case BP_OP_MUL:
+      return binary<BinaryOp::mul, T>(l, ta, tb, to, threads);
+    default:
+      return binary<BinaryOp::div, T>(l, ta, tb, to, threads);
+  }
+}
+
+// Dense operands (each input may be a single broadcast element); see binary().
+template <BinaryOp Op, class T>
+bool binary_flat_op(const View& a, const View& b, const View& out, int threads) {
+  const T* pa = reinterpret_cast<const T*>(a.data);
+  const T* pb = reinterpret_cast<const T*>(b.data);
+  T* po = reinterpret_cast<T*>(out.data);
+  if (a.contiguous && b.contiguous) return binary_contiguous<Op, T>(pa, pb, po, out.numel, threads);
+  if (b.contiguous) return binary_scalar_lhs<Op, T>(*pa, pb, po, out.numel, threads);
+  if (a.contiguous) return binary_scalar_rhs<Op, T>(pa, *pb, po, out.numel, threads);
+  // Both inputs are one broadcast element: compute it once, then fill.
+  if (!binary_scalar_rhs<Op, T>(pa, *pb, po, 1, threads)) return false;
+  std::fill(po + 1, po + out.numel, *po);
+  return true;
+}
+
+template <class T>
+bool binary_flat(int32_t op, const View& a, const View& b, const View& out, int threads) {
+  switch (op) {
+    case BP_OP_ADD:
+      return binary_flat_op<BinaryOp::add, T>(a, b, out, threads);
+    case BP_OP_SUB:
+      return binary_flat_op<BinaryOp::sub, T>(a, b, out, threads);
+    case BP_OP_MUL:
+      return binary_flat_op<BinaryOp::mul, T>(a, b, out, threads);
+    default:
+      return binary_flat_op<BinaryOp::div, T>(a, b, out, threads);
+  }
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void division_by_zero(int32_t dtype) {
+  fail(BP_STATUS_INVALID_ARGUMENT, "cpu: integer division by zero in div (" + dtype_name(dtype) + ")");
+}
+
+template <class T>
+void gemm_views(const View& a, const unsigned char* a_data, const int64_t* a_strides, const View& b,
+                const unsigned char* b_data, const int64_t* b_strides, const View& out) {
+  const MatrixView<const T> ma{reinterpret_cast<const T*>(a_data), a.shape[0], a.shape[1], a_strides[0],
+                               a_strides[1]};
+  const MatrixView<const T> mb{reinterpret_cast<const T*>(b_data), b.shape[0], b.shape[1], b_strides[0],
+                               b_strides[1]};
+  const MatrixView<T> mc{reinterpret_cast<T*>(out.data), out.shape[0], out.shape[1], out.strides[0],
+                         out.strides[1]};
+  gemm<T>(ma, mb, mc);
+}
+
+std::string simd_description() {
+#if defined(__AVX512F__)
+  const std::string baseline = "avx512f";
+#elif defined(__AVX2__)
+  const std::string baseline = "avx2";
+#elif defined(__AVX__)
+  const std::string baseline = "avx";
+#elif defined(__SSE4_2__)
+  const std::string baseline = "sse4.2";
+#elif defined(__x86_64__)
+  const std::string baseline = "sse2";
+#else
+  const std::string baseline = "generic";
+#endif
+#if BP_CPU_HAS_CLONES
+  if (__builtin_cpu_supports("avx2")) return "avx2 (runtime dispatch; baseline " + baseline + ")";
+  return baseline + " (runtime dispatch; avx2 not available)";
+#else
+  return baseline;
+#endif
+}
+
+std::string cpu_model() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) break;
+    const auto start = line.find_first_not_of(" \t", colon + 1);
+    return start == std::string::npos ? std::string() : line.substr(start);
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// The plugin
+// ---------------------------------------------------------------------------
+
+// Immutable after construction, so every entry may run concurrently.
+class CpuPlugin {
+ public:
+  explicit CpuPlugin(const plugin::CreateArgs& args) {
+    const int64_t requested = parse_threads_option(args.options_json);
+#ifdef _OPENMP
+    threads_ = requested > 0 ? static_cast<int>(requested) : omp_get_max_threads();
+#else
+    threads_ = 1;
+#endif
+    if (threads_ < 1) threads_ = 1;
+    plugin::log(BP_LOG_DEBUG, "cpu: created with " + std::to_string(threads_) + " threads");
+  }
+
+  int32_t device_count() { return 1; }
+
+  plugin::DeviceInfo device_info(int32_t device) {
+    check_device(device);
+    plugin::DeviceInfo info;
+    info.name = "host (" + std::to_string(threads_) + " threads)";
+    info.capabilities = BP_CAP_HOST_VISIBLE | BP_CAP_F64 | BP_CAP_INT64 | BP_CAP_MATMUL;
+    info.attributes.emplace_back("threads", std::to_string(threads_));
+    const char* blas = openblas_get_config();
+    info.attributes.emplace_back("blas", blas != nullptr ? blas : "OpenBLAS");
+    info.attributes.emplace_back("blas_threads", std::to_string(openblas_get_num_threads()));
+    info.attributes.emplace_back("simd", simd_description());
+#ifdef _OPENMP
+    info.attributes.emplace_back("openmp", std::to_string(_OPENMP));
+#endif
+    info.attributes.emplace_back("max_ndim", std::to_string(kMaxDims));
+    if (std::string model = cpu_model(); !model.empty())
+      info.attributes.emplace_back("cpu_model", std::move(model));
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page_size > 0)
+      info.memory_bytes = static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+    return info;
+  }
+
+  // op and dtype arrive as the host's raw values: a newer host may send ones this
+  // build does not know, which simply answer false.
+  bool supports_op(int32_t device, int32_t op, int32_t dtype) {
+    if (device != 0) return false;
+    switch (op) {
+      case BP_OP_ADD:
+      case BP_OP_SUB:
+      case BP_OP_MUL:
+      case BP_OP_DIV:
+        return is_arithmetic_dtype(dtype);
+      case BP_OP_MATMUL:
+        return is_float_dtype(dtype);
+      case BP_OP_COPY:
+        return element_size(dtype) != 0;
+      default:
+        return false;
+    }
+  }
+
+  bp_buffer* buffer_alloc(int32_t device, uint64_t size) {
+    check_device(device);
+    bp_buffer* buffer = allocate_buffer(size);
+    if (buffer == nullptr)
+      fail(BP_STATUS_OUT_OF_MEMORY, "cpu: cannot allocate " + std::to_string(size) + " bytes");
+    return buffer;
+  }
+
+  void buffer_free(bp_buffer* buffer) noexcept {
+    if (buffer == nullptr) return;
+    if (!is_live(buffer)) {
+      // Leaking beats corrupting the heap on a double free.
+      plugin::log(BP_LOG_ERROR, "cpu: buffer_free: not a live cpu buffer (freed twice?); ignored");
+      return;
+    }
+    free_buffer(buffer);
+  }
+
+  void buffer_write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size) {
+    check_range("buffer_write", buffer, offset, size);
+    if (size == 0) return;
+    if (src == nullptr) fail(BP_STATUS_INVALID_ARGUMENT, "cpu: buffer_write: src is NULL");
+    copy_bytes(buffer_data(buffer) + offset, src, static_cast<int64_t>(size), threads_);
+  }
+
+  void buffer_read(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size) {
+    check_range("buffer_read", buffer, offset, size);
+    if (size == 0) return;
+    if (dst == nullptr) fail(BP_STATUS_INVALID_ARGUMENT, "cpu: buffer_read: dst is NULL");
+    copy_bytes(dst, buffer_data(buffer) + offset, static_cast<int64_t>(size), threads_);
+  }
+
+  void* buffer_host_ptr(bp_buffer* buffer) { return is_live(buffer) ? buffer_data(buffer) : nullptr; }
+
+  void execute(const bp_execute_args& args) {
+    if (!BP_HAS_FIELD(bp_execute_args, outputs, args.struct_size))
+      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: execute: args.struct_size " + std::to_string(args.struct_size) +
+                                           " is too small for ABI 1.0");
+    check_device(args.device);
+    switch (args.op) {
+      case BP_OP_ADD:
+      case BP_OP_SUB:
+      case BP_OP_MUL:
+      case BP_OP_DIV:
+        return execute_binary(args);
+      case BP_OP_MATMUL:
+        return execute_matmul(args);
+      case BP_OP_COPY:
+        return execute_copy(args);
+      default:
+        fail(BP_STATUS_UNSUPPORTED, "cpu: " + op_name(args.op) + " is not supported");
+    }
+  }
+
+ private:
+  void check_range(const char* what, bp_buffer* buffer, uint64_t offset, uint64_t size) const {
+    if (!is_live(buffer))
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           std::string("cpu: ") + what + ": not a live cpu buffer (NULL, freed, or another backend's)");
+    const uint64_t capacity = buffer_size(buffer);
+    if (offset > capacity || size > capacity - offset)
+      fail(BP_STATUS_INVALID_ARGUMENT, std::string("cpu: ") + what + ": offset " + std::to_string(offset) +
+                                           " + size " + std::to_string(size) + " exceeds the buffer size " +
+                                           std::to_string(capacity));
+  }
+
+  void execute_binary(const bp_execute_args& args) {
+    const int32_t op = args.op;
+    expect_arity(args, 2, 1);
+    const int32_t dtype = args.outputs[0].dtype;
+    if (!is_arithmetic_dtype(dtype))
+      fail(BP_STATUS_UNSUPPORTED,
+           "cpu: " + op_name(op) + ": dtype " + dtype_name(dtype) + " is not supported (f32, f64, i32, i64)");
+    const View out = view_of(args.outputs[0], op, {"outputs", 0}, dtype);
+    const View a = view_of(args.inputs[0], op, {"inputs", 0}, dtype);
+    const View b = view_of(args.inputs[1], op, {"inputs", 1}, dtype);
+    expect_same_shape(op, out, a, {"inputs", 0});
+    expect_same_shape(op, out, b, {"inputs", 1});
+    expect_writable(op, out);
+    if (out.numel == 0) return;
+
+    bool ok = true;
+    // Fast path, no layout work: dense output, each input dense or one broadcast
+    // element, none overlapping the output except as the very same elements.
+    if (out.contiguous && (a.contiguous || a.scalar) && (b.contiguous || b.scalar) &&
+        (!overlaps(a, out) || (a.contiguous && a.data == out.data)) &&
+        (!overlaps(b, out) || (b.contiguous && b.data == out.data))) {
+      switch (dtype) {
+        case BP_DTYPE_F32:
+          ok = binary_flat<float>(op, a, b, out, threads_);
+          break;
+        case BP_DTYPE_F64:
+          ok = binary_flat<double>(op, a, b, out, threads_);
+          break;
+        case BP_DTYPE_I32:
+          ok = binary_flat<int32_t>(op, a, b, out, threads_);
+          break;
+        case BP_DTYPE_I64:
+          ok = binary_flat<int64_t>(op, a, b, out, threads_);
+          break;
+        default:
+          break;
+      }
+      if (!ok) division_by_zero(dtype);
+      return;
+    }
+
+    StridedLayout<3> l;
+    l.ndim = out.ndim;
+    for (int32_t d = 0; d < out.ndim; ++d) {
+      l.shape[d] = out.shape[d];
+      l.strides[0][d] = out.strides[d];
+      l.strides[1][d] = a.strides[d];
+      l.strides[2][d] = b.strides[d];
+    }
+    const unsigned char* a_data = a.data;
+    const unsigned char* b_data = b.data;
+    std::unique_ptr<unsigned char[]> a_copy, b_copy;
+    if (overlaps(a, out) && !same_elements(a, out)) a_data = materialize(a, a_copy, l.strides[1], threads_);
+    if (overlaps(b, out) && !same_elements(b, out)) b_data = materialize(b, b_copy, l.strides[2], threads_);
+    coalesce(l);
+    switch (dtype) {
+      case BP_DTYPE_F32:
+        ok = binary_typed<float>(op, l, a_data, b_data, out.data, threads_);
+        break;
+      case BP_DTYPE_F64:
+        ok = binary_typed<double>(op, l, a_data, b_data, out.data, threads_);
+        break;
+      case BP_DTYPE_I32:
+        ok = binary_typed<int32_t>(op, l, a_data, b_data, out.data, threads_);
+        break;
+      case BP_DTYPE_I64:
+        ok = binary_typed<int64_t>(op, l, a_data, b_data, out.data, threads_);
+        break;
+      default:
+        break;
+    }
+    if (!ok) division_by_zero(dtype);
+  }
+
+  void execute_matmul(const bp_execute_args& args) {
+    const int32_t op = args.op;
+    expect_arity(args, 2, 1);
+    const int32_t dtype = args.outputs[0].dtype;
+    if (!is_float_dtype(dtype))
+      fail(BP_STATUS_UNSUPPORTED, "cpu: matmul: dtype " + dtype_name(dtype) + " is not supported (f32, f64)");
+    const View out = view_of(args.outputs[0], op, {"outputs", 0}, dtype);
+    const View a = view_of(args.inputs[0], op, {"inputs", 0}, dtype);
+    const View b = view_of(args.inputs[1], op, {"inputs", 1}, dtype);
+    if (a.ndim != 2 || b.ndim != 2 || out.ndim != 2 || a.shape[1] != b.shape[0] ||
+        out.shape[0] != a.shape[0] || out.shape[1] != b.shape[1])
+      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: matmul: shapes " + describe(a.ndim, a.shape) + " x " +
+                                           describe(b.ndim, b.shape) + " -> " +
+                                           describe(out.ndim, out.shape) + " are not [M,K] x [K,N] -> [M,N]");
+    expect_writable(op, out);
+    if (!gemm_fits_blas(a.shape[0], b.shape[1], a.shape[1]))
+      fail(BP_STATUS_UNSUPPORTED, "cpu: matmul: a dimension of " + describe(a.ndim, a.shape) + " x " +
+                                      describe(b.ndim, b.shape) + " exceeds OpenBLAS's 32-bit limit");
+    if (out.numel == 0) return;
+
+    // BLAS must not read what it writes: an input sharing memory with the output
+    // is copied first.
+    int64_t a_strides[2] = {a.strides[0], a.strides[1]};
+    int64_t b_strides[2] = {b.strides[0], b.strides[1]};
+    const unsigned char* a_data = a.data;
+    const unsigned char* b_data = b.data;
+    std::unique_ptr<unsigned char[]> a_copy, b_copy;
+    if (overlaps(a, out)) a_data = materialize(a, a_copy, a_strides, threads_);
+    if (overlaps(b, out)) b_data = materialize(b, b_copy, b_strides, threads_);
+    if (dtype == BP_DTYPE_F32)
+      gemm_views<float>(a, a_data, a_strides, b, b_data, b_strides, out);
+    else
+      gemm_views<double>(a, a_data, a_strides, b, b_data, b_strides, out);
+  }
+
+  void execute_copy(const bp_execute_args& args) {
+    const int32_t op = args.op;
+    expect_arity(args, 1, 1);
+    const int32_t dtype = args.outputs[0].dtype;
+    if (element_size(dtype) == 0)
+      fail(BP_STATUS_UNSUPPORTED, "cpu: copy: " + dtype_name(dtype) + " has no known element size");
+    const View out = view_of(args.outputs[0], op, {"outputs", 0}, dtype);
+    const View in = view_of(args.inputs[0], op, {"inputs", 0}, dtype);
+    expect_same_shape(op, out, in, {"inputs", 0});
+    expect_writable(op, out);
+    if (out.numel == 0 || same_elements(in, out)) return;
+
+    StridedLayout<2> l;
+    l.ndim = out.ndim;
+    for (int32_t d = 0; d < out.ndim; ++d) {
+      l.shape[d] = out.shape[d];
+      l.strides[0][d] = out.strides[d];
+      l.strides[1][d] = in.strides[d];
+    }
+    const unsigned char* in_data = in.data;
+    std::unique_ptr<unsigned char[]> in_copy;
+    if (overlaps(in, out)) in_data = materialize(in, in_copy, l.strides[1], threads_);
+    coalesce(l);
+    copy_strided_bytes(l, in_data, out.data, out.element_size, threads_);
+  }
+
+  int threads_ = 1;  // OpenMP team size for large ops (>= 1)
+};
+
+}  // namespace
+}  // namespace backplane::cpu
+
+BP_DEFINE_PLUGIN(backplane::cpu::CpuPlugin, "cpu", "0.1.0")
