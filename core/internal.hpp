@@ -100,8 +100,13 @@ struct Storage {
   ~Storage();
 };
 
+// One allocation per fresh tensor: the storage lives inside the impl that
+// created it. A view (same buffer, other shape/strides) points at that
+// storage and keeps the owning impl alive through `base`.
 struct TensorImpl {
-  std::shared_ptr<Storage> storage;
+  std::optional<Storage> owned;
+  std::shared_ptr<const TensorImpl> base;  // set for views only
+  Storage* storage = nullptr;              // &*owned, or base's storage
   Shape shape;
   Shape strides;  // in elements
   uint64_t byte_offset = 0;

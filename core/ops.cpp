@@ -87,13 +87,22 @@ Tensor binary(int32_t op, const Tensor& a, const Tensor& b) {
 
   auto out = detail::allocate_tensor(backend, device, out_shape, x.dtype);
   if (out_shape.numel() == 0) return Tensor(std::move(out));
-  const Shape xs = broadcast_strides(x, out_shape);
-  const Shape ys = broadcast_strides(y, out_shape);
   bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
-  in[0].ndim = in[1].ndim = out_shape.rank();
-  in[0].shape = in[1].shape = out_shape.data();
-  in[0].strides = xs.data();
-  in[1].strides = ys.data();
+  // Operands already of the output's shape pass their own strides; others
+  // are described as broadcast views (stride 0), never materialised.
+  Shape xs, ys;
+  if (!(x.shape == out_shape)) {
+    xs = broadcast_strides(x, out_shape);
+    in[0].ndim = out_shape.rank();
+    in[0].shape = out->shape.data();
+    in[0].strides = xs.data();
+  }
+  if (!(y.shape == out_shape)) {
+    ys = broadcast_strides(y, out_shape);
+    in[1].ndim = out_shape.rank();
+    in[1].shape = out->shape.data();
+    in[1].strides = ys.data();
+  }
   const bp_tensor o = detail::describe(*out);
   execute(*backend, device, op, in, 2, &o);
   return Tensor(std::move(out));

@@ -54,7 +54,7 @@ std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& 
                                             const Shape& shape, DType dtype) {
   auto t = std::make_shared<TensorImpl>();
   const uint64_t bytes = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
-  t->storage = std::make_shared<Storage>(backend, device, bytes);
+  t->storage = &t->owned.emplace(backend, device, bytes);
   t->shape = shape;
   t->strides = contiguous_strides(shape);
   t->dtype = dtype;

@@ -58,6 +58,18 @@
  *    message should name the op that failed.
  *  - Entries may be called concurrently from several host threads on
  *    distinct buffers; a plugin serialises internally where it must.
+ *  - Tensor descriptors: byte_offset is a multiple of the element size;
+ *    outputs the host allocates for an op are contiguous row-major; the host
+ *    does not pass an output that overlaps an input (a plugin that gets one
+ *    anyway must still produce the result as if inputs were read first).
+ *
+ * ---------------------------------------------------------------------------
+ * Lifetime of a library
+ * ---------------------------------------------------------------------------
+ *  - The host loads each library once (RTLD_NOW | RTLD_LOCAL) and never
+ *    unmaps it (RTLD_NODELETE): runtimes a plugin links, such as OpenMP or
+ *    CUDA, keep threads inside their code after the last handle closes.
+ *    destroy() is still called for every instance create() made.
  */
 #ifndef BACKPLANE_ABI_H_
 #define BACKPLANE_ABI_H_

@@ -7,7 +7,9 @@
 //     explicit MyPlugin(const backplane::plugin::CreateArgs& args);
 //     int32_t device_count();
 //     backplane::plugin::DeviceInfo device_info(int32_t device);
-//     bool supports_op(int32_t device, bp_op op, bp_dtype dtype);
+//     // op and dtype are raw values: a newer host may send ones this build
+//     // does not know; answer false for those.
+//     bool supports_op(int32_t device, int32_t op, int32_t dtype);
 //     bp_buffer* buffer_alloc(int32_t device, uint64_t size);
 //     void buffer_free(bp_buffer* buffer) noexcept;
 //     void buffer_write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size);
@@ -167,12 +169,30 @@ struct PluginTable {
   static bp_status* device_count(bp_plugin* p, int32_t* out) noexcept {
     return guard([&] { *out = impl(p).device_count(); });
   }
+  static bool same_strings(const DeviceInfo& a, const DeviceInfo& b) {
+    return a.name == b.name && a.attributes == b.attributes;
+  }
   static bp_status* device_info(bp_plugin* p, int32_t device, bp_device_info* out) noexcept {
     return guard([&] {
+      if (out == nullptr) fail(BP_STATUS_INVALID_ARGUMENT, "device_info: NULL output");
       I* inst = detail::self<T>(p);
-      auto cached = std::make_unique<typename I::Cached>();
-      cached->info = inst->impl.device_info(device);
-      for (const auto& [k, v] : cached->info.attributes) cached->attributes.push_back({k.c_str(), v.c_str()});
+      DeviceInfo info = inst->impl.device_info(device);
+      // Returned strings must stay valid until destroy(): reuse an earlier
+      // answer with the same strings rather than growing on every call.
+      typename I::Cached* cached = nullptr;
+      std::lock_guard<std::mutex> lock(inst->info_mutex);
+      for (auto& c : inst->info_cache)
+        if (same_strings(c->info, info)) cached = c.get();
+      if (cached == nullptr) {
+        auto fresh = std::make_unique<typename I::Cached>();
+        fresh->info = std::move(info);
+        for (const auto& [k, v] : fresh->info.attributes) fresh->attributes.push_back({k.c_str(), v.c_str()});
+        cached = fresh.get();
+        inst->info_cache.push_back(std::move(fresh));
+      } else {
+        cached->info.capabilities = info.capabilities;
+        cached->info.memory_bytes = info.memory_bytes;
+      }
       // Fill only what the host's struct can hold.
       const size_t n = out->struct_size;
       if (BP_HAS_FIELD(bp_device_info, name, n)) out->name = cached->info.name.c_str();
@@ -181,13 +201,11 @@ struct PluginTable {
       if (BP_HAS_FIELD(bp_device_info, num_attributes, n))
         out->num_attributes = static_cast<int32_t>(cached->attributes.size());
       if (BP_HAS_FIELD(bp_device_info, memory_bytes, n)) out->memory_bytes = cached->info.memory_bytes;
-      std::lock_guard<std::mutex> lock(inst->info_mutex);
-      inst->info_cache.push_back(std::move(cached));
     });
   }
   static int32_t supports_op(bp_plugin* p, int32_t device, int32_t op, int32_t dtype) noexcept {
     try {
-      return impl(p).supports_op(device, static_cast<bp_op>(op), static_cast<bp_dtype>(dtype)) ? 1 : 0;
+      return impl(p).supports_op(device, op, dtype) ? 1 : 0;
     } catch (...) {
       return 0;
     }
@@ -212,7 +230,10 @@ struct PluginTable {
   }
 
   static bp_status* execute(bp_plugin* p, const bp_execute_args* args) noexcept {
-    return guard([&] { impl(p).execute(*args); });
+    return guard([&] {
+      if (args == nullptr) fail(BP_STATUS_INVALID_ARGUMENT, "execute: NULL arguments");
+      impl(p).execute(*args);
+    });
   }
   static bp_status* synchronize(bp_plugin* p, int32_t device) noexcept {
     return guard([&] { impl(p).synchronize(device); });
