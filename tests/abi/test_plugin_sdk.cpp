@@ -47,7 +47,7 @@ class Minimal {
     if (device == 1) throw std::runtime_error("minimal: device 1 is broken");
     return {"minimal:0 for " + args_.backend_name, BP_CAP_F64 | BP_CAP_INT64, {{"version", "7"}, {"limit", "9"}}, 1024};
   }
-  bool supports_op(int32_t, bp_op op, bp_dtype dtype) {
+  bool supports_op(int32_t, int32_t op, int32_t dtype) {
     if (dtype == BP_DTYPE_I8) throw std::logic_error("supports_op must swallow this");
     return op == BP_OP_ADD && dtype == BP_DTYPE_F32;
   }
