@@ -131,6 +131,65 @@ BackendConfig parse_backend(const Checker& c, const json& entry, const std::stri
   return b;
 }
 
+// JSON allows an object to repeat a key and nlohmann keeps the last one, so a
+// repeated key would pass silently; it is an error here, named by its path.
+class DuplicateKeys {
+ public:
+  explicit DuplicateKeys(const std::string& source) : source_(source) {}
+
+  bool on_event(json::parse_event_t event, const json& parsed) {
+    using E = json::parse_event_t;
+    switch (event) {
+      case E::object_start:
+      case E::array_start:
+        next_element();
+        stack_.push_back(Frame{event == E::array_start, {}, {}, 0});
+        break;
+      case E::key: {
+        Frame& f = stack_.back();
+        std::string key = parsed.get<std::string>();
+        if (!f.keys.insert(key).second) {
+          throw Error(Errc::config_error, source_ + ": " + path(key) + ": duplicate key (each key may appear once)");
+        }
+        f.current = std::move(key);
+        break;
+      }
+      case E::value:
+        next_element();
+        break;
+      case E::object_end:
+      case E::array_end:
+        stack_.pop_back();
+        break;
+    }
+    return true;
+  }
+
+ private:
+  struct Frame {
+    bool array;
+    std::set<std::string> keys;
+    std::string current;  // the key (objects) or index (arrays) being read
+    std::size_t next;     // arrays: index of the next element
+  };
+
+  void next_element() {
+    if (!stack_.empty() && stack_.back().array) stack_.back().current = std::to_string(stack_.back().next++);
+  }
+
+  std::string path(const std::string& key) const {
+    std::string out;
+    for (std::size_t i = 0; i + 1 < stack_.size(); ++i) {
+      if (stack_[i].array) out += "[" + stack_[i].current + "]";
+      else out += (out.empty() ? "" : ".") + stack_[i].current;
+    }
+    return out + (out.empty() ? "" : ".") + key;
+  }
+
+  std::string source_;
+  std::vector<Frame> stack_;
+};
+
 }  // namespace
 
 Config parse_config(std::string_view text, const std::filesystem::path& base_dir, std::string_view source) {
@@ -141,16 +200,17 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
 
   json root;
   try {
-    root = json::parse(text.begin(), text.end());
+    DuplicateKeys dup(cfg.source);
+    root = json::parse(text.begin(), text.end(),
+                       [&dup](int, json::parse_event_t event, json& parsed) { return dup.on_event(event, parsed); });
   } catch (const json::parse_error& e) {
-    // nlohmann's text is "[json.exception.parse_error.101] parse error at line 3, column 5: ..."
     // nlohmann's text is "[json.exception.parse_error.101] parse error at line 3, column 17: ...".
     std::string detail = e.what();
     if (auto pos = detail.find("] "); pos != std::string::npos) detail = detail.substr(pos + 2);
     throw Error(Errc::config_error, cfg.source + ": malformed JSON: " + detail);
   }
 
-  if (!root.is_object()) c.fail("$", "expected a JSON object at the top level, got " + describe(root));
+  if (!root.is_object()) c.fail("(top level)", "expected a JSON object, got " + describe(root));
   c.known_keys(root, "", kTopKeys);
 
   if (!root.contains("schema_version")) c.fail("schema_version", "missing (this version reads schema_version 1)");

@@ -35,8 +35,8 @@ Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id) {
               "set_distributed_params(param " + std::to_string(id.value) + "): " + where +
                   " lacks the 'collective' capability, so its gradients cannot be all-reduced. Remedies: put the "
                   "parameter on a device with 'collective' (`backplane list` shows capabilities), or set "
-                  "\"collective_fallback\": \"local\" for backend \"" +
-                  backend.name + "\" in " + "backends.json to train it without synchronisation");
+                  "\"collective_fallback\": \"local\" at " +
+                  backend.config_entry + " in " + backend.config_source + " to train it without synchronisation");
 }
 
 std::optional<DistributedParams> distributed_params(const Tensor& tensor) {

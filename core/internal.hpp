@@ -42,7 +42,8 @@ struct BackendImpl {
 
   // From the config.
   std::string name;
-  std::string config_path;  // "backends[2]": where in the JSON it came from
+  std::string config_entry;   // "backends[2]": where in the JSON it came from
+  std::string config_source;  // the config file (or from_json's source name)
   std::string library;
   std::string library_path;
   bool required = false;
@@ -101,12 +102,10 @@ struct Storage {
 };
 
 // One allocation per fresh tensor: the storage lives inside the impl that
-// created it. A view (same buffer, other shape/strides) points at that
-// storage and keeps the owning impl alive through `base`.
+// created it, and `storage` points at it.
 struct TensorImpl {
   std::optional<Storage> owned;
-  std::shared_ptr<const TensorImpl> base;  // set for views only
-  Storage* storage = nullptr;              // &*owned, or base's storage
+  Storage* storage = nullptr;  // &*owned; views (issue: tensor engine) will point at their base's
   Shape shape;
   Shape strides;  // in elements
   uint64_t byte_offset = 0;

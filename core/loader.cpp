@@ -53,13 +53,17 @@ std::string abi_string(uint32_t major, uint32_t minor) {
 // The size of the 1.0 table: every plugin of major 1 provides at least this.
 constexpr std::size_t kMinTableSize = offsetof(bp_plugin_api, barrier) + sizeof(bp_plugin_api::barrier);
 
-void host_log(void* /*ctx*/, int32_t level, const char* message) {
+// Called from plugin frames: nothing may propagate out of it.
+void host_log(void* /*ctx*/, int32_t level, const char* message) noexcept {
   if (message == nullptr) return;
   LogLevel l = level <= BP_LOG_DEBUG ? LogLevel::debug
                : level == BP_LOG_INFO ? LogLevel::info
                : level == BP_LOG_WARNING ? LogLevel::warning
                                          : LogLevel::error;
-  log(l, message);
+  try {
+    log(l, message);
+  } catch (...) {  // a throwing host log handler loses the message, not the process
+  }
 }
 
 const bp_host_api kHostApi = {sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
@@ -183,8 +187,13 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   args.options_json = entry.options_json.c_str();
   args.host = &kHostApi;
   bp_plugin* instance = nullptr;
+  bp_status* created = a.create(&args, &instance);
+  if (created != nullptr && instance != nullptr) {
+    a.destroy(instance);  // a failing create() should not hand one out; free it if it did
+    instance = nullptr;
+  }
   try {
-    b.check(a.create(&args, &instance), "create");
+    b.check(created, "create");
   } catch (const Error& e) {
     throw Error(Errc::plugin_load_failed, e.message());
   }
@@ -194,7 +203,8 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   try {
     int32_t count = 0;
     b.check(a.device_count(b.plugin, &count), "device_count");
-    if (count < 0 || count > 4096) fail(Errc::plugin_load_failed, b, "device_count returned " + std::to_string(count));
+    if (count < 0 || count > 4096)
+      fail(Errc::plugin_load_failed, b, "device_count returned " + std::to_string(count) + " (expected 0..4096)");
     for (int32_t d = 0; d < count; ++d) {
       bp_device_info info{};
       info.struct_size = sizeof(info);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -22,13 +23,15 @@ LogLevel initial_level() {
 
 struct Sink {
   std::mutex mutex;
-  LogHandler handler;
+  std::shared_ptr<const LogHandler> handler;  // swapped whole; called outside the lock
   std::atomic<int> min_level{static_cast<int>(initial_level())};
 };
 
 Sink& sink() {
-  static Sink s;  // never destroyed before its last use: plugins may log at exit
-  return s;
+  // Deliberately never destroyed: plugins may log from destructors that run
+  // during static destruction (a static Registry going away).
+  static Sink* s = new Sink;
+  return *s;
 }
 
 const char* level_name(LogLevel level) {
@@ -44,8 +47,9 @@ const char* level_name(LogLevel level) {
 }  // namespace
 
 void set_log_handler(LogHandler handler) {
+  auto next = handler ? std::make_shared<const LogHandler>(std::move(handler)) : nullptr;
   std::lock_guard<std::mutex> lock(sink().mutex);
-  sink().handler = std::move(handler);
+  sink().handler = std::move(next);
 }
 
 void set_log_level(LogLevel min_level) { sink().min_level.store(static_cast<int>(min_level)); }
@@ -53,15 +57,20 @@ void set_log_level(LogLevel min_level) { sink().min_level.store(static_cast<int>
 void log(LogLevel level, std::string_view message) {
   Sink& s = sink();
   if (static_cast<int>(level) < s.min_level.load(std::memory_order_relaxed)) return;
-  std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.handler) {
-    s.handler(level, message);
+  std::shared_ptr<const LogHandler> handler;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    handler = s.handler;
+  }
+  // Outside the lock: a handler may itself log or call into backplane.
+  if (handler) {
+    (*handler)(level, message);
     return;
   }
   std::string line = std::string("backplane: ") + level_name(level) + ": ";
   line.append(message);
   line.push_back('\n');
-  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fwrite(line.data(), 1, line.size(), stderr);  // one write: lines from threads do not interleave
 }
 
 }  // namespace backplane

@@ -48,7 +48,8 @@ void BackendImpl::check(bp_status* status, std::string_view what) const {
 
 void BackendImpl::require_loaded() const {
   if (status == Backend::Status::loaded) return;
-  throw Error(Errc::backend_unavailable, "backend \"" + name + "\" is not available: " + error);
+  throw Error(Errc::backend_unavailable, "backend \"" + name + "\" is not available: " + error +
+                                            "\n  (`backplane check` explains every backend of a config)");
 }
 
 bool BackendImpl::supports(int32_t device, int32_t op, int32_t dtype) {
@@ -73,14 +74,22 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
   for (const BackendConfig& entry : cfg.backends) {
     auto b = std::make_shared<BackendImpl>();
     b->name = entry.name;
-    b->config_path = entry.path;
+    b->config_entry = entry.path;
+    b->config_source = cfg.source;
     b->library = entry.library;
     b->required = entry.required;
     b->fallback = entry.fallback;
+    std::optional<Error> failure;
     try {
       if (entry.error) throw *entry.error;
       load_backend(*b, entry, cfg);
     } catch (const Error& e) {
+      failure = e;
+    } catch (const std::exception& e) {  // e.g. bad_alloc, filesystem_error: still only this backend fails
+      failure = Error(Errc::plugin_load_failed, "backend \"" + b->name + "\": " + e.what());
+    }
+    if (failure) {
+      const Error& e = *failure;
       b->status = Backend::Status::failed;
       b->error = e.message();
       b->error_code = e.code();
@@ -129,12 +138,19 @@ Registry Registry::from_json(std::string_view json, const fs::path& base_dir, st
 }
 
 Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (!fs::exists(st)) {
+    throw Error(Errc::config_error,
+                "config file " + path.string() + " does not exist (pass --config FILE or set BACKPLANE_CONFIG)");
+  }
+  if (!fs::is_regular_file(st)) {
+    throw Error(Errc::config_error, "config file " + path.string() +
+                                        " is not a regular file (a directory?); name the backends.json file itself");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    std::error_code ec;
-    const char* why = fs::exists(path, ec) ? "cannot be read (check its permissions)" : "does not exist";
-    throw Error(Errc::config_error, "config file " + path.string() + " " + why +
-                                        " (pass --config FILE or set BACKPLANE_CONFIG)");
+    throw Error(Errc::config_error, "config file " + path.string() + " cannot be read (check its permissions)");
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -225,6 +241,11 @@ std::vector<Device> Backend::devices() const {
 namespace {
 const detail::DeviceRecord& record(const std::shared_ptr<detail::BackendImpl>& b, int32_t index) {
   if (!b) throw Error(Errc::invalid_argument, "use of an invalid (default-constructed) Device");
+  if (index < 0 || static_cast<std::size_t>(index) >= b->devices.size()) {
+    b->require_loaded();
+    throw Error(Errc::not_found, "backend \"" + b->name + "\" has no device " + std::to_string(index) + " (it has " +
+                                     std::to_string(b->devices.size()) + ")");
+  }
   return b->devices[static_cast<std::size_t>(index)];
 }
 }  // namespace

@@ -13,7 +13,8 @@ namespace detail {
 Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size)
     : backend(std::move(b)), nbytes(size), device(dev) {
   bp_buffer* out = nullptr;
-  backend->check(backend->api.buffer_alloc(backend->plugin, dev, size, &out), "buffer_alloc");
+  bp_status* st = backend->api.buffer_alloc(backend->plugin, dev, size, &out);
+  if (st != nullptr) backend->check(st, "buffer_alloc of " + std::to_string(size) + " bytes on " + backend->device_id(dev));
   if (out == nullptr) {
     throw Error(Errc::device_error, "backend \"" + backend->name + "\": buffer_alloc of " + std::to_string(size) +
                                         " bytes succeeded but returned no buffer");
@@ -52,8 +53,9 @@ int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what) {
 
 std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& backend, int32_t device,
                                             const Shape& shape, DType dtype) {
+  // Output shapes computed by ops (broadcast, matmul) are checked here too.
+  const uint64_t bytes = static_cast<uint64_t>(checked_numel(shape, dtype, "allocate")) * dtype_size(dtype);
   auto t = std::make_shared<TensorImpl>();
-  const uint64_t bytes = static_cast<uint64_t>(shape.numel()) * dtype_size(dtype);
   t->storage = &t->owned.emplace(backend, device, bytes);
   t->shape = shape;
   t->strides = contiguous_strides(shape);

@@ -31,6 +31,9 @@ struct DistributedParams {
 //     device, capability and the remedy;
 //   "local": returns the tensor unregistered and logs a warning once per backend.
 // Throws Errc::invalid_argument for an undefined tensor.
+// Copies of a tensor share its registration (as they share its data). Like
+// setting requires_grad in PyTorch, register parameters before other threads
+// use them: registration is not synchronised with concurrent readers.
 BACKPLANE_API Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id);
 BACKPLANE_API std::optional<DistributedParams> distributed_params(const Tensor& tensor);
 BACKPLANE_API bool is_distributed(const Tensor& tensor);

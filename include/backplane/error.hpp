@@ -15,7 +15,7 @@ namespace backplane {
 enum class Errc {
   invalid_argument = 1,  // a bad value passed to the API
   config_error,          // backends.json cannot be read, parsed or validated
-  not_found,             // no such backend / device / file
+  not_found,             // no such backend or device (a missing config file is config_error)
   plugin_load_failed,    // dlopen, entry symbol, create() or enumeration failed
   abi_mismatch,          // the plugin was built against another ABI major / a bad table
   backend_unavailable,   // the backend is configured but failed to load

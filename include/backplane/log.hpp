@@ -1,6 +1,7 @@
 // Diagnostics from the core and from plugins. By default they go to stderr
 // as "backplane: warning: ..."; a host application may route them.
-// Thread-safety: log() and set_log_handler() may be called from any thread.
+// Thread-safety: log() and set_log_handler() may be called from any thread;
+// a handler may be called from several threads at once and may itself log.
 #ifndef BACKPLANE_LOG_HPP_
 #define BACKPLANE_LOG_HPP_
 

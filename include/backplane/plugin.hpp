@@ -30,6 +30,7 @@
 
 #include <backplane/abi.h>
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -44,7 +45,7 @@
 struct bp_status {
   int32_t code;
   std::string message;
-  bool heap = true;  // false only for the static out-of-memory fallback
+  const char* fixed = nullptr;  // set only on the static out-of-memory fallback, never freed
 };
 
 namespace backplane::plugin {
@@ -70,7 +71,8 @@ inline bp_status* make_status(int32_t code, const char* message) noexcept {
   try {
     return new bp_status{code, message};
   } catch (...) {
-    static bp_status oom{BP_STATUS_OUT_OF_MEMORY, "out of memory while reporting an error", false};
+    // Built without allocating: its message is a literal.
+    static bp_status oom{BP_STATUS_OUT_OF_MEMORY, std::string(), "out of memory while reporting an error"};
     return &oom;
   }
 }
@@ -105,13 +107,13 @@ struct DeviceInfo {
 };
 
 // The host services given to this library (set by the entry point).
-inline const bp_host_api*& host_api() noexcept {
-  static const bp_host_api* host = nullptr;
+inline std::atomic<const bp_host_api*>& host_api() noexcept {
+  static std::atomic<const bp_host_api*> host{nullptr};
   return host;
 }
 
 inline void log(bp_log_level level, const std::string& message) noexcept {
-  const bp_host_api* host = host_api();
+  const bp_host_api* host = host_api().load(std::memory_order_acquire);
   if (host != nullptr && BP_HAS_FIELD(bp_host_api, log, host->struct_size) && host->log != nullptr) {
     host->log(host->ctx, level, message.c_str());
   }
@@ -147,9 +149,11 @@ struct PluginTable {
   static T& impl(bp_plugin* p) noexcept { return detail::self<T>(p)->impl; }
 
   static int32_t status_code(const bp_status* s) noexcept { return s->code; }
-  static const char* status_message(const bp_status* s) noexcept { return s->message.c_str(); }
+  static const char* status_message(const bp_status* s) noexcept {
+    return s->fixed != nullptr ? s->fixed : s->message.c_str();
+  }
   static void status_free(bp_status* s) noexcept {
-    if (s != nullptr && s->heap) delete s;
+    if (s != nullptr && s->fixed == nullptr) delete s;
   }
 
   static bp_status* create(const bp_create_args* args, bp_plugin** out) noexcept {
@@ -214,7 +218,14 @@ struct PluginTable {
   static bp_status* buffer_alloc(bp_plugin* p, int32_t device, uint64_t size, bp_buffer** out) noexcept {
     return guard([&] { *out = impl(p).buffer_alloc(device, size); });
   }
-  static void buffer_free(bp_plugin* p, bp_buffer* b) noexcept { impl(p).buffer_free(b); }
+  static void buffer_free(bp_plugin* p, bp_buffer* b) noexcept {
+    try {
+      impl(p).buffer_free(b);
+    } catch (const std::exception& e) {
+      log(BP_LOG_ERROR, std::string("buffer_free: ") + e.what());
+    } catch (...) {
+    }
+  }
   static bp_status* buffer_write(bp_plugin* p, bp_buffer* b, uint64_t off, const void* src, uint64_t size) noexcept {
     return guard([&] { impl(p).buffer_write(b, off, src, size); });
   }
@@ -309,7 +320,7 @@ struct PluginTable {
 // Defines the plugin's one exported entry symbol for class T.
 #define BP_DEFINE_PLUGIN(T, NAME, VERSION)                                                   \
   extern "C" BP_EXPORT const bp_plugin_api* bp_plugin_entry(const bp_host_api* host) {      \
-    ::backplane::plugin::host_api() = host;                                                 \
+    ::backplane::plugin::host_api().store(host, std::memory_order_release);                \
     return ::backplane::plugin::PluginTable<T>::table(NAME, VERSION);                        \
   }
 

@@ -44,9 +44,6 @@ class BACKPLANE_API Shape {
   // "[2, 3]"; "[]" for a scalar.
   std::string to_string() const;
 
-  // Only for use by the core: sets rank without checks (rank <= kMaxRank).
-  void resize_unchecked(int rank) noexcept { rank_ = rank; }
-
   friend bool operator==(const Shape& a, const Shape& b) noexcept {
     return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
   }
