@@ -16,10 +16,26 @@ static int failures = 0;
     }                                                                 \
   } while (0)
 
-/* A C entry point of the documented type must compile. */
+/* The version macros must be plain integer literals: plugins test them with
+ * #if (`#if BP_ABI_MINOR >= 1`), where a cast or enum would not work. */
+#if !defined(BP_ABI_MAJOR) || !defined(BP_ABI_MINOR) || BP_ABI_MAJOR != 1 || BP_ABI_MINOR < 0
+#error "BP_ABI_MAJOR / BP_ABI_MINOR must be preprocessor integers, major 1"
+#endif
+
+/* A C entry point of the documented type, doing the version handshake the
+ * way the rules ask: read the host's version only inside its struct_size,
+ * refuse (NULL) another major, else return a static table. */
 static const bp_plugin_api *entry_in_c(const bp_host_api *host) {
-  (void)host;
-  return NULL;
+  static bp_plugin_api table;
+  if (host == NULL || !BP_HAS_FIELD(bp_host_api, abi_major, host->struct_size)) return NULL;
+  if (host->abi_major != BP_ABI_MAJOR) return NULL;
+  memset(&table, 0, sizeof table);
+  table.struct_size = sizeof table;
+  table.abi_major = BP_ABI_MAJOR;
+  table.abi_minor = BP_ABI_MINOR;
+  table.plugin_name = "abi_c99";
+  table.plugin_version = "0.0.0";
+  return &table;
 }
 
 int main(void) {
@@ -29,10 +45,32 @@ int main(void) {
                            BP_CAP_BF16, BP_CAP_REMOTE, BP_CAP_INT64, BP_CAP_MATMUL};
   size_t i, j;
 
-  EXPECT(entry(NULL) == NULL);
   EXPECT(strcmp(BP_PLUGIN_ENTRY_SYMBOL, "bp_plugin_entry") == 0);
   EXPECT(BP_ABI_MAJOR == 1);
-  EXPECT(BP_ABI_MINOR >= 0);
+
+  /* The handshake through a bp_plugin_entry_fn pointer. */
+  {
+    bp_host_api host;
+    const bp_plugin_api *t;
+    memset(&host, 0, sizeof host);
+    host.struct_size = sizeof host;
+    host.abi_major = BP_ABI_MAJOR;
+    host.abi_minor = BP_ABI_MINOR;
+    t = entry(&host);
+    EXPECT(t != NULL);
+    if (t != NULL) {
+      EXPECT(t->struct_size == sizeof(bp_plugin_api));
+      EXPECT(t->abi_major == BP_ABI_MAJOR && t->abi_minor == BP_ABI_MINOR);
+      EXPECT(BP_HAS_FIELD(bp_plugin_api, barrier, t->struct_size));
+      EXPECT(strcmp(t->plugin_name, "abi_c99") == 0);
+    }
+    EXPECT(entry(NULL) == NULL);
+    host.abi_major = BP_ABI_MAJOR + 1;
+    EXPECT(entry(&host) == NULL);
+    host.abi_major = BP_ABI_MAJOR;
+    host.struct_size = offsetof(bp_host_api, abi_major); /* too small to carry the version */
+    EXPECT(entry(&host) == NULL);
+  }
 
   /* Every versioned struct begins with struct_size; the table's version
    * fields follow it, so any host can read them from any plugin. */
@@ -54,6 +92,11 @@ int main(void) {
   EXPECT(offsetof(bp_plugin_api, create) < offsetof(bp_plugin_api, execute));
   EXPECT(offsetof(bp_plugin_api, execute) < offsetof(bp_plugin_api, comm_create));
   EXPECT(offsetof(bp_plugin_api, comm_create) < offsetof(bp_plugin_api, barrier));
+#if BP_ABI_MINOR == 0
+  /* In 1.0 nothing follows barrier: a field appended without a minor bump
+   * would break BP_HAS_FIELD checks against 1.0 plugins' struct_size. */
+  EXPECT(sizeof(bp_plugin_api) == offsetof(bp_plugin_api, barrier) + sizeof(void (*)(void)));
+#endif
 
   /* BP_HAS_FIELD: a field is visible only when it lies wholly inside size. */
   EXPECT(BP_HAS_FIELD(bp_plugin_api, struct_size, sizeof(size_t)));

@@ -124,9 +124,9 @@ TEST_CASE("plugin sdk: guard maps an unknown exception to INTERNAL") {
 
 TEST_CASE("plugin sdk: the static out-of-memory status is never freed") {
   // status_free must leave a non-heap status alone (it is the OOM fallback).
-  bp_status fallback{BP_STATUS_OUT_OF_MEMORY, "static", false};
+  bp_status fallback{BP_STATUS_OUT_OF_MEMORY, std::string(), "static"};
   bpp::PluginTable<Minimal>::status_free(&fallback);
-  CHECK(fallback.message == "static");
+  CHECK(std::string(bpp::PluginTable<Minimal>::status_message(&fallback)) == "static");
   bpp::PluginTable<Minimal>::status_free(nullptr);
 }
 

@@ -238,3 +238,84 @@ TEST_CASE("config: BACKPLANE_CONFIG is honoured by default_config_path and from_
   expect_loaded(r.backend("env"));
   expect_adds(r.backend("env").device(0));
 }
+
+// ---- wrong types and bad references ---------------------------------------
+
+TEST_CASE("config: backends that is an object instead of an array throws config_error") {
+  const std::string text = R"({"schema_version": 1, "backends": {}})";
+  Error e = error_from([&] { Registry::from_json(text, fixture_dir(), "test"); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "backends");
+  BP_CHECK_CONTAINS(e.message(), "expected an array");
+}
+
+TEST_CASE("config: default_backend that is not a string throws config_error naming it") {
+  const std::string text = config_json({backend_json("good", "good_c")}, R"("default_backend": 3)");
+  Error e = error_from([&] { load(text); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "default_backend");
+  BP_CHECK_CONTAINS(e.message(), "expected a string");
+}
+
+TEST_CASE("config: default_backend naming no backend throws config_error naming it") {
+  const std::string text =
+      config_json({backend_json("good", "good_c"), backend_json("other", "good_c")}, R"("default_backend": "ghost")");
+  Error e = error_from([&] { load(text); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "default_backend");
+  BP_CHECK_CONTAINS(e.message(), "\"ghost\"");
+}
+
+TEST_CASE("config: a backend name that is not a string fails only that backend naming the path") {
+  Registry r = load(config_json({R"({"name": 7, "library": "good_c"})", backend_json("good", "good_c")}));
+  std::vector<Backend> all = r.backends();
+  REQUIRE(all.size() == 2);
+  const std::string msg = expect_failed(all[0], Errc::config_error);
+  BP_CHECK_CONTAINS(msg, "backends[0].name");
+  BP_CHECK_CONTAINS(msg, "expected a string");
+  CHECK(all[0].devices().empty());
+  expect_loaded(all[1]);
+  CHECK(all[1].name() == "good");
+  expect_adds(all[1].device(0));
+}
+
+TEST_CASE("config: options that is an array fails only that backend naming the path") {
+  Registry r = load(config_json({backend_json("arr", "good_c", false, R"("options": [])"), backend_json("good", "good_c")}));
+  std::vector<Backend> all = r.backends();
+  REQUIRE(all.size() == 2);
+  CHECK(all[0].name() == "arr");
+  const std::string msg = expect_failed(all[0], Errc::config_error);
+  BP_CHECK_CONTAINS(msg, "backends[0].options");
+  BP_CHECK_CONTAINS(msg, "expected an object");
+  expect_loaded(all[1]);
+  expect_adds(all[1].device(0));
+}
+
+TEST_CASE("config: a duplicate key in an object throws config_error naming the key") {
+  const std::string text = R"({"schema_version": 1, "schema_version": 1, "backends": []})";
+  Error e = error_from([&] { Registry::from_json(text, fixture_dir(), "dup_source.json"); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "duplicate key");
+  BP_CHECK_CONTAINS(e.message(), "schema_version");
+  BP_CHECK_CONTAINS(e.message(), "dup_source.json");
+  // The same key in two different objects is not a duplicate.
+  Registry r = load(config_json({backend_json("a", "good_c"), backend_json("b", "good_c")}));
+  CHECK(r.backends().size() == 2);
+}
+
+TEST_CASE("config: a duplicate key inside a backend entry throws config_error naming the key") {
+  // The second "library" would silently win in a lenient parser; it must not.
+  const std::string text = config_json({R"({"name": "twice", "library": "good_c", "library": "no_such_plugin"})"});
+  Error e = error_from([&] { load(text); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "backends[0].library: duplicate key");
+}
+
+TEST_CASE("config: from_config on a directory throws config_error naming it") {
+  TempDir tmp;
+  const fs::path dir = tmp.mkdir("a_directory");
+  Error e = error_from([&] { Registry::from_config(dir); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), dir.string());
+  BP_CHECK_CONTAINS(e.message(), "not a regular file");
+}

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -25,7 +26,9 @@ bp::Device cpu() { return cpu_registry().backend("cpu").device(0); }
 template <class T>
 std::vector<T> iota_values(int64_t n, T start, T step) {
   std::vector<T> v(static_cast<std::size_t>(n));
-  for (int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = static_cast<T>(start + step * static_cast<T>(i));
+  // Cycle so integer products stay far from overflow (wrapping is tested apart).
+  for (int64_t i = 0; i < n; ++i)
+    v[static_cast<std::size_t>(i)] = static_cast<T>(start + step * static_cast<T>(i % 1000));
   return v;
 }
 
@@ -215,8 +218,21 @@ TEST_CASE("results are independent tensors and inputs are unchanged") {
   CHECK(c.to_vector<int64_t>() == std::vector<int64_t>{2, 8, 18});
 }
 
-TEST_CASE("bool tensors round-trip through the host") {
+TEST_CASE("bool and u8 tensors round-trip through the host") {
   bp::Tensor t = bp::Tensor::from_vector(cpu(), {4}, std::vector<uint8_t>{1, 0, 0, 1});
   CHECK(t.dtype() == bp::DType::u8);
   CHECK(t.to_vector<uint8_t>() == std::vector<uint8_t>{1, 0, 0, 1});
+  bp::Tensor b = bp::Tensor::from_vector(cpu(), {2, 2}, std::vector<bool>{true, false, false, true});
+  CHECK(b.dtype() == bp::DType::bool_);
+  CHECK(b.nbytes() == 4);
+  CHECK(b.to_vector<bool>() == std::vector<bool>{true, false, false, true});
+}
+
+TEST_CASE("integer overflow wraps (two's complement) instead of trapping") {
+  const int32_t big = std::numeric_limits<int32_t>::max();
+  const int32_t small = std::numeric_limits<int32_t>::min();
+  bp::Tensor a = bp::Tensor::from_vector(cpu(), {3}, std::vector<int32_t>{big, small, small});
+  bp::Tensor b = bp::Tensor::from_vector(cpu(), {3}, std::vector<int32_t>{1, -1, -1});
+  CHECK((a + b).to_vector<int32_t>() == std::vector<int32_t>{small, big, big});
+  CHECK(bp::div(a, b).to_vector<int32_t>() == std::vector<int32_t>{big, small, small});
 }

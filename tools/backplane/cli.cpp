@@ -123,8 +123,13 @@ std::string failure_hint(const Backend& backend, const fs::path& config) {
   const std::optional<Errc> code = backend.error_code();
   if (code == Errc::config_error) return "fix this backend's entry in " + cfg;
   if (code == Errc::abi_mismatch) {
-    return "rebuild the plugin against this backplane's abi.h (plugin ABI " + std::to_string(kAbiMajor) +
-           "." + std::to_string(kAbiMinor) + "; the major must match)";
+    // A version mismatch and a table that contradicts its flags need different fixes.
+    if (backend.abi_version().empty() || backend.abi_version().rfind(std::to_string(kAbiMajor) + ".", 0) != 0) {
+      return "rebuild the plugin against this backplane's abi.h (plugin ABI " + std::to_string(kAbiMajor) + "." +
+             std::to_string(kAbiMinor) + "; the major must match)";
+    }
+    return "the plugin's table breaks the ABI rules named above; fix the plugin (set the entries its "
+           "capability flags promise, or drop those flags) and rebuild it";
   }
   if (backend.library_path().empty()) {
     return "is the plugin built? `cmake --build --preset release` puts the bundled plugins in build/plugins";

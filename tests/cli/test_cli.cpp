@@ -1,0 +1,360 @@
+// Tests of the `backplane` command-line tool, run as a child process: exit
+// codes, `list --json` contents, `check` reports, config errors, the
+// repository's own backends.json, --version and bad command lines.
+#include "cli_runner.hpp"
+#include "test_support.hpp"
+
+#include <backplane/version.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+
+#ifndef BP_TEST_SOURCE_DIR
+#error "BP_TEST_SOURCE_DIR must name the source tree"
+#endif
+#ifndef BP_TEST_RELEASE_LAYOUT
+#error "BP_TEST_RELEASE_LAYOUT must be 1 when the build folder is <source>/build (the release preset), else 0"
+#endif
+
+using namespace bptest;
+using bpcli::Result;
+using Json = nlohmann::json;
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitConfig = 2;
+constexpr int kExitUsage = 64;
+
+// Runs the CLI and requires that it exited on its own (no crash).
+Result cli(const TempDir& tmp, const std::vector<std::string>& args, const bpcli::Options& options = {}) {
+  Result r = bpcli::run(args, tmp.path(), options);
+  REQUIRE_MESSAGE(r.exited, r.describe());
+  return r;
+}
+
+bool starts_with(const std::string& text, std::string_view prefix) { return text.rfind(prefix, 0) == 0; }
+
+bool has_name(const Json& names, std::string_view name) {
+  return names.is_array() && std::find(names.begin(), names.end(), Json(name)) != names.end();
+}
+
+// Parses stdout as one JSON object; fails the test with the output otherwise.
+Json parse_stdout(const Result& r) {
+  Json j;
+  try {
+    j = Json::parse(r.out);
+  } catch (const Json::parse_error& e) {
+    FAIL("stdout is not JSON (" << e.what() << "): " << r.describe());
+  }
+  REQUIRE(j.is_object());
+  return j;
+}
+
+// {"schema_version": 1, "plugin_dirs": [<real plugin dir>], "backends": [cpu (required), nope]}
+std::string cpu_and_missing_config(bool missing_required) {
+  return "{\"schema_version\": 1, \"plugin_dirs\": [" + json_path(plugin_dir()) +
+         "], \"backends\": [" + backend_json("cpu", "backplane_cpu", true) + ", " +
+         backend_json("nope", "nope", missing_required) + "]}";
+}
+
+const fs::path kCpuLibrary = plugin_dir() / "libbackplane_cpu.so";
+
+std::string abi_text() { return std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR); }
+
+// The checks shared by every listing of the repository's backends.json.
+void expect_repository_listing(const Result& r, const fs::path& config) {
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  const Json j = parse_stdout(r);
+  CHECK(j["config"] == config.string());
+  CHECK(j["default_backend"] == "cpu");
+  REQUIRE(j["backends"].size() == 1);
+  const Json& cpu = j["backends"][0];
+  CHECK(cpu["name"] == "cpu");
+  CHECK(cpu["library"] == "backplane_cpu");
+  CHECK(cpu["status"] == "loaded");
+  CHECK(cpu["error"].is_null());
+  CHECK(cpu["required"] == true);
+  CHECK(cpu["collective_fallback"] == "error");
+  REQUIRE(cpu["library_path"].is_string());
+  CHECK(fs::equivalent(cpu["library_path"].get<std::string>(), kCpuLibrary));
+  REQUIRE(cpu["devices"].size() == 1);
+  CHECK(cpu["devices"][0]["index"] == 0);
+}
+
+}  // namespace
+
+// ---- list --json -------------------------------------------------------------
+
+TEST_CASE("list: json shows the loaded cpu backend and a missing library as failed and exits 0") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", cpu_and_missing_config(/*missing_required=*/true));
+  const Result r = cli(tmp, {"list", "--json", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);  // list succeeds once the config was read, even with a required failure
+  const Json j = parse_stdout(r);
+  CHECK(j["config"] == config.string());
+  CHECK(j["default_backend"] == "cpu");
+  REQUIRE(j["backends"].is_array());
+  REQUIRE(j["backends"].size() == 2);
+
+  const Json& cpu = j["backends"][0];
+  CHECK(cpu["name"] == "cpu");
+  CHECK(cpu["library"] == "backplane_cpu");
+  REQUIRE(cpu["library_path"].is_string());
+  CHECK(fs::equivalent(cpu["library_path"].get<std::string>(), kCpuLibrary));
+  REQUIRE(cpu["version"].is_string());
+  CHECK_FALSE(cpu["version"].get<std::string>().empty());
+  CHECK(cpu["abi_version"] == abi_text());
+  CHECK(cpu["status"] == "loaded");
+  CHECK(cpu["error"].is_null());
+  CHECK(cpu["error_code"].is_null());
+  CHECK(cpu["required"] == true);
+  CHECK(cpu["collective_fallback"] == "error");
+  CHECK(has_name(cpu["capabilities"], "host_visible"));
+  CHECK_FALSE(has_name(cpu["capabilities"], "collective"));
+  REQUIRE(cpu["devices"].is_array());
+  REQUIRE(cpu["devices"].size() == 1);
+  const Json& dev = cpu["devices"][0];
+  CHECK(dev["index"] == 0);
+  REQUIRE(dev["name"].is_string());
+  CHECK_FALSE(dev["name"].get<std::string>().empty());
+  CHECK(has_name(dev["capabilities"], "host_visible"));
+  CHECK_FALSE(has_name(dev["capabilities"], "collective"));
+  REQUIRE(dev["attributes"].is_object());
+  CHECK(dev["attributes"].contains("threads"));
+  CHECK(dev["memory_bytes"].is_number_unsigned());
+
+  const Json& nope = j["backends"][1];
+  CHECK(nope["name"] == "nope");
+  CHECK(nope["library"] == "nope");
+  CHECK(nope["library_path"].is_null());
+  CHECK(nope["version"].is_null());
+  CHECK(nope["abi_version"].is_null());
+  CHECK(nope["status"] == "failed");
+  REQUIRE(nope["error"].is_string());
+  BP_CHECK_CONTAINS(nope["error"].get<std::string>(), "not found");
+  BP_CHECK_CONTAINS(nope["error"].get<std::string>(), "nope");
+  CHECK(nope["error_code"] == "plugin_load_failed");
+  CHECK(nope["required"] == true);
+  CHECK(nope["capabilities"] == Json::array());
+  CHECK(nope["devices"] == Json::array());
+}
+
+TEST_CASE("list: text output shows each backend with its status and the failure reason") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", cpu_and_missing_config(/*missing_required=*/false));
+  const Result r = cli(tmp, {"list", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "2 configured, 1 loaded");
+  BP_CHECK_CONTAINS(r.out, "cpu  (default)");
+  BP_CHECK_CONTAINS(r.out, "FAILED (plugin_load_failed)");
+  BP_CHECK_CONTAINS(r.out, "[0] cpu:0");
+  BP_CHECK_CONTAINS(r.out, "not found");
+}
+
+// ---- check -------------------------------------------------------------------
+
+TEST_CASE("check: a failed required backend exits 1 naming the backend and the reason") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", cpu_and_missing_config(/*missing_required=*/true));
+  const Result r = cli(tmp, {"check", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.out, "ok      cpu");
+  BP_CHECK_CONTAINS(r.out, "FAILED  nope  required  plugin_load_failed: ");
+  BP_CHECK_CONTAINS(r.out, "library \"nope\" not found");
+  BP_CHECK_CONTAINS(r.out, "hint: ");
+  BP_CHECK_CONTAINS(r.err, "backplane: error: 1 required backend failed to load: nope");
+  CHECK(r.out.find("all required backends loaded") == std::string::npos);
+}
+
+TEST_CASE("check: a failed optional backend is a warning and exits 0") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", cpu_and_missing_config(/*missing_required=*/false));
+  const Result r = cli(tmp, {"check", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "ok      cpu");
+  BP_CHECK_CONTAINS(r.out, "FAILED  nope  optional  plugin_load_failed: ");
+  BP_CHECK_CONTAINS(r.out, "all required backends loaded (1 of 2 loaded)");
+  BP_CHECK_CONTAINS(r.err, "backplane: warning: 1 optional backend failed to load: nope");
+  CHECK(r.err.find("backplane: error:") == std::string::npos);
+}
+
+TEST_CASE("check: malformed JSON exits 2 naming the file and the line and column") {
+  TempDir tmp;
+  const fs::path config = tmp.write("broken.json",
+                                    "{\n"
+                                    "  \"schema_version\": 1,\n"
+                                    "  \"backends\": [ }\n"
+                                    "}\n");
+  for (const char* command : {"check", "list"}) {
+    CAPTURE(command);
+    const Result r = cli(tmp, {command, "--config", config.string()});
+    INFO(r.describe());
+    CHECK(r.code == kExitConfig);
+    CHECK(starts_with(r.err, "backplane: error:"));
+    BP_CHECK_CONTAINS(r.err, "broken.json");
+    BP_CHECK_CONTAINS(r.err, "line 3, column 17");
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("check: an invalid config exits 2 naming the offending key") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", R"({"schema_version": 1, "backends": [], "plugin_dir": []})");
+  const Result r = cli(tmp, {"check", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitConfig);
+  CHECK(starts_with(r.err, "backplane: error:"));
+  BP_CHECK_CONTAINS(r.err, "plugin_dir");
+  BP_CHECK_CONTAINS(r.err, "unknown key");
+}
+
+TEST_CASE("check: a directory as --config exits 2 with a clear message") {
+  TempDir tmp;
+  const fs::path dir = tmp.mkdir("configs");
+  for (const char* command : {"check", "list"}) {
+    CAPTURE(command);
+    const Result r = cli(tmp, {command, "--config", dir.string()});
+    INFO(r.describe());
+    CHECK(r.code == kExitConfig);
+    CHECK(starts_with(r.err, "backplane: error:"));
+    BP_CHECK_CONTAINS(r.err, dir.string());
+    BP_CHECK_CONTAINS(r.err, "is a directory");
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("check: a directory in BACKPLANE_CONFIG exits 2 naming the variable") {
+  TempDir tmp;
+  const fs::path dir = tmp.mkdir("configs");
+  const Result r = cli(tmp, {"check"}, {{{"BACKPLANE_CONFIG", dir.string()}}, {}});
+  INFO(r.describe());
+  CHECK(r.code == kExitConfig);
+  CHECK(starts_with(r.err, "backplane: error:"));
+  BP_CHECK_CONTAINS(r.err, "BACKPLANE_CONFIG");
+  BP_CHECK_CONTAINS(r.err, dir.string());
+}
+
+TEST_CASE("check: a missing --config file exits 2 naming it") {
+  TempDir tmp;
+  const fs::path missing = tmp / "no_such_backends.json";
+  const Result r = cli(tmp, {"check", "--config", missing.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitConfig);
+  CHECK(starts_with(r.err, "backplane: error:"));
+  BP_CHECK_CONTAINS(r.err, missing.string());
+  BP_CHECK_CONTAINS(r.err, "does not exist");
+}
+
+// ---- the repository's backends.json ------------------------------------------
+
+// The repository's backends.json names plugin_dirs ["build/plugins"] relative
+// to itself. A copy next to build/plugins -> this build's plugin folder checks
+// the file itself from any build folder.
+TEST_CASE("repo config: the repository backends.json lists cpu loaded with one device") {
+  TempDir tmp;
+  const fs::path config = tmp / "backends.json";
+  fs::copy_file(fs::path(BP_TEST_SOURCE_DIR) / "backends.json", config);
+  tmp.mkdir("build");
+  fs::create_directory_symlink(plugin_dir(), tmp / "build" / "plugins");
+
+  SUBCASE("list --json --config") {
+    expect_repository_listing(cli(tmp, {"list", "--json", "--config", config.string()}), config);
+  }
+  SUBCASE("list --json reads ./backends.json without --config") {
+    expect_repository_listing(cli(tmp, {"list", "--json"}, {{}, tmp.path()}), config);
+  }
+  SUBCASE("check exits 0") {
+    const Result r = cli(tmp, {"check"}, {{}, tmp.path()});
+    INFO(r.describe());
+    CHECK(r.code == kExitOk);
+    BP_CHECK_CONTAINS(r.out, "ok      cpu");
+    BP_CHECK_CONTAINS(r.out, "all required backends loaded (1 of 1 loaded)");
+  }
+}
+
+// The file in place, exactly as README's first command uses it: only right
+// when this build is the release preset's <source>/build, so the test is
+// skipped (and not registered with ctest) for any other build folder.
+TEST_CASE("repo config: the repository backends.json works in place from the release build folder" *
+          doctest::skip(BP_TEST_RELEASE_LAYOUT == 0)) {
+  TempDir tmp;
+  const fs::path source = fs::path(BP_TEST_SOURCE_DIR);
+  const fs::path config = source / "backends.json";
+  expect_repository_listing(cli(tmp, {"list", "--json", "--config", config.string()}), config);
+  const Result r = cli(tmp, {"check"}, {{}, source});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "all required backends loaded (1 of 1 loaded)");
+}
+
+// ---- version and usage ---------------------------------------------------------
+
+TEST_CASE("version: --version prints the version and the plugin ABI version") {
+  TempDir tmp;
+  const Result r = cli(tmp, {"--version"});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  CHECK(r.out == std::string("backplane ") + backplane::kVersion + " (plugin ABI " + abi_text() + ")\n");
+  CHECK(r.err.empty());
+}
+
+TEST_CASE("usage: --help exits 0 and lists the subcommands and exit codes") {
+  TempDir tmp;
+  const Result r = cli(tmp, {"--help"});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "Usage: backplane");
+  BP_CHECK_CONTAINS(r.out, "list");
+  BP_CHECK_CONTAINS(r.out, "check");
+  BP_CHECK_CONTAINS(r.out, "64  bad command line");
+  const Result sub = cli(tmp, {"check", "--help"});
+  CHECK(sub.code == kExitOk);
+  BP_CHECK_CONTAINS(sub.out, "--config");
+}
+
+TEST_CASE("usage: an unknown subcommand exits 64 naming it") {
+  TempDir tmp;
+  const Result r = cli(tmp, {"frobnicate"});
+  INFO(r.describe());
+  CHECK(r.code == kExitUsage);
+  CHECK(starts_with(r.err, "backplane: error: unknown subcommand 'frobnicate'"));
+  BP_CHECK_CONTAINS(r.err, "backplane --help");
+  CHECK(r.out.empty());
+}
+
+TEST_CASE("usage: an unknown flag exits 64 naming it") {
+  TempDir tmp;
+  const Result r = cli(tmp, {"list", "--bogus"});
+  INFO(r.describe());
+  CHECK(r.code == kExitUsage);
+  CHECK(starts_with(r.err, "backplane: error:"));
+  BP_CHECK_CONTAINS(r.err, "--bogus");
+  BP_CHECK_CONTAINS(r.err, "backplane list --help");
+  CHECK(r.out.empty());
+}
+
+TEST_CASE("usage: --config without its value exits 64") {
+  TempDir tmp;
+  const Result r = cli(tmp, {"check", "--config"});
+  INFO(r.describe());
+  CHECK(r.code == kExitUsage);
+  CHECK(starts_with(r.err, "backplane: error:"));
+  CHECK(r.out.empty());
+}
+
+TEST_CASE("usage: no subcommand exits 64 and prints the help to stderr") {
+  TempDir tmp;
+  const Result r = cli(tmp, {});
+  INFO(r.describe());
+  CHECK(r.code == kExitUsage);
+  BP_CHECK_CONTAINS(r.err, "Usage: backplane");
+  CHECK(r.out.empty());
+}
