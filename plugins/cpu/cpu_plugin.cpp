@@ -502,6 +502,7 @@ class CpuPlugin {
 #ifdef _OPENMP
     threads_ = requested > 0 ? static_cast<int>(requested) : omp_get_max_threads();
 #else
+    (void)requested;  // built without OpenMP (e.g. the TSan build): kernels run on the calling thread
     threads_ = 1;
 #endif
     if (threads_ < 1) threads_ = 1;
