@@ -62,6 +62,20 @@
  *    outputs the host allocates for an op are contiguous row-major; the host
  *    does not pass an output that overlaps an input (a plugin that gets one
  *    anyway must still produce the result as if inputs were read first).
+ *  - Input strides per op: elementwise binary, comparisons, WHERE, unary,
+ *    CLAMP, CAST and COPY accept any strides (0 on broadcast dims); the
+ *    reductions, SOFTMAX/LOG_SOFTMAX, INDEX_SELECT and GATHER get contiguous
+ *    row-major inputs (the host copies a strided one first); MATMUL: 2-D
+ *    operands any strides; batched ones stride 0 on broadcast batch dims and
+ *    any strides on the last two. Outputs are contiguous, except COPY's,
+ *    which may be a strided view of a larger buffer (how the host builds cat).
+ *  - The host never calls execute for an op whose output has no elements
+ *    (a reduction over an empty axis still runs: its output is not empty).
+ *  - supports_op is asked with the dtype of the data operand: inputs[0]
+ *    (WHERE: inputs[1], not the BOOL cond; comparisons: the inputs, not the
+ *    BOOL output; ARGMAX/ARGMIN, INDEX_SELECT, GATHER: x, not the I64
+ *    output or index); creation ops: the output's. CAST is asked for the
+ *    source and for the target dtype, and runs only when both answer yes.
  *
  * ---------------------------------------------------------------------------
  * Lifetime of a library
@@ -82,7 +96,7 @@ extern "C" {
 #endif
 
 #define BP_ABI_MAJOR 1
-#define BP_ABI_MINOR 0
+#define BP_ABI_MINOR 1
 
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_plugin_entry"
 
@@ -160,12 +174,79 @@ typedef enum bp_op {
   BP_OP_SUB = 2,
   BP_OP_MUL = 3,
   BP_OP_DIV = 4,
-  /* matmul: inputs [M,K] and [K,N] (2-D), output [M,N], all one dtype. */
+  /* matmul: inputs [...,M,K] and [...,K,N], output [...,M,N], one dtype.
+   * With more than 2 dims the leading (batch) dims of both inputs arrive
+   * already broadcast to the output's (stride 0 on broadcast ones). */
   BP_OP_MATMUL = 5,
-  /* copy: inputs[0] -> outputs[0], same shape and dtype, any strides. */
+  /* copy: inputs[0] -> outputs[0], same shape and dtype, any strides on
+   * both sides (the output may be a strided view; it never overlaps itself
+   * or the input). The host builds reshape/permute/slice/cat from it. */
   BP_OP_COPY = 6,
+  /* ---- ABI 1.1 ---------------------------------------------------------
+   * Binary, as ADD: inputs broadcast to the output's shape, one dtype.
+   * Integer POW with a negative exponent cannot be refused by the host (it
+   * depends on the data): the plugin returns INVALID_ARGUMENT. */
+  BP_OP_POW = 7,
+  BP_OP_MAXIMUM = 8,      /* NaN-propagating for floats */
+  BP_OP_MINIMUM = 9,
+  /* Comparisons, as ADD but the output dtype is BP_DTYPE_BOOL. */
+  BP_OP_EQ = 10,
+  BP_OP_NE = 11,
+  BP_OP_LT = 12,
+  BP_OP_LE = 13,
+  BP_OP_GT = 14,
+  BP_OP_GE = 15,
+  /* where: inputs [cond (BOOL), a, b] broadcast to the output's shape; a, b
+   * and the output share one dtype. out = cond ? a : b. */
+  BP_OP_WHERE = 16,
+  /* Unary: inputs[0] has the output's shape and dtype. */
+  BP_OP_NEG = 17,
+  BP_OP_ABS = 18,
+  BP_OP_EXP = 19,
+  BP_OP_LOG = 20,
+  BP_OP_SQRT = 21,
+  BP_OP_TANH = 22,
+  BP_OP_SIGMOID = 23,
+  BP_OP_RELU = 24,
+  BP_OP_SIN = 25,
+  BP_OP_COS = 26,
+  BP_OP_CLAMP = 27,       /* attrs: scalar0 = low, scalar1 = high */
+  /* cast: inputs[0] -> outputs[0], same shape, the output's dtype differs.
+   * Float -> int truncates toward zero (NaN/out of range: unspecified value,
+   * never a trap); to BOOL is (x != 0); int -> narrower int wraps. */
+  BP_OP_CAST = 28,
+  /* Creation: no inputs, one contiguous output. */
+  BP_OP_FILL = 29,        /* every element = scalar0 */
+  BP_OP_ARANGE = 30,      /* 1-D: out[i] = scalar0 + i * scalar1 */
+  BP_OP_RAND_UNIFORM = 31,/* [scalar0, scalar1); attrs.seed; same seed, same values
+                           * on the same backend (cpu: whatever the thread count) */
+  BP_OP_RANDN = 32,       /* normal(mean scalar0, std scalar1); attrs.seed */
+  /* Reductions over one axis (attrs.axis, 0 <= axis < ndim). The output
+   * has the input's ndim with extent 1 on that axis (the host drops it for
+   * keepdim=false, and flattens for an all-axes reduction). ARGMAX/ARGMIN
+   * write BP_DTYPE_I64 (the first index of the extreme; NaN counts as the
+   * extreme); MEAN is for float dtypes. An empty axis: SUM 0, MEAN NaN;
+   * MAX/MIN/ARGMAX/ARGMIN are refused by the host. */
+  BP_OP_SUM = 33,
+  BP_OP_MEAN = 34,
+  BP_OP_MAX = 35,
+  BP_OP_MIN = 36,
+  BP_OP_ARGMAX = 37,
+  BP_OP_ARGMIN = 38,
+  /* softmax / log_softmax along attrs.axis; output has the input's shape. */
+  BP_OP_SOFTMAX = 39,
+  BP_OP_LOG_SOFTMAX = 40,
+  /* index_select: inputs [x, index (I64, 1-D)], attrs.axis; the output is x
+   * with extent len(index) on axis. gather: inputs [x, index (I64, same ndim
+   * as x)], attrs.axis; out[i][j][k] = x[i][index[i][j][k]][k] (axis 1).
+   * An index out of range is an INVALID_ARGUMENT status naming it. */
+  BP_OP_INDEX_SELECT = 41,
+  BP_OP_GATHER = 42,
   BP_OP_COUNT_ /* not an op: one past the last value this header knows */
 } bp_op;
+
+/* attrs.axis value meaning "no axis" where an op allows it. */
+#define BP_AXIS_NONE INT64_MIN
 
 /* Attributes of an op. Fields an op does not use are ignored. */
 typedef struct bp_op_attrs {
@@ -349,6 +430,14 @@ typedef struct bp_plugin_api {
   bp_status *(*all_gather)    (bp_plugin *plugin, bp_comm *comm, const bp_tensor *input, const bp_tensor *output);
   bp_status *(*reduce_scatter)(bp_plugin *plugin, bp_comm *comm, const bp_tensor *input, const bp_tensor *output, int32_t reduce_op);
   bp_status *(*barrier)       (bp_plugin *plugin, bp_comm *comm);
+
+  /* ---- ABI 1.1 ---------------------------------------------------------- */
+  /* (optional; only on BP_CAP_HOST_VISIBLE devices) Adopts `size` bytes of
+   * host memory at `data` as a buffer without copying (DLPack import). The
+   * plugin calls release(release_ctx) exactly once, when the buffer is freed
+   * (or before returning a failure status); it never frees `data` itself. */
+  bp_status *(*buffer_wrap_host)(bp_plugin *plugin, int32_t device, void *data, uint64_t size,
+                                 void (*release)(void *release_ctx), void *release_ctx, bp_buffer **out);
 } bp_plugin_api;
 
 /* The one exported symbol. `host` stays valid for the life of the library.

@@ -15,7 +15,9 @@
 //     void buffer_write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size);
 //     void buffer_read(bp_buffer* b, uint64_t offset, void* dst, uint64_t size);
 //     void execute(const bp_execute_args& args);
-//     // optional: buffer_host_ptr, synchronize, and the collective set
+//     // optional: buffer_host_ptr, synchronize, buffer_wrap_host (DLPack
+//     // import: set handed_over = true once the buffer owns `release`),
+//     // and the collective set
 //     // (comm_create, comm_destroy, all_reduce, broadcast, all_gather,
 //     // reduce_scatter, barrier) with the signatures in PluginTable below.
 //   };
@@ -277,6 +279,14 @@ struct PluginTable {
     return guard([&] { impl(p).barrier(c); });
   }
 
+  static bp_status* buffer_wrap_host(bp_plugin* p, int32_t device, void* data, uint64_t size,
+                                     void (*release)(void*), void* release_ctx, bp_buffer** out) noexcept {
+    bool handed_over = false;  // once the class owns `release`, it must call it
+    bp_status* st = guard([&] { *out = impl(p).buffer_wrap_host(device, data, size, release, release_ctx, handed_over); });
+    if (st != nullptr && !handed_over && release != nullptr) release(release_ctx);
+    return st;
+  }
+
   static const bp_plugin_api* table(const char* name, const char* version) noexcept {
     static const bp_plugin_api api = [&] {
       bp_plugin_api t{};
@@ -309,6 +319,10 @@ struct PluginTable {
         t.reduce_scatter = &reduce_scatter;
         t.barrier = &barrier;
       }
+      if constexpr (requires(T& x, void* d, void (*r)(void*), bool& h) {
+                      x.buffer_wrap_host(int32_t{}, d, uint64_t{}, r, d, h);
+                    })
+        t.buffer_wrap_host = &buffer_wrap_host;
       return t;
     }();
     return &api;

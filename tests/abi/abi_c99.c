@@ -123,7 +123,7 @@ int main(void) {
 
   /* Status codes and enum values the table relies on. */
   EXPECT(BP_STATUS_OK == 0);
-  EXPECT(BP_OP_ADD == 1 && BP_OP_COPY == 6 && BP_OP_COUNT_ == 7);
+  EXPECT(BP_OP_ADD == 1 && BP_OP_COPY == 6 && BP_OP_POW == 7 && BP_OP_GATHER == 42 && BP_OP_COUNT_ == 43);
   EXPECT(BP_DTYPE_INVALID == 0 && BP_DTYPE_F32 == 1);
 
   if (failures == 0) printf("abi.h: C99 layout checks passed\n");
