@@ -96,16 +96,23 @@ struct Storage {
   int32_t device = 0;
 
   Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size);
+  // Takes ownership of `adopted`, a buffer the plugin already made (e.g. by
+  // buffer_wrap_host for DLPack import); never allocates, never throws.
+  Storage(std::shared_ptr<BackendImpl> b, int32_t dev, bp_buffer* adopted, uint64_t size) noexcept;
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   ~Storage();
 };
 
 // One allocation per fresh tensor: the storage lives inside the impl that
-// created it, and `storage` points at it.
+// created it, and `storage` points at it. A view (reshape, permute,
+// transpose, slice) has no `owned`; `base` keeps the root owner alive (a view
+// of a view points at the root, never at the intermediate view) and
+// `storage` points at the root's storage.
 struct TensorImpl {
   std::optional<Storage> owned;
-  Storage* storage = nullptr;  // &*owned; views (issue: tensor engine) will point at their base's
+  std::shared_ptr<const TensorImpl> base;  // the root owner of *storage; null for an owner
+  Storage* storage = nullptr;              // &*owned, or &*base->owned
   Shape shape;
   Shape strides;  // in elements
   uint64_t byte_offset = 0;
@@ -123,6 +130,12 @@ std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& 
                                             const Shape& shape, DType dtype);
 // A bp_tensor describing `t` (borrows t's shape and strides).
 bp_tensor describe(const TensorImpl& t);
+// True when t's elements lie densely in row-major order from byte_offset
+// (strides of extent-1 dims are ignored; an empty tensor is contiguous).
+bool is_contiguous(const TensorImpl& t) noexcept;
+// A view of `t`'s storage with the given layout, keeping the root owner alive.
+std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape, const Shape& strides,
+                                      uint64_t byte_offset);
 
 // Maps a plugin status code to Errc.
 Errc errc_from_status(int32_t code) noexcept;

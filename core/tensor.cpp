@@ -1,5 +1,6 @@
 // Tensor handles: allocation through the plugin, host transfer, metadata.
 #include "internal.hpp"
+#include "op_common.hpp"
 
 #include <backplane/ops.hpp>
 #include <backplane/tensor.hpp>
@@ -21,6 +22,9 @@ Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size)
   }
   buffer = out;
 }
+
+Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, bp_buffer* adopted, uint64_t size) noexcept
+    : backend(std::move(b)), buffer(adopted), nbytes(size), device(dev) {}
 
 Storage::~Storage() { backend->api.buffer_free(backend->plugin, buffer); }
 
@@ -63,6 +67,28 @@ std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& 
   return t;
 }
 
+bool is_contiguous(const TensorImpl& t) noexcept {
+  if (t.shape.numel() == 0) return true;
+  int64_t expected = 1;
+  for (int i = t.shape.rank() - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expected) return false;
+    expected *= t.shape[i];
+  }
+  return true;
+}
+
+std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape, const Shape& strides,
+                                      uint64_t byte_offset) {
+  auto v = std::make_shared<TensorImpl>();
+  v->base = t->base ? t->base : std::shared_ptr<const TensorImpl>(t);
+  v->storage = t->storage;
+  v->shape = shape;
+  v->strides = strides;
+  v->byte_offset = byte_offset;
+  v->dtype = t->dtype;
+  return v;
+}
+
 bp_tensor describe(const TensorImpl& t) {
   bp_tensor d{};
   d.buffer = t.storage->buffer;
@@ -77,22 +103,14 @@ bp_tensor describe(const TensorImpl& t) {
 
 }  // namespace detail
 
-namespace {
-const std::shared_ptr<detail::BackendImpl>& usable(const Device& device, std::string_view what) {
-  if (!device.valid()) throw Error(Errc::invalid_argument, std::string(what) + ": invalid (default-constructed) Device");
-  device.impl()->require_loaded();
-  return device.impl();
-}
-}  // namespace
-
 Tensor Tensor::empty(const Device& device, const Shape& shape, DType dtype) {
-  const auto& backend = usable(device, "Tensor::empty");
+  const auto& backend = detail::usable(device, "Tensor::empty");
   detail::checked_numel(shape, dtype, "Tensor::empty");
   return Tensor(detail::allocate_tensor(backend, device.index(), shape, dtype));
 }
 
 Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data, std::size_t count) {
-  const auto& backend = usable(device, "Tensor::from_vector");
+  const auto& backend = detail::usable(device, "Tensor::from_vector");
   const int64_t n = detail::checked_numel(shape, dtype, "Tensor::from_vector");
   if (static_cast<uint64_t>(n) != count) {
     throw Error(Errc::invalid_argument, "Tensor::from_vector: shape " + shape.to_string() + " holds " + std::to_string(n) +
@@ -119,9 +137,11 @@ Device Tensor::device() const {
   const auto& s = *checked().storage;
   return Device(s.backend, s.device);
 }
-bool Tensor::is_contiguous() const {
-  const auto& t = checked();
-  return t.strides == detail::contiguous_strides(t.shape);
+bool Tensor::is_contiguous() const { return detail::is_contiguous(checked()); }
+
+Tensor Tensor::to(const Device& device) const {
+  checked();
+  return backplane::to(*this, device);
 }
 
 void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {

@@ -4,6 +4,7 @@
 
 #include <backplane/capability.hpp>
 #include <backplane/distributed.hpp>
+#include <backplane/dlpack.hpp>
 #include <backplane/dtype.hpp>
 #include <backplane/error.hpp>
 #include <backplane/log.hpp>

@@ -49,6 +49,8 @@ class BACKPLANE_API Tensor {
   DType dtype() const;
   Device device() const;
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * dtype_size(dtype()); }
+  // Dense row-major from its first element (strides of extent-1 dims are
+  // ignored). Views from permute, transpose and slice usually are not.
   bool is_contiguous() const;
 
   // Reads the elements back to the host, row-major. T must match dtype()
@@ -61,6 +63,9 @@ class BACKPLANE_API Tensor {
   }
   // Reads into caller memory; count must equal numel().
   void read_into(DType dtype, void* dst, std::size_t count) const;
+
+  // A copy on `device` (any backend); *this when it already lives there.
+  Tensor to(const Device& device) const;
 
   // "Tensor(shape=[2, 3], dtype=f32, device=cpu:0)"
   std::string to_string() const;

@@ -44,7 +44,7 @@ TEST_CASE("loader: a plugin written in C loads and describes itself and its devi
   CHECK(b.library() == "good_c");
   CHECK(fs::equivalent(b.library_path(), fixture("good_c")));
   CHECK(b.version() == "1.2.3");
-  CHECK(b.abi_version() == "1.0");
+  CHECK(b.abi_version() == std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR));
   CHECK_FALSE(b.required());
   REQUIRE(b.device_count() == 1);
   CHECK(b.devices().size() == 1);
@@ -133,7 +133,6 @@ TEST_CASE("loader: another ABI major fails with abi_mismatch naming both version
   const std::string msg = expect_failed(b, Errc::abi_mismatch);
   BP_CHECK_CONTAINS(msg, "2.3");
   BP_CHECK_CONTAINS(msg, std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR));
-  BP_CHECK_CONTAINS(msg, "1.0");
 }
 
 TEST_CASE("loader: a table whose struct_size hides required entries fails with abi_mismatch") {

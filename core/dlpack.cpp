@@ -1,0 +1,367 @@
+// DLPack export (to_dlpack) and import (from_dlpack); see dlpack.hpp for the
+// contract. Import adopts producer memory through the plugin's
+// buffer_wrap_host, whose release callback runs the producer's deleter.
+#include <backplane/dlpack.hpp>
+
+#include <dlpack/dlpack.h>
+
+#include "internal.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(DLPACK_VERSION) && DLPACK_VERSION < 60
+#error "backplane needs DLPack >= 0.6 (Debian: libdlpack-dev)"
+#endif
+
+namespace backplane {
+namespace {
+
+// kDLBool, added in DLPack 0.8; absent from the 0.6 header this builds against.
+constexpr uint8_t kDLBoolCode = 6;
+
+// Host copies are aligned as dlpack.h asks of `data` ("aligned to 256 bytes").
+constexpr std::size_t kHostCopyAlignment = 256;
+
+struct FreeDeleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+
+// Owns everything a DLManagedTensor from to_dlpack points to: its shape and
+// strides arrays, and either a reference to the tensor (zero-copy) or the host
+// copy. `managed.manager_ctx` points back at this object.
+struct ExportContext {
+  std::shared_ptr<const detail::TensorImpl> keep;  // zero-copy: keeps the storage alive
+  std::unique_ptr<void, FreeDeleter> copy;         // host copy: the bytes
+  DType dtype = DType::f32;                        // restores bool on re-import
+  int64_t shape[Shape::kMaxRank] = {};
+  int64_t strides[Shape::kMaxRank] = {};
+  DLManagedTensor managed{};
+};
+
+void delete_export(DLManagedTensor* self) noexcept {
+  if (self == nullptr) return;
+  std::unique_ptr<ExportContext>(static_cast<ExportContext*>(self->manager_ctx));
+}
+
+bool is_ours(const DLManagedTensor* m) noexcept { return m->deleter == &delete_export; }
+
+DLDataType to_dl_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+      return {kDLFloat, 16, 1};
+    case DType::f32:
+      return {kDLFloat, 32, 1};
+    case DType::f64:
+      return {kDLFloat, 64, 1};
+    case DType::bf16:
+      return {kDLBfloat, 16, 1};
+    case DType::i8:
+      return {kDLInt, 8, 1};
+    case DType::i32:
+      return {kDLInt, 32, 1};
+    case DType::i64:
+      return {kDLInt, 64, 1};
+    case DType::u8:
+      return {kDLUInt, 8, 1};
+    case DType::bool_:
+      return {kDLUInt, 8, 1};  // DLPack 0.6 has no boolean code
+  }
+  throw Error(Errc::internal,
+              "to_dlpack: the tensor has an unknown dtype value " + std::to_string(static_cast<int>(dtype)));
+}
+
+std::string describe_dl_dtype(const DLDataType& d) {
+  return "{code " + std::to_string(d.code) + ", bits " + std::to_string(d.bits) + ", lanes " +
+         std::to_string(d.lanes) + "}";
+}
+
+DType from_dl_dtype(const DLManagedTensor* m) {
+  const DLDataType& d = m->dl_tensor.dtype;
+  const auto unsupported = [&](const std::string& why) -> Error {
+    return Error(Errc::dtype_mismatch, "from_dlpack: dl_tensor.dtype " + describe_dl_dtype(d) + ": " + why +
+                                           " (backplane takes f16/f32/f64, bf16, i8/i32/i64, u8 and bool, "
+                                           "lanes 1); cast it on the producer's side first");
+  };
+  if (d.lanes != 1) throw unsupported("vector lanes are not supported");
+  switch (d.code) {
+    case kDLFloat:
+      if (d.bits == 16) return DType::f16;
+      if (d.bits == 32) return DType::f32;
+      if (d.bits == 64) return DType::f64;
+      break;
+    case kDLBfloat:
+      if (d.bits == 16) return DType::bf16;
+      break;
+    case kDLInt:
+      if (d.bits == 8) return DType::i8;
+      if (d.bits == 32) return DType::i32;
+      if (d.bits == 64) return DType::i64;
+      break;
+    case kDLUInt:
+      if (d.bits == 8) {
+        // Our own export of a bool tensor comes back as bool.
+        if (is_ours(m) && m->manager_ctx != nullptr &&
+            static_cast<const ExportContext*>(m->manager_ctx)->dtype == DType::bool_)
+          return DType::bool_;
+        return DType::u8;
+      }
+      break;
+    case kDLBoolCode:
+      if (d.bits == 8) return DType::bool_;
+      break;
+    default:
+      throw unsupported("unknown or unsupported type code");
+  }
+  throw unsupported("unsupported width for this type code");
+}
+
+// Owns an imported DLManagedTensor until release(): runs its deleter once.
+class Adopted {
+ public:
+  explicit Adopted(DLManagedTensor* m) noexcept : m_(m) {}
+  Adopted(const Adopted&) = delete;
+  Adopted& operator=(const Adopted&) = delete;
+  ~Adopted() {
+    if (m_ != nullptr && m_->deleter != nullptr) m_->deleter(m_);
+  }
+  DLManagedTensor* release() noexcept { return std::exchange(m_, nullptr); }
+
+ private:
+  DLManagedTensor* m_;
+};
+
+// The release callback given to buffer_wrap_host: the producer's deleter, once.
+void release_adopted(void* ctx) noexcept {
+  auto* m = static_cast<DLManagedTensor*>(ctx);
+  if (m->deleter != nullptr) m->deleter(m);
+}
+
+const std::shared_ptr<detail::BackendImpl>& usable(const Device& device, const char* what) {
+  if (!device.valid())
+    throw Error(Errc::invalid_argument, std::string(what) + ": invalid (default-constructed) Device");
+  device.impl()->require_loaded();
+  return device.impl();
+}
+
+// The element range a strided layout reaches, relative to element [0,...,0]:
+// [low, high] in elements. Assumes numel > 0.
+struct Extent {
+  int64_t low = 0;
+  int64_t high = 0;
+};
+
+bool strided_extent(const Shape& shape, const Shape& strides, Extent& out) noexcept {
+  bool overflow = false;
+  for (int d = 0; d < shape.rank(); ++d) {
+    int64_t span = 0;
+    overflow |= __builtin_mul_overflow(shape[d] - 1, strides[d], &span);
+    if (span < 0) {
+      overflow |= __builtin_add_overflow(out.low, span, &out.low);
+    } else {
+      overflow |= __builtin_add_overflow(out.high, span, &out.high);
+    }
+  }
+  return !overflow;
+}
+
+// True when `strides` lay `shape` out compact and row-major (extent-1 dims ignored).
+bool is_compact(const Shape& shape, const Shape& strides) noexcept {
+  int64_t expected = 1;
+  for (int d = shape.rank() - 1; d >= 0; --d) {
+    if (shape[d] != 1 && strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+// Copies a strided host layout into a compact row-major array, element by element.
+void gather(const unsigned char* first, const Shape& shape, const Shape& strides, std::size_t esize,
+            unsigned char* dst) {
+  const int rank = shape.rank();
+  int64_t index[Shape::kMaxRank] = {};
+  const int64_t n = shape.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t offset = 0;
+    for (int d = 0; d < rank; ++d) offset += index[d] * strides[d];
+    std::memcpy(dst + static_cast<std::size_t>(i) * esize, first + offset * static_cast<int64_t>(esize),
+                esize);
+    for (int d = rank - 1; d >= 0; --d) {
+      if (++index[d] < shape[d]) break;
+      index[d] = 0;
+    }
+  }
+}
+
+}  // namespace
+
+DLManagedTensor* to_dlpack(const Tensor& t) {
+  if (!t.defined())
+    throw Error(Errc::invalid_argument,
+                "to_dlpack: the tensor is undefined (default-constructed or moved-from)");
+  const detail::TensorImpl& impl = *t.impl();
+  const detail::Storage& storage = *impl.storage;
+  const auto& backend = storage.backend;
+  const Capabilities caps = t.device().capabilities();
+
+  auto ctx = std::make_unique<ExportContext>();
+  ctx->dtype = impl.dtype;
+  const int rank = impl.shape.rank();
+  std::copy(impl.shape.begin(), impl.shape.end(), ctx->shape);
+  DLTensor& dl = ctx->managed.dl_tensor;
+  dl.device = {kDLCPU, 0};
+  dl.ndim = rank;
+  dl.dtype = to_dl_dtype(impl.dtype);
+  dl.shape = ctx->shape;
+  dl.strides = ctx->strides;
+  dl.byte_offset = 0;
+
+  if (caps.has(Capability::host_visible) && backend->api.buffer_host_ptr != nullptr) {
+    if (caps.has(Capability::async) && backend->api.synchronize != nullptr)
+      backend->check(backend->api.synchronize(backend->plugin, storage.device),
+                     "synchronize " + backend->device_id(storage.device) + " before to_dlpack");
+    auto* base = static_cast<unsigned char*>(backend->api.buffer_host_ptr(backend->plugin, storage.buffer));
+    if (base == nullptr)
+      throw Error(Errc::device_error,
+                  "to_dlpack: backend \"" + backend->name +
+                      "\" declares host_visible but buffer_host_ptr returned NULL for a live buffer");
+    std::copy(impl.strides.begin(), impl.strides.end(), ctx->strides);
+    dl.data = base + impl.byte_offset;
+    ctx->keep = t.impl();
+  } else {
+    // Not host-addressable: a compact host copy.
+    const std::size_t bytes = t.nbytes();
+    const std::size_t rounded = (bytes / kHostCopyAlignment + 1) * kHostCopyAlignment;  // never 0
+    ctx->copy.reset(std::aligned_alloc(kHostCopyAlignment, rounded));
+    if (ctx->copy == nullptr)
+      throw Error(Errc::out_of_memory, "to_dlpack: cannot allocate a host copy of " + std::to_string(bytes) +
+                                           " bytes for " + t.to_string());
+    if (t.numel() > 0) t.read_into(impl.dtype, ctx->copy.get(), static_cast<std::size_t>(t.numel()));
+    const Shape compact = detail::contiguous_strides(impl.shape);
+    std::copy(compact.begin(), compact.end(), ctx->strides);
+    dl.data = ctx->copy.get();
+  }
+  ctx->managed.manager_ctx = ctx.get();
+  ctx->managed.deleter = &delete_export;
+  return &ctx.release()->managed;
+}
+
+Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
+  Adopted owner(m);  // the deleter runs once on every path that does not hand m to the plugin
+  if (m == nullptr) throw Error(Errc::invalid_argument, "from_dlpack: the DLManagedTensor is NULL");
+  const DLTensor& dl = m->dl_tensor;
+  const auto& backend = usable(device, "from_dlpack");
+  const int32_t dev = device.index();
+
+  const DType dtype = from_dl_dtype(m);
+  const auto esize = static_cast<int64_t>(dtype_size(dtype));
+  if (dl.ndim < 0 || dl.ndim > Shape::kMaxRank)
+    throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.ndim is " + std::to_string(dl.ndim) +
+                                            "; backplane supports 0 to " + std::to_string(Shape::kMaxRank) +
+                                            " dimensions");
+  if (dl.ndim > 0 && dl.shape == nullptr)
+    throw Error(Errc::invalid_argument,
+                "from_dlpack: dl_tensor.shape is NULL with ndim " + std::to_string(dl.ndim));
+  const Shape shape(std::span<const int64_t>(dl.shape, static_cast<std::size_t>(dl.ndim)));
+  const int64_t numel = detail::checked_numel(shape, dtype, "from_dlpack: dl_tensor.shape");
+  const DLDeviceType type = dl.device.device_type;
+  if (type != kDLCPU && type != kDLCUDAHost && type != kDLROCMHost)
+    throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.device.device_type is " +
+                                            std::to_string(static_cast<int>(type)) +
+                                            "; only host memory (kDLCPU, kDLCUDAHost, kDLROCMHost) can be "
+                                            "imported: copy it to the host on the producer's side first");
+
+  // Nothing to share in an empty tensor: make a fresh one (the deleter runs now).
+  if (numel == 0) return Tensor(detail::allocate_tensor(backend, dev, shape, dtype));
+
+  if (dl.data == nullptr)
+    throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.data is NULL but the tensor has " +
+                                            std::to_string(numel) + " elements");
+  const Shape compact = detail::contiguous_strides(shape);
+  const Shape strides = dl.strides != nullptr
+                            ? Shape(std::span<const int64_t>(dl.strides, static_cast<std::size_t>(dl.ndim)))
+                            : compact;
+
+  // The bytes the layout reaches: [region, region + region_bytes), holding
+  // element [0,...,0] at element0. Addresses as integers, so that a bad layout
+  // is an error rather than pointer overflow.
+  uint64_t element0 = 0;
+  if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(dl.data), dl.byte_offset, &element0))
+    throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.byte_offset " +
+                                            std::to_string(dl.byte_offset) +
+                                            " added to dl_tensor.data overflows the address space");
+  Extent extent;
+  int64_t region_elems = 0;
+  int64_t region_bytes = 0;
+  int64_t low_bytes = 0;
+  const bool fits = strided_extent(shape, strides, extent) &&
+                    !__builtin_sub_overflow(extent.high, extent.low, &region_elems) &&
+                    !__builtin_add_overflow(region_elems, 1, &region_elems) &&
+                    !__builtin_mul_overflow(region_elems, esize, &region_bytes) &&
+                    !__builtin_mul_overflow(extent.low, esize, &low_bytes);
+  const uint64_t below = 0 - static_cast<uint64_t>(low_bytes);  // low_bytes <= 0
+  if (!fits || below > element0 || static_cast<uint64_t>(region_bytes) > UINT64_MAX - (element0 - below))
+    throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.strides " + strides.to_string() +
+                                            " with shape " + shape.to_string() + ", data and byte_offset " +
+                                            std::to_string(dl.byte_offset) +
+                                            " reach outside the address space");
+  auto* const region = reinterpret_cast<unsigned char*>(element0 - below);
+  const bool aligned = element0 % static_cast<uint64_t>(esize) == 0;
+  const bool compact_layout = is_compact(shape, strides);
+
+  if (device.capabilities().has(Capability::host_visible) && backend->api.buffer_wrap_host != nullptr &&
+      aligned) {
+    // Everything that can throw before the plugin owns m happens first.
+    // A compact layout is the root tensor itself; any other is a view of a
+    // root spanning the region.
+    auto root = std::make_shared<detail::TensorImpl>();
+    root->dtype = dtype;
+    if (compact_layout) {
+      root->shape = shape;
+      root->strides = compact;
+    } else {
+      root->shape = Shape{region_elems};
+      root->strides = Shape{1};
+    }
+    const std::string what =
+        "buffer_wrap_host of " + std::to_string(region_bytes) + " bytes on " + backend->device_id(dev);
+    bp_buffer* buffer = nullptr;
+    // The plugin now owns m: it calls release_adopted once, also when it fails.
+    backend->check(
+        backend->api.buffer_wrap_host(backend->plugin, dev, region, static_cast<uint64_t>(region_bytes),
+                                      &release_adopted, owner.release(), &buffer),
+        what);
+    // A plugin that reports success without a buffer broke the ABI; whether it
+    // still calls release is unknowable, so m is left to it.
+    if (buffer == nullptr)
+      throw Error(Errc::device_error, "from_dlpack: backend \"" + backend->name + "\": " + what +
+                                          " succeeded but returned no buffer");
+    root->storage = &root->owned.emplace(backend, dev, buffer, static_cast<uint64_t>(region_bytes));
+    if (compact_layout) return Tensor(std::move(root));
+    return Tensor(detail::make_view(root, shape, strides, below));
+  }
+
+  // Copy in: a compact layout straight from the producer, any other gathered first.
+  auto t = detail::allocate_tensor(backend, dev, shape, dtype);
+  const auto bytes = static_cast<uint64_t>(numel * esize);
+  const auto* const first = reinterpret_cast<const unsigned char*>(element0);
+  std::vector<unsigned char> staged;
+  if (!compact_layout) {
+    staged.resize(static_cast<std::size_t>(bytes));
+    gather(first, shape, strides, static_cast<std::size_t>(esize), staged.data());
+  }
+  backend->check(
+      backend->api.buffer_write(backend->plugin, t->storage->buffer, 0,
+                                compact_layout ? static_cast<const void*>(first) : staged.data(), bytes),
+      "buffer_write to " + device.id() + " (from_dlpack copy)");
+  return Tensor(std::move(t));  // `owner` runs the deleter now
+}
+
+}  // namespace backplane

@@ -1,0 +1,186 @@
+// Validation helpers, the op-name table and the execute call of the op front-end.
+#include "op_common.hpp"
+
+#include <array>
+#include <cstdio>
+#include <string_view>
+
+namespace backplane::detail {
+
+namespace {
+
+// Indexed by bp_op; every value below BP_OP_COUNT_ has a name.
+// clang-format off
+constexpr std::array<const char*, BP_OP_COUNT_> kOpNames = {
+    "invalid",                                                                   // 0
+    "add",          "sub",     "mul",     "div",     "matmul", "copy",           // 1-6
+    "pow",          "maximum", "minimum",                                        // 7-9
+    "eq",           "ne",      "lt",      "le",      "gt",     "ge",             // 10-15
+    "where",                                                                     // 16
+    "neg",          "abs",     "exp",     "log",     "sqrt",   "tanh",           // 17-22
+    "sigmoid",      "relu",    "sin",     "cos",     "clamp",                    // 23-27
+    "cast",                                                                      // 28
+    "fill",         "arange",  "rand_uniform", "randn",                          // 29-32
+    "sum",          "mean",    "max",     "min",     "argmax", "argmin",         // 33-38
+    "softmax",      "log_softmax",                                               // 39-40
+    "index_select", "gather",                                                    // 41-42
+};
+// clang-format on
+static_assert(kOpNames.size() == BP_OP_COUNT_);
+constexpr bool all_named() {
+  for (const char* n : kOpNames)
+    if (n == nullptr) return false;
+  return true;
+}
+static_assert(all_named(), "every bp_op needs a name in kOpNames");
+
+std::string dtype_str(DType d) { return std::string(to_string(d)); }
+
+}  // namespace
+
+const char* op_name(int32_t op) noexcept {
+  if (op < 0 || op >= BP_OP_COUNT_) return "unknown op";
+  return kOpNames[static_cast<std::size_t>(op)];
+}
+
+const TensorImpl& operand(const Tensor& t, const char* api, const char* which) {
+  if (!t.defined())
+    throw Error(Errc::invalid_argument,
+                std::string(api) + ": " + which +
+                    " operand is an undefined Tensor (default-constructed or moved-from)");
+  return *t.impl();
+}
+
+const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api) {
+  if (!device.valid())
+    throw Error(Errc::invalid_argument, std::string(api) + ": invalid (default-constructed) Device");
+  device.impl()->require_loaded();
+  return device.impl();
+}
+
+void same_device(const TensorImpl& a, const TensorImpl& b, const char* api) {
+  if (a.storage->backend == b.storage->backend && a.storage->device == b.storage->device) return;
+  throw Error(Errc::device_mismatch,
+              std::string(api) + ": operands are on different devices (" +
+                  a.storage->backend->device_id(a.storage->device) + " and " +
+                  b.storage->backend->device_id(b.storage->device) +
+                  "); all operands of an op must live on one device (move one with to())");
+}
+
+void same_dtype(const TensorImpl& a, const TensorImpl& b, const char* api) {
+  if (a.dtype == b.dtype) return;
+  throw Error(Errc::dtype_mismatch, std::string(api) + ": operand dtypes differ (" + dtype_str(a.dtype) +
+                                        " and " + dtype_str(b.dtype) +
+                                        "); there is no implicit promotion: cast one operand first");
+}
+
+void require_dtype(bool ok, DType d, const char* api, const char* which, const char* allowed) {
+  if (ok) return;
+  throw Error(Errc::dtype_mismatch,
+              std::string(api) + ": dtype " + dtype_str(d) + " of " + which + " is not accepted; " + api +
+                  " takes " + allowed +
+                  " (ops.hpp lists each op's dtype rules; cast converts between dtypes)");
+}
+
+void require_known_dtype(DType d, const char* api) {
+  if (is_known(d)) return;
+  throw Error(Errc::invalid_argument,
+              std::string(api) + ": unknown dtype value " + std::to_string(static_cast<int32_t>(d)));
+}
+
+void require_support(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api) {
+  if (backend.supports(device, op, static_cast<int32_t>(dtype))) return;
+  std::string msg = "backend \"" + backend.name + "\" (" + backend.device_id(device) + ") does not support " +
+                    op_name(op) + " on " + dtype_str(dtype);
+  if (std::string_view(api) != op_name(op)) msg += std::string(" (needed by ") + api + ")";
+  msg +=
+      "; Device::supports(op, dtype) tells what a device runs: move the tensor to one that does with to(), "
+      "or cast it";
+  throw Error(Errc::unsupported_op, std::move(msg));
+}
+
+int normalize_axis(int64_t axis, int rank, const char* api, const char* what) {
+  if (rank == 0) {
+    throw Error(Errc::invalid_argument,
+                std::string(api) + ": " + what + " " + std::to_string(axis) +
+                    " is out of range for a tensor of rank 0 (a 0-d tensor has no axes; "
+                    "reshape it to [1] first)");
+  }
+  if (axis >= -rank && axis < rank) return static_cast<int>(axis < 0 ? axis + rank : axis);
+  throw Error(Errc::invalid_argument, std::string(api) + ": " + what + " " + std::to_string(axis) +
+                                          " is out of range for a tensor of rank " + std::to_string(rank) +
+                                          " (valid: " + std::to_string(-rank) + ".." +
+                                          std::to_string(rank - 1) + ")");
+}
+
+Shape broadcast_for(const char* api, const Shape& a, const Shape& b) {
+  try {
+    return broadcast_shapes(a, b);
+  } catch (const Error& e) {
+    throw Error(e.code(), std::string(api) + ": " + e.message() +
+                              "; each trailing dimension must match or be 1 (NumPy broadcasting)");
+  }
+}
+
+Shape broadcast_strides(const TensorImpl& t, const Shape& out) {
+  Shape s = out;
+  const int lead = out.rank() - t.shape.rank();
+  for (int i = 0; i < out.rank(); ++i) {
+    const int j = i - lead;
+    s[i] = (j < 0 || t.shape[j] == 1) ? 0 : t.strides[j];
+  }
+  return s;
+}
+
+void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs, int32_t num_inputs,
+             const bp_tensor* output, const bp_op_attrs* attrs) {
+  static constexpr bp_op_attrs kNoAttrs = make_attrs();
+  bp_execute_args args{};
+  args.struct_size = sizeof(args);
+  args.device = device;
+  args.op = op;
+  args.inputs = inputs;
+  args.num_inputs = num_inputs;
+  args.num_outputs = 1;
+  args.outputs = output;
+  args.attrs = attrs != nullptr ? attrs : &kNoAttrs;
+  bp_status* st = backend.api.execute(backend.plugin, &args);
+  if (st != nullptr)
+    backend.check(st, std::string("execute ") + op_name(op) + " on " + backend.device_id(device));
+}
+
+std::shared_ptr<TensorImpl> copy_contiguous(const TensorImpl& x, const char* api) {
+  const auto& backend = x.storage->backend;
+  const int32_t device = x.storage->device;
+  require_support(*backend, device, BP_OP_COPY, x.dtype, api);
+  auto out = allocate_tensor(backend, device, x.shape, x.dtype);
+  if (x.shape.numel() == 0) return out;
+  const bp_tensor in = describe(x);
+  const bp_tensor o = describe(*out);
+  execute(*backend, device, BP_OP_COPY, &in, 1, &o);
+  return out;
+}
+
+std::shared_ptr<TensorImpl> as_contiguous(const std::shared_ptr<TensorImpl>& x, const char* api) {
+  const Shape canonical = contiguous_strides(x->shape);
+  if (x->strides == canonical) return x;
+  if (is_contiguous(*x)) return make_view(x, x->shape, canonical, x->byte_offset);
+  return copy_contiguous(*x, api);
+}
+
+std::string list_to_string(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(v[i]);
+  }
+  return out + "]";
+}
+
+std::string number_to_string(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.10g", v);
+  return buf;
+}
+
+}  // namespace backplane::detail

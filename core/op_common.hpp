@@ -1,0 +1,83 @@
+// Shared by the op front-end (core/ops_*.cpp): operand and dtype checks, axis
+// normalisation, the support check and the execute call. Messages are built
+// only on the failure path, so a successful op allocates nothing here.
+#ifndef BACKPLANE_CORE_OP_COMMON_HPP_
+#define BACKPLANE_CORE_OP_COMMON_HPP_
+
+#include "internal.hpp"
+
+#include <backplane/ops.hpp>
+#include <backplane/tensor.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace backplane::detail {
+
+// The name of every bp_op this core knows ("add", "log_softmax", ...);
+// "unknown op" for any other value.
+const char* op_name(int32_t op) noexcept;
+
+// The dtype classes of ops.hpp.
+inline bool is_float(DType d) noexcept { return d == DType::f32 || d == DType::f64; }
+inline bool is_arithmetic(DType d) noexcept {
+  return d == DType::f32 || d == DType::f64 || d == DType::i32 || d == DType::i64;
+}
+inline bool is_known(DType d) noexcept { return dtype_size(d) != 0; }
+
+// The impl of an operand; Errc::invalid_argument when it is undefined.
+// `api` is the public function's name, `which` names the operand ("left").
+const TensorImpl& operand(const Tensor& t, const char* api, const char* which);
+// The loaded backend behind `device`; throws for an invalid device or a
+// backend that failed to load.
+const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api);
+
+// Errc::device_mismatch naming both devices.
+void same_device(const TensorImpl& a, const TensorImpl& b, const char* api);
+// Errc::dtype_mismatch naming both dtypes.
+void same_dtype(const TensorImpl& a, const TensorImpl& b, const char* api);
+// Errc::dtype_mismatch unless `ok`: "<api>: dtype <d> of <which> is not accepted; <api> takes <allowed> ...".
+void require_dtype(bool ok, DType d, const char* api, const char* which, const char* allowed);
+// Errc::invalid_argument for a dtype value this core does not know.
+void require_known_dtype(DType d, const char* api);
+// Errc::unsupported_op naming op, dtype and backend unless the device runs op on dtype.
+void require_support(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api);
+
+// Axis in [-rank, rank) -> [0, rank); Errc::invalid_argument naming the axis,
+// the rank and the valid range otherwise.
+int normalize_axis(int64_t axis, int rank, const char* api, const char* what = "axis");
+
+// The NumPy broadcast of two shapes; Errc::shape_mismatch prefixed with api.
+Shape broadcast_for(const char* api, const Shape& a, const Shape& b);
+// Strides that read `t` as if it had shape `out` (NumPy broadcasting): 0 on
+// the dimensions t lacks or has as 1.
+Shape broadcast_strides(const TensorImpl& t, const Shape& out);
+
+// Zeroed attributes with struct_size set.
+constexpr bp_op_attrs make_attrs() noexcept {
+  bp_op_attrs a{};
+  a.struct_size = sizeof(bp_op_attrs);
+  return a;
+}
+// Runs one op with one output; a failure status becomes backplane::Error
+// naming the op and device. attrs may be null (no attributes).
+void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs, int32_t num_inputs,
+             const bp_tensor* output, const bp_op_attrs* attrs = nullptr);
+
+// A contiguous copy of x on its device (BP_OP_COPY); `api` names the caller
+// for an unsupported_op error.
+std::shared_ptr<TensorImpl> copy_contiguous(const TensorImpl& x, const char* api);
+// x itself when contiguous with row-major strides; a re-strided view when it
+// is contiguous in memory; otherwise a contiguous copy.
+std::shared_ptr<TensorImpl> as_contiguous(const std::shared_ptr<TensorImpl>& x, const char* api);
+
+// "[2, -1, 3]" for a user-given shape or dim list.
+std::string list_to_string(const std::vector<int64_t>& v);
+// A double for a message: "2.5", "1e+300", "nan".
+std::string number_to_string(double v);
+
+}  // namespace backplane::detail
+
+#endif  // BACKPLANE_CORE_OP_COMMON_HPP_

@@ -1,0 +1,149 @@
+// Creation ops: zeros/ones/full (BP_OP_FILL), arange, rand_uniform and randn.
+// The plugin sees no inputs and one contiguous output; the core checks every
+// scalar so a plugin never converts a value its dtype cannot hold.
+#include "op_common.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace backplane {
+namespace {
+
+using detail::number_to_string;
+
+// The values an integer dtype holds, as [lo, hi); is_int is false for other dtypes.
+struct IntRange {
+  bool is_int;
+  double lo;
+  double hi;  // exclusive upper bound, a power of two (exactly representable)
+};
+
+IntRange int_range(DType d) noexcept {
+  switch (d) {
+    case DType::i32:
+      return {true, -2147483648.0, 2147483648.0};
+    case DType::i64:
+      return {true, -9223372036854775808.0, 9223372036854775808.0};
+    case DType::u8:
+      return {true, 0.0, 256.0};
+    case DType::i8:
+      return {true, -128.0, 128.0};
+    default:
+      return {false, 0.0, 0.0};
+  }
+}
+
+// Errc::invalid_argument unless `value` converts to dtype without UB: finite
+// and in range for integer dtypes (fractions truncate toward zero).
+void require_representable(double value, DType dtype, const char* api, const char* what) {
+  const IntRange r = int_range(dtype);
+  if (!r.is_int) return;
+  const double truncated = std::trunc(value);
+  if (std::isfinite(value) && truncated >= r.lo && truncated < r.hi) return;
+  throw Error(Errc::invalid_argument,
+              std::string(api) + ": " + what + " " + number_to_string(value) + " cannot be represented in " +
+                  std::string(to_string(dtype)) + " (valid: " + number_to_string(r.lo) + ".." +
+                  number_to_string(r.hi - 1) + "); use a wider or a floating-point dtype");
+}
+
+void require_finite(double value, const char* api, const char* what) {
+  if (std::isfinite(value)) return;
+  throw Error(Errc::invalid_argument,
+              std::string(api) + ": " + what + " must be finite, got " + number_to_string(value));
+}
+
+// Allocates a contiguous output of `shape` and runs the creation op `op`.
+Tensor create(const Device& device, const Shape& shape, DType dtype, int32_t op, const bp_op_attrs& attrs,
+              const char* api) {
+  const auto& backend = detail::usable(device, api);
+  detail::checked_numel(shape, dtype, api);
+  detail::require_support(*backend, device.index(), op, dtype, api);
+  auto out = detail::allocate_tensor(backend, device.index(), shape, dtype);
+  if (shape.numel() == 0) return Tensor(std::move(out));
+  const bp_tensor o = detail::describe(*out);
+  detail::execute(*backend, device.index(), op, nullptr, 0, &o, &attrs);
+  return Tensor(std::move(out));
+}
+
+}  // namespace
+
+Tensor full(const Device& device, const Shape& shape, double value, DType dtype) {
+  detail::require_known_dtype(dtype, "full");
+  require_representable(value, dtype, "full", "value");
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.scalar0 = value;
+  return create(device, shape, dtype, BP_OP_FILL, attrs, "full");
+}
+
+Tensor zeros(const Device& device, const Shape& shape, DType dtype) {
+  detail::require_known_dtype(dtype, "zeros");
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.scalar0 = 0.0;
+  return create(device, shape, dtype, BP_OP_FILL, attrs, "zeros");
+}
+
+Tensor ones(const Device& device, const Shape& shape, DType dtype) {
+  detail::require_known_dtype(dtype, "ones");
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.scalar0 = 1.0;
+  return create(device, shape, dtype, BP_OP_FILL, attrs, "ones");
+}
+
+Tensor arange(const Device& device, double start, double end, double step, DType dtype) {
+  detail::require_dtype(detail::is_arithmetic(dtype), dtype, "arange", "the result", "f32, f64, i32 or i64");
+  require_finite(start, "arange", "start");
+  require_finite(end, "arange", "end");
+  require_finite(step, "arange", "step");
+  if (step == 0.0) throw Error(Errc::invalid_argument, "arange: step must be non-zero (got 0)");
+  const double count = std::ceil((end - start) / step);
+  // 2^62: far beyond any allocation, and exact as both double and int64.
+  constexpr double kMaxCount = 4611686018427387904.0;
+  if (!(count <= kMaxCount)) {
+    throw Error(Errc::invalid_argument, "arange: [" + number_to_string(start) + ", " + number_to_string(end) +
+                                            ") in steps of " + number_to_string(step) + " has " +
+                                            number_to_string(count) +
+                                            " elements, more than can be allocated; use a larger step");
+  }
+  const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
+  if (n > 0) {
+    require_representable(start, dtype, "arange", "start");
+    require_representable(start + static_cast<double>(n - 1) * step, dtype, "arange", "the last value");
+  }
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.scalar0 = start;
+  attrs.scalar1 = step;
+  return create(device, Shape{n}, dtype, BP_OP_ARANGE, attrs, "arange");
+}
+
+Tensor rand_uniform(const Device& device, const Shape& shape, uint64_t seed, double low, double high,
+                    DType dtype) {
+  detail::require_dtype(detail::is_float(dtype), dtype, "rand_uniform", "the result", "f32 or f64");
+  require_finite(low, "rand_uniform", "low");
+  require_finite(high, "rand_uniform", "high");
+  if (low > high)
+    throw Error(Errc::invalid_argument, "rand_uniform: low " + number_to_string(low) +
+                                            " is greater than high " + number_to_string(high) +
+                                            "; pass low <= high");
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.scalar0 = low;
+  attrs.scalar1 = high;
+  attrs.seed = seed;
+  return create(device, shape, dtype, BP_OP_RAND_UNIFORM, attrs, "rand_uniform");
+}
+
+Tensor randn(const Device& device, const Shape& shape, uint64_t seed, double mean, double stddev,
+             DType dtype) {
+  detail::require_dtype(detail::is_float(dtype), dtype, "randn", "the result", "f32 or f64");
+  require_finite(mean, "randn", "mean");
+  require_finite(stddev, "randn", "stddev");
+  if (stddev < 0.0)
+    throw Error(Errc::invalid_argument, "randn: stddev must be >= 0, got " + number_to_string(stddev) +
+                                            " (flip the sign of the result instead)");
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.scalar0 = mean;
+  attrs.scalar1 = stddev;
+  attrs.seed = seed;
+  return create(device, shape, dtype, BP_OP_RANDN, attrs, "randn");
+}
+
+}  // namespace backplane

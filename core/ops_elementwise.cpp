@@ -1,0 +1,182 @@
+// Elementwise ops: binary arithmetic and comparisons (NumPy broadcasting,
+// broadcast operands described with stride 0, never materialised), where
+// with three-way broadcasting, unary math, clamp and cast. Inputs may be
+// strided; outputs are contiguous.
+#include "op_common.hpp"
+
+#include <cmath>
+
+namespace backplane {
+namespace {
+
+using detail::TensorImpl;
+
+// The per-op hot path (a 16-element add should cost < 100 ns over the
+// kernel): no allocation besides the output, no string unless it throws.
+Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
+  const char* api = detail::op_name(op);
+  const TensorImpl& x = detail::operand(a, api, "left");
+  const TensorImpl& y = detail::operand(b, api, "right");
+  detail::same_device(x, y, api);
+  detail::same_dtype(x, y, api);
+  if (!comparison)
+    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the operands",
+                          "f32, f64, i32 or i64");
+  const Shape out_shape = x.shape == y.shape ? x.shape : detail::broadcast_for(api, x.shape, y.shape);
+  const auto& backend = x.storage->backend;
+  const int32_t device = x.storage->device;
+  detail::require_support(*backend, device, op, x.dtype, api);
+
+  auto out = detail::allocate_tensor(backend, device, out_shape, comparison ? DType::bool_ : x.dtype);
+  if (out_shape.numel() == 0) return Tensor(std::move(out));
+  bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
+  // Operands already of the output's shape pass their own strides; others
+  // are described as broadcast views (stride 0), never materialised.
+  Shape xs, ys;
+  if (!(x.shape == out_shape)) {
+    xs = detail::broadcast_strides(x, out_shape);
+    in[0].ndim = out_shape.rank();
+    in[0].shape = out->shape.data();
+    in[0].strides = xs.data();
+  }
+  if (!(y.shape == out_shape)) {
+    ys = detail::broadcast_strides(y, out_shape);
+    in[1].ndim = out_shape.rank();
+    in[1].shape = out->shape.data();
+    in[1].strides = ys.data();
+  }
+  const bp_tensor o = detail::describe(*out);
+  detail::execute(*backend, device, op, in, 2, &o);
+  return Tensor(std::move(out));
+}
+
+// inputs[0] has the output's shape and dtype; any strides.
+Tensor unary(int32_t op, const Tensor& t, bool float_only, const bp_op_attrs* attrs = nullptr) {
+  const char* api = detail::op_name(op);
+  const TensorImpl& x = detail::operand(t, api, "the");
+  if (float_only)
+    detail::require_dtype(detail::is_float(x.dtype), x.dtype, api, "the input", "f32 or f64");
+  else
+    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the input", "f32, f64, i32 or i64");
+  const auto& backend = x.storage->backend;
+  const int32_t device = x.storage->device;
+  detail::require_support(*backend, device, op, x.dtype, api);
+  auto out = detail::allocate_tensor(backend, device, x.shape, x.dtype);
+  if (x.shape.numel() == 0) return Tensor(std::move(out));
+  const bp_tensor in = detail::describe(x);
+  const bp_tensor o = detail::describe(*out);
+  detail::execute(*backend, device, op, &in, 1, &o, attrs);
+  return Tensor(std::move(out));
+}
+
+}  // namespace
+
+Shape broadcast_shapes(const Shape& a, const Shape& b) {
+  const int rank = std::max(a.rank(), b.rank());
+  Shape out = a.rank() >= b.rank() ? a : b;
+  for (int i = 0; i < rank; ++i) {
+    const int ia = i - (rank - a.rank());
+    const int ib = i - (rank - b.rank());
+    const int64_t da = ia < 0 ? 1 : a[ia];
+    const int64_t db = ib < 0 ? 1 : b[ib];
+    if (da != db && da != 1 && db != 1) {
+      throw Error(Errc::shape_mismatch, "shapes " + a.to_string() + " and " + b.to_string() +
+                                            " cannot be broadcast together (dimension " + std::to_string(i) +
+                                            ": " + std::to_string(da) + " vs " + std::to_string(db) + ")");
+    }
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Tensor add(const Tensor& a, const Tensor& b) { return binary(BP_OP_ADD, a, b, false); }
+Tensor sub(const Tensor& a, const Tensor& b) { return binary(BP_OP_SUB, a, b, false); }
+Tensor mul(const Tensor& a, const Tensor& b) { return binary(BP_OP_MUL, a, b, false); }
+Tensor div(const Tensor& a, const Tensor& b) { return binary(BP_OP_DIV, a, b, false); }
+Tensor pow(const Tensor& a, const Tensor& b) { return binary(BP_OP_POW, a, b, false); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BP_OP_MAXIMUM, a, b, false); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BP_OP_MINIMUM, a, b, false); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(BP_OP_EQ, a, b, true); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(BP_OP_NE, a, b, true); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(BP_OP_LT, a, b, true); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(BP_OP_LE, a, b, true); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(BP_OP_GT, a, b, true); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(BP_OP_GE, a, b, true); }
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const TensorImpl& c = detail::operand(cond, "where", "cond");
+  const TensorImpl& x = detail::operand(a, "where", "a");
+  const TensorImpl& y = detail::operand(b, "where", "b");
+  detail::same_device(c, x, "where");
+  detail::same_device(x, y, "where");
+  detail::require_dtype(c.dtype == DType::bool_, c.dtype, "where", "cond",
+                        "a bool cond (make one with a comparison such as gt)");
+  detail::same_dtype(x, y, "where");
+  const Shape out_shape =
+      detail::broadcast_for("where", detail::broadcast_for("where", c.shape, x.shape), y.shape);
+  const auto& backend = x.storage->backend;
+  const int32_t device = x.storage->device;
+  detail::require_support(*backend, device, BP_OP_WHERE, x.dtype, "where");
+
+  auto out = detail::allocate_tensor(backend, device, out_shape, x.dtype);
+  if (out_shape.numel() == 0) return Tensor(std::move(out));
+  const TensorImpl* ops[3] = {&c, &x, &y};
+  Shape strides[3];
+  bp_tensor in[3];
+  for (int i = 0; i < 3; ++i) {
+    in[i] = detail::describe(*ops[i]);
+    strides[i] = detail::broadcast_strides(*ops[i], out_shape);
+    in[i].ndim = out_shape.rank();
+    in[i].shape = out->shape.data();
+    in[i].strides = strides[i].data();
+  }
+  const bp_tensor o = detail::describe(*out);
+  detail::execute(*backend, device, BP_OP_WHERE, in, 3, &o);
+  return Tensor(std::move(out));
+}
+
+Tensor neg(const Tensor& t) { return unary(BP_OP_NEG, t, false); }
+Tensor abs(const Tensor& t) { return unary(BP_OP_ABS, t, false); }
+Tensor relu(const Tensor& t) { return unary(BP_OP_RELU, t, false); }
+Tensor exp(const Tensor& t) { return unary(BP_OP_EXP, t, true); }
+Tensor log(const Tensor& t) { return unary(BP_OP_LOG, t, true); }
+Tensor sqrt(const Tensor& t) { return unary(BP_OP_SQRT, t, true); }
+Tensor tanh(const Tensor& t) { return unary(BP_OP_TANH, t, true); }
+Tensor sigmoid(const Tensor& t) { return unary(BP_OP_SIGMOID, t, true); }
+Tensor sin(const Tensor& t) { return unary(BP_OP_SIN, t, true); }
+Tensor cos(const Tensor& t) { return unary(BP_OP_COS, t, true); }
+
+Tensor clamp(const Tensor& t, double lo, double hi) {
+  if (std::isnan(lo) || std::isnan(hi))
+    throw Error(Errc::invalid_argument, "clamp: bounds must not be NaN (got lo " +
+                                            detail::number_to_string(lo) + ", hi " +
+                                            detail::number_to_string(hi) + ")");
+  if (lo > hi)
+    throw Error(Errc::invalid_argument, "clamp: lo " + detail::number_to_string(lo) + " is greater than hi " +
+                                            detail::number_to_string(hi) + "; pass lo <= hi");
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.scalar0 = lo;
+  attrs.scalar1 = hi;
+  return unary(BP_OP_CLAMP, t, false, &attrs);
+}
+
+Tensor cast(const Tensor& t, DType dtype) {
+  const TensorImpl& x = detail::operand(t, "cast", "the");
+  detail::require_known_dtype(dtype, "cast");
+  if (dtype == x.dtype) return t;  // tensors are immutable through the API: sharing is safe
+  const auto& backend = x.storage->backend;
+  const int32_t device = x.storage->device;
+  // The plugin is asked about both ends of the conversion.
+  detail::require_support(*backend, device, BP_OP_CAST, x.dtype, "cast");
+  detail::require_support(*backend, device, BP_OP_CAST, dtype, "cast");
+  auto out = detail::allocate_tensor(backend, device, x.shape, dtype);
+  if (x.shape.numel() == 0) return Tensor(std::move(out));
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.dtype = static_cast<int32_t>(dtype);
+  const bp_tensor in = detail::describe(x);
+  const bp_tensor o = detail::describe(*out);
+  detail::execute(*backend, device, BP_OP_CAST, &in, 1, &o, &attrs);
+  return Tensor(std::move(out));
+}
+
+}  // namespace backplane

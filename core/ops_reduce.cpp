@@ -1,0 +1,155 @@
+// Reductions (sum, mean, max, min, argmax, argmin) over one axis or all axes,
+// and softmax / log_softmax. The plugin gets contiguous inputs (the core
+// copies a strided one first) and, for a reduction, an output with the
+// input's rank and extent 1 on the axis; keepdim=false and all-axes results
+// are reshapes of that output done here.
+#include "op_common.hpp"
+
+namespace backplane {
+namespace {
+
+using detail::TensorImpl;
+
+struct ReduceRule {
+  bool float_only;    // mean
+  bool needs_values;  // max/min/argmax/argmin: an empty axis has no answer
+  bool index_output;  // argmax/argmin write i64
+};
+
+ReduceRule rule(int32_t op) noexcept {
+  switch (op) {
+    case BP_OP_MEAN:
+      return {true, false, false};
+    case BP_OP_MAX:
+    case BP_OP_MIN:
+      return {false, true, false};
+    case BP_OP_ARGMAX:
+    case BP_OP_ARGMIN:
+      return {false, true, true};
+    default:
+      return {false, false, false};  // sum
+  }
+}
+
+const TensorImpl& checked_input(const Tensor& t, int32_t op, const ReduceRule& r) {
+  const char* api = detail::op_name(op);
+  const TensorImpl& x = detail::operand(t, api, "the");
+  if (r.float_only)
+    detail::require_dtype(detail::is_float(x.dtype), x.dtype, api, "the input", "f32 or f64");
+  else
+    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the input", "f32, f64, i32 or i64");
+  return x;
+}
+
+// Runs `op` on the contiguous `x` described with (shape, ndim) along axis,
+// into `out` described with out_shape (same ndim, extent 1 on axis).
+void run_reduce(int32_t op, const TensorImpl& x, const Shape& in_shape, const TensorImpl& out,
+                const Shape& out_shape, int axis) {
+  const Shape in_strides = detail::contiguous_strides(in_shape);
+  const Shape out_strides = detail::contiguous_strides(out_shape);
+  bp_tensor in = detail::describe(x);
+  in.ndim = in_shape.rank();
+  in.shape = in_shape.data();
+  in.strides = in_strides.data();
+  bp_tensor o = detail::describe(out);
+  o.ndim = out_shape.rank();
+  o.shape = out_shape.data();
+  o.strides = out_strides.data();
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.axis = axis;
+  attrs.keepdim = 1;
+  detail::execute(*x.storage->backend, x.storage->device, op, &in, 1, &o, &attrs);
+}
+
+Tensor reduce_axis(int32_t op, const Tensor& t, int64_t axis_arg, bool keepdim) {
+  const char* api = detail::op_name(op);
+  const ReduceRule r = rule(op);
+  const TensorImpl& x0 = checked_input(t, op, r);
+  const int axis = detail::normalize_axis(axis_arg, x0.shape.rank(), api);
+  if (r.needs_values && x0.shape[axis] == 0) {
+    throw Error(Errc::invalid_argument, std::string(api) + ": axis " + std::to_string(axis_arg) + " of " +
+                                            x0.shape.to_string() + " is empty, and " + api +
+                                            " of no elements is undefined (sum and mean accept empty axes)");
+  }
+  const auto& backend = x0.storage->backend;
+  const int32_t device = x0.storage->device;
+  detail::require_support(*backend, device, op, x0.dtype, api);
+
+  Shape kept = x0.shape;
+  kept[axis] = 1;
+  auto out = detail::allocate_tensor(backend, device, kept, r.index_output ? DType::i64 : x0.dtype);
+  if (kept.numel() > 0) {
+    const auto x = detail::as_contiguous(t.impl(), api);
+    run_reduce(op, *x, x->shape, *out, kept, axis);
+  }
+  if (!keepdim) {
+    std::vector<int64_t> dropped = kept.to_vector();
+    dropped.erase(dropped.begin() + axis);
+    out->shape = Shape(dropped);
+    out->strides = detail::contiguous_strides(out->shape);
+  }
+  return Tensor(std::move(out));
+}
+
+// Over all axes: the contiguous input read as 1-D, reduced along axis 0,
+// giving a 0-d result (argmax/argmin: the flat row-major index).
+Tensor reduce_all(int32_t op, const Tensor& t) {
+  const char* api = detail::op_name(op);
+  const ReduceRule r = rule(op);
+  const TensorImpl& x0 = checked_input(t, op, r);
+  if (r.needs_values && x0.shape.numel() == 0) {
+    throw Error(Errc::invalid_argument,
+                std::string(api) + ": the tensor " + x0.shape.to_string() + " is empty, and " + api +
+                    " of no elements is undefined (sum and mean accept empty tensors)");
+  }
+  const auto& backend = x0.storage->backend;
+  const int32_t device = x0.storage->device;
+  detail::require_support(*backend, device, op, x0.dtype, api);
+  auto out = detail::allocate_tensor(backend, device, Shape{}, r.index_output ? DType::i64 : x0.dtype);
+  const auto x = detail::as_contiguous(t.impl(), api);
+  run_reduce(op, *x, Shape{x->shape.numel()}, *out, Shape{1}, 0);
+  return Tensor(std::move(out));
+}
+
+Tensor softmax_like(int32_t op, const Tensor& t, int64_t axis_arg) {
+  const char* api = detail::op_name(op);
+  const TensorImpl& x0 = detail::operand(t, api, "the");
+  detail::require_dtype(detail::is_float(x0.dtype), x0.dtype, api, "the input", "f32 or f64");
+  const int axis = detail::normalize_axis(axis_arg, x0.shape.rank(), api);
+  const auto& backend = x0.storage->backend;
+  const int32_t device = x0.storage->device;
+  detail::require_support(*backend, device, op, x0.dtype, api);
+  auto out = detail::allocate_tensor(backend, device, x0.shape, x0.dtype);
+  if (x0.shape.numel() == 0) return Tensor(std::move(out));
+  const auto x = detail::as_contiguous(t.impl(), api);
+  const bp_tensor in = detail::describe(*x);
+  const bp_tensor o = detail::describe(*out);
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.axis = axis;
+  detail::execute(*backend, device, op, &in, 1, &o, &attrs);
+  return Tensor(std::move(out));
+}
+
+}  // namespace
+
+Tensor sum(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_SUM, t, axis, keepdim); }
+Tensor sum(const Tensor& t) { return reduce_all(BP_OP_SUM, t); }
+Tensor mean(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_MEAN, t, axis, keepdim); }
+Tensor mean(const Tensor& t) { return reduce_all(BP_OP_MEAN, t); }
+Tensor max(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_MAX, t, axis, keepdim); }
+Tensor max(const Tensor& t) { return reduce_all(BP_OP_MAX, t); }
+Tensor min(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_MIN, t, axis, keepdim); }
+Tensor min(const Tensor& t) { return reduce_all(BP_OP_MIN, t); }
+Tensor argmax(const Tensor& t, int64_t axis, bool keepdim) {
+  return reduce_axis(BP_OP_ARGMAX, t, axis, keepdim);
+}
+Tensor argmax(const Tensor& t) { return reduce_all(BP_OP_ARGMAX, t); }
+Tensor argmin(const Tensor& t, int64_t axis, bool keepdim) {
+  return reduce_axis(BP_OP_ARGMIN, t, axis, keepdim);
+}
+Tensor argmin(const Tensor& t) { return reduce_all(BP_OP_ARGMIN, t); }
+
+Tensor softmax(const Tensor& t, int64_t axis) { return softmax_like(BP_OP_SOFTMAX, t, axis); }
+Tensor log_softmax(const Tensor& t, int64_t axis) { return softmax_like(BP_OP_LOG_SOFTMAX, t, axis); }
+
+}  // namespace backplane

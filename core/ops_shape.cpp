@@ -1,0 +1,286 @@
+// Shape ops and placement: reshape, permute, transpose and slice as views
+// sharing the buffer; cat (one strided COPY per input into the output);
+// index_select and gather; contiguous; to(device) across backends.
+#include "op_common.hpp"
+
+#include <cstring>
+#include <vector>
+
+namespace backplane {
+namespace {
+
+using detail::TensorImpl;
+
+const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t, const char* api) {
+  detail::operand(t, api, "the");
+  return t.impl();
+}
+
+}  // namespace
+
+Tensor reshape(const Tensor& t, const std::vector<int64_t>& shape) {
+  const auto& x = impl_of(t, "reshape");
+  if (shape.size() > static_cast<std::size_t>(Shape::kMaxRank)) {
+    throw Error(Errc::invalid_argument, "reshape: target shape " + detail::list_to_string(shape) +
+                                            " has rank " + std::to_string(shape.size()) +
+                                            "; backplane supports at most " +
+                                            std::to_string(Shape::kMaxRank) + " dimensions");
+  }
+  const int64_t numel = x->shape.numel();
+  // The product of the given extents, saturating at INT64_MAX (it can then never match).
+  int inferred = -1;
+  bool has_zero = false;
+  int64_t known = 1;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const int64_t d = shape[i];
+    if (d == -1) {
+      if (inferred >= 0)
+        throw Error(Errc::invalid_argument, "reshape: target shape " + detail::list_to_string(shape) +
+                                                " has more than one -1; at most one extent can be inferred");
+      inferred = static_cast<int>(i);
+    } else if (d < 0) {
+      throw Error(Errc::invalid_argument, "reshape: target shape " + detail::list_to_string(shape) +
+                                              " has a negative extent " + std::to_string(d) + " at dim " +
+                                              std::to_string(i) + " (only -1, meaning inferred, is allowed)");
+    } else if (d == 0) {
+      has_zero = true;
+    } else {
+      known = known > INT64_MAX / d ? INT64_MAX : known * d;
+    }
+  }
+  if (has_zero) known = 0;
+  auto from = [&] {
+    return "reshape: cannot reshape " + x->shape.to_string() + " (" + std::to_string(numel) +
+           " elements) into " + detail::list_to_string(shape);
+  };
+  Shape target(shape);
+  if (inferred >= 0) {
+    if (known == 0)
+      throw Error(Errc::invalid_argument,
+                  from() + ": the -1 is ambiguous next to a zero extent; give every extent");
+    if (numel % known != 0)
+      throw Error(Errc::invalid_argument, from() + ": the other extents (product " + std::to_string(known) +
+                                              ") do not divide the element count");
+    target[inferred] = numel / known;
+  } else if (known != numel) {
+    throw Error(Errc::invalid_argument, from() + "; the element count must stay the same");
+  }
+  if (detail::is_contiguous(*x))
+    return Tensor(detail::make_view(x, target, detail::contiguous_strides(target), x->byte_offset));
+  auto copy = detail::copy_contiguous(*x, "reshape");
+  copy->shape = target;
+  copy->strides = detail::contiguous_strides(target);
+  return Tensor(std::move(copy));
+}
+
+Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
+  const auto& x = impl_of(t, "permute");
+  const int rank = x->shape.rank();
+  if (dims.size() != static_cast<std::size_t>(rank)) {
+    throw Error(Errc::invalid_argument, "permute: got " + std::to_string(dims.size()) + " dims " +
+                                            detail::list_to_string(dims) + " for a tensor of rank " +
+                                            std::to_string(rank) + "; give a permutation of 0.." +
+                                            std::to_string(rank - 1));
+  }
+  Shape shape = x->shape, strides = x->strides;
+  bool seen[Shape::kMaxRank] = {};
+  for (int i = 0; i < rank; ++i) {
+    const int d = detail::normalize_axis(dims[static_cast<std::size_t>(i)], rank, "permute", "dim");
+    if (seen[d])
+      throw Error(Errc::invalid_argument, "permute: dims " + detail::list_to_string(dims) + " name dim " +
+                                              std::to_string(d) + " twice; give a permutation of 0.." +
+                                              std::to_string(rank - 1));
+    seen[d] = true;
+    shape[i] = x->shape[d];
+    strides[i] = x->strides[d];
+  }
+  return Tensor(detail::make_view(x, shape, strides, x->byte_offset));
+}
+
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
+  const auto& x = impl_of(t, "transpose");
+  const int rank = x->shape.rank();
+  const int d0 = detail::normalize_axis(dim0, rank, "transpose", "dim0");
+  const int d1 = detail::normalize_axis(dim1, rank, "transpose", "dim1");
+  Shape shape = x->shape, strides = x->strides;
+  std::swap(shape[d0], shape[d1]);
+  std::swap(strides[d0], strides[d1]);
+  return Tensor(detail::make_view(x, shape, strides, x->byte_offset));
+}
+
+Tensor slice(const Tensor& t, int64_t axis_arg, int64_t start, int64_t end, int64_t step) {
+  const auto& x = impl_of(t, "slice");
+  const int axis = detail::normalize_axis(axis_arg, x->shape.rank(), "slice");
+  if (step <= 0) {
+    throw Error(Errc::invalid_argument, "slice: step must be positive, got " + std::to_string(step) +
+                                            " (to reverse, index_select with descending indices)");
+  }
+  const int64_t n = x->shape[axis];
+  // Python's rules: negative bounds count from the end; both clamp to [0, n].
+  auto clamp_bound = [n](int64_t v) {
+    if (v < 0) v = v < -n ? 0 : v + n;
+    return v > n ? n : v;
+  };
+  const int64_t lo = clamp_bound(start), hi = clamp_bound(end);
+  const int64_t len = hi > lo ? (hi - lo - 1) / step + 1 : 0;
+  Shape shape = x->shape, strides = x->strides;
+  shape[axis] = len;
+  strides[axis] = x->strides[axis] * step;
+  uint64_t offset = x->byte_offset;
+  if (len > 0) offset += static_cast<uint64_t>(lo * x->strides[axis]) * dtype_size(x->dtype);
+  return Tensor(detail::make_view(x, shape, strides, offset));
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t axis_arg) {
+  if (tensors.empty())
+    throw Error(Errc::invalid_argument, "cat: the list of tensors is empty; pass at least one");
+  const TensorImpl& first = detail::operand(tensors[0], "cat", "the first");
+  const int rank = first.shape.rank();
+  const int axis = detail::normalize_axis(axis_arg, rank, "cat");
+  Shape out_shape = first.shape;
+  out_shape[axis] = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].defined())
+      throw Error(Errc::invalid_argument, "cat: tensor " + std::to_string(i) + " is an undefined Tensor");
+    const TensorImpl& x = *tensors[i].impl();
+    detail::same_device(first, x, "cat");
+    detail::same_dtype(first, x, "cat");
+    bool ok = x.shape.rank() == rank;
+    for (int d = 0; ok && d < rank; ++d) ok = d == axis || x.shape[d] == first.shape[d];
+    if (!ok) {
+      throw Error(Errc::shape_mismatch,
+                  "cat: tensor " + std::to_string(i) + " has shape " + x.shape.to_string() +
+                      " but tensor 0 has " + first.shape.to_string() +
+                      "; shapes must match except along axis " + std::to_string(axis_arg));
+    }
+    out_shape[axis] += x.shape[axis];
+  }
+  const auto& backend = first.storage->backend;
+  const int32_t device = first.storage->device;
+  detail::require_support(*backend, device, BP_OP_COPY, first.dtype, "cat");
+  auto out = detail::allocate_tensor(backend, device, out_shape, first.dtype);
+  const uint64_t step_bytes = static_cast<uint64_t>(out->strides[axis]) * dtype_size(first.dtype);
+  int64_t at = 0;
+  for (const Tensor& t : tensors) {
+    const TensorImpl& x = *t.impl();
+    if (x.shape.numel() > 0) {
+      // The slot of x inside out: x's shape, out's strides, offset along axis.
+      bp_tensor dst = detail::describe(*out);
+      dst.byte_offset = out->byte_offset + static_cast<uint64_t>(at) * step_bytes;
+      dst.shape = x.shape.data();
+      const bp_tensor src = detail::describe(x);
+      detail::execute(*backend, device, BP_OP_COPY, &src, 1, &dst);
+    }
+    at += x.shape[axis];
+  }
+  return Tensor(std::move(out));
+}
+
+Tensor index_select(const Tensor& t, int64_t axis_arg, const Tensor& index) {
+  const TensorImpl& x0 = detail::operand(t, "index_select", "the");
+  const TensorImpl& i0 = detail::operand(index, "index_select", "the index");
+  detail::same_device(x0, i0, "index_select");
+  const int axis = detail::normalize_axis(axis_arg, x0.shape.rank(), "index_select");
+  detail::require_dtype(i0.dtype == DType::i64, i0.dtype, "index_select", "the index", "an i64 index");
+  if (i0.shape.rank() != 1) {
+    throw Error(Errc::shape_mismatch, "index_select: the index has shape " + i0.shape.to_string() +
+                                          "; it must be 1-D (reshape it with reshape(index, {-1}))");
+  }
+  const auto& backend = x0.storage->backend;
+  const int32_t device = x0.storage->device;
+  detail::require_support(*backend, device, BP_OP_INDEX_SELECT, x0.dtype, "index_select");
+  Shape out_shape = x0.shape;
+  out_shape[axis] = i0.shape[0];
+  auto out = detail::allocate_tensor(backend, device, out_shape, x0.dtype);
+  if (out_shape.numel() == 0) return Tensor(std::move(out));
+  const auto x = detail::as_contiguous(t.impl(), "index_select");
+  const auto i = detail::as_contiguous(index.impl(), "index_select");
+  const bp_tensor in[2] = {detail::describe(*x), detail::describe(*i)};
+  const bp_tensor o = detail::describe(*out);
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.axis = axis;
+  detail::execute(*backend, device, BP_OP_INDEX_SELECT, in, 2, &o, &attrs);
+  return Tensor(std::move(out));
+}
+
+Tensor gather(const Tensor& t, int64_t axis_arg, const Tensor& index) {
+  const TensorImpl& x0 = detail::operand(t, "gather", "the");
+  const TensorImpl& i0 = detail::operand(index, "gather", "the index");
+  detail::same_device(x0, i0, "gather");
+  const int rank = x0.shape.rank();
+  const int axis = detail::normalize_axis(axis_arg, rank, "gather");
+  detail::require_dtype(i0.dtype == DType::i64, i0.dtype, "gather", "the index", "an i64 index");
+  bool ok = i0.shape.rank() == rank;
+  for (int d = 0; ok && d < rank; ++d) ok = d == axis || i0.shape[d] <= x0.shape[d];
+  if (!ok) {
+    throw Error(Errc::shape_mismatch, "gather: the index has shape " + i0.shape.to_string() +
+                                          " for an input of shape " + x0.shape.to_string() + " along axis " +
+                                          std::to_string(axis_arg) +
+                                          "; the index needs the input's rank and extents no larger than the "
+                                          "input's on every other axis");
+  }
+  const auto& backend = x0.storage->backend;
+  const int32_t device = x0.storage->device;
+  detail::require_support(*backend, device, BP_OP_GATHER, x0.dtype, "gather");
+  auto out = detail::allocate_tensor(backend, device, i0.shape, x0.dtype);
+  if (i0.shape.numel() == 0) return Tensor(std::move(out));
+  const auto x = detail::as_contiguous(t.impl(), "gather");
+  const auto i = detail::as_contiguous(index.impl(), "gather");
+  const bp_tensor in[2] = {detail::describe(*x), detail::describe(*i)};
+  const bp_tensor o = detail::describe(*out);
+  bp_op_attrs attrs = detail::make_attrs();
+  attrs.axis = axis;
+  detail::execute(*backend, device, BP_OP_GATHER, in, 2, &o, &attrs);
+  return Tensor(std::move(out));
+}
+
+Tensor contiguous(const Tensor& t) {
+  return Tensor(detail::copy_contiguous(detail::operand(t, "contiguous", "the"), "contiguous"));
+}
+
+Tensor to(const Tensor& t, const Device& device) {
+  const TensorImpl& x0 = detail::operand(t, "to", "the");
+  const auto& dst_backend = detail::usable(device, "to");
+  const int32_t dst_device = device.index();
+  const auto& src_backend = x0.storage->backend;
+  if (src_backend == dst_backend && x0.storage->device == dst_device) return t;
+
+  auto out = detail::allocate_tensor(dst_backend, dst_device, x0.shape, x0.dtype);
+  const uint64_t bytes = out->storage->nbytes;
+  if (bytes == 0) return Tensor(std::move(out));
+  // Dense bytes on the source first (a COPY on the source device when strided).
+  const auto x = detail::as_contiguous(t.impl(), "to");
+  detail::BackendImpl& sb = *src_backend;
+  detail::BackendImpl& db = *dst_backend;
+  const int32_t src_device = x->storage->device;
+  const std::string what = "to(" + db.device_id(dst_device) + ")";
+  // Host pointers only on host_visible devices; the core never touches other plugin memory.
+  auto host_ptr = [](detail::BackendImpl& b, int32_t dev, bp_buffer* buf) -> std::byte* {
+    if (!b.devices[static_cast<std::size_t>(dev)].capabilities.has(Capability::host_visible)) return nullptr;
+    if (b.api.buffer_host_ptr == nullptr) return nullptr;
+    return static_cast<std::byte*>(b.api.buffer_host_ptr(b.plugin, buf));
+  };
+  std::byte* src = host_ptr(sb, src_device, x->storage->buffer);
+  std::byte* dst = host_ptr(db, dst_device, out->storage->buffer);
+  if (src != nullptr && sb.api.synchronize != nullptr)  // work queued on the source must land first
+    sb.check(sb.api.synchronize(sb.plugin, src_device), what + ": synchronize " + sb.device_id(src_device));
+  if (src != nullptr && dst != nullptr) {
+    std::memcpy(dst + out->byte_offset, src + x->byte_offset, static_cast<std::size_t>(bytes));
+  } else if (src != nullptr) {
+    db.check(
+        db.api.buffer_write(db.plugin, out->storage->buffer, out->byte_offset, src + x->byte_offset, bytes),
+        what + ": buffer_write");
+  } else if (dst != nullptr) {
+    sb.check(sb.api.buffer_read(sb.plugin, x->storage->buffer, x->byte_offset, dst + out->byte_offset, bytes),
+             what + ": buffer_read from " + sb.device_id(src_device));
+  } else {
+    std::vector<std::byte> staging(static_cast<std::size_t>(bytes));
+    sb.check(sb.api.buffer_read(sb.plugin, x->storage->buffer, x->byte_offset, staging.data(), bytes),
+             what + ": buffer_read from " + sb.device_id(src_device));
+    db.check(db.api.buffer_write(db.plugin, out->storage->buffer, out->byte_offset, staging.data(), bytes),
+             what + ": buffer_write");
+  }
+  return Tensor(std::move(out));
+}
+
+}  // namespace backplane
