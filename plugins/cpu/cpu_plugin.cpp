@@ -14,9 +14,13 @@
 #include <string>
 #include <utility>
 
+#include "elementwise_ops.hpp"
 #include "gemm.hpp"
 #include "host_buffer.hpp"
+#include "index.hpp"
 #include "kernels.hpp"
+#include "reduce.hpp"
+#include "softmax.hpp"
 
 namespace backplane::cpu {
 namespace {
@@ -52,6 +56,7 @@ std::string dtype_name(int32_t dtype) {
 }
 
 std::string op_name(int32_t op) {
+  if (const char* name = elementwise_op_name(op)) return name;
   switch (op) {
     case BP_OP_ADD:
       return "add";
@@ -65,6 +70,26 @@ std::string op_name(int32_t op) {
       return "matmul";
     case BP_OP_COPY:
       return "copy";
+    case BP_OP_SUM:
+      return "sum";
+    case BP_OP_MEAN:
+      return "mean";
+    case BP_OP_MAX:
+      return "max";
+    case BP_OP_MIN:
+      return "min";
+    case BP_OP_ARGMAX:
+      return "argmax";
+    case BP_OP_ARGMIN:
+      return "argmin";
+    case BP_OP_SOFTMAX:
+      return "softmax";
+    case BP_OP_LOG_SOFTMAX:
+      return "log_softmax";
+    case BP_OP_INDEX_SELECT:
+      return "index_select";
+    case BP_OP_GATHER:
+      return "gather";
     default:
       return "op " + std::to_string(op);
   }
@@ -446,13 +471,134 @@ bool binary_flat(int32_t op, const View& a, const View& b, const View& out, int 
 template <class T>
 void gemm_views(const View& a, const unsigned char* a_data, const int64_t* a_strides, const View& b,
                 const unsigned char* b_data, const int64_t* b_strides, const View& out) {
-  const MatrixView<const T> ma{reinterpret_cast<const T*>(a_data), a.shape[0], a.shape[1], a_strides[0],
-                               a_strides[1]};
-  const MatrixView<const T> mb{reinterpret_cast<const T*>(b_data), b.shape[0], b.shape[1], b_strides[0],
-                               b_strides[1]};
-  const MatrixView<T> mc{reinterpret_cast<T*>(out.data), out.shape[0], out.shape[1], out.strides[0],
-                         out.strides[1]};
-  gemm<T>(ma, mb, mc);
+  // The last two dims are the matrices; any before them are batch dims (same extents on
+  // all three, already broadcast by the host).
+  const int32_t r = out.ndim - 2;
+  const MatrixView<const T> ma{reinterpret_cast<const T*>(a_data), a.shape[r], a.shape[r + 1], a_strides[r],
+                               a_strides[r + 1]};
+  const MatrixView<const T> mb{reinterpret_cast<const T*>(b_data), b.shape[r], b.shape[r + 1], b_strides[r],
+                               b_strides[r + 1]};
+  const MatrixView<T> mc{reinterpret_cast<T*>(out.data), out.shape[r], out.shape[r + 1], out.strides[r],
+                         out.strides[r + 1]};
+  if (r == 0)
+    gemm<T>(ma, mb, mc);
+  else
+    gemm_batched<T>(ma, a_strides, mb, b_strides, mc, out.strides, r, out.shape);
+}
+
+// ---------------------------------------------------------------------------
+// Reductions, softmax, index_select / gather: typed entry points
+// ---------------------------------------------------------------------------
+
+// A contiguous tensor around an axis: [outer, n, inner].
+struct AxisSplit {
+  int64_t axis;
+  int64_t outer;
+  int64_t n;
+  int64_t inner;
+};
+
+// attrs.axis of args, checked against x (0 <= axis < ndim; a 0-d x takes axis 0 as n = 1).
+AxisSplit split_at_axis(const bp_execute_args& args, const View& x) {
+  if (args.attrs == nullptr || !BP_HAS_FIELD(bp_op_attrs, axis, args.attrs->struct_size))
+    fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + op_name(args.op) + ": attrs (with axis) are missing");
+  const int64_t axis = args.attrs->axis;
+  if (!(axis >= 0 && (axis < x.ndim || (x.ndim == 0 && axis == 0))))
+    fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + op_name(args.op) + ": axis " +
+                                         (axis == BP_AXIS_NONE ? std::string("NONE") : std::to_string(axis)) +
+                                         " is outside [0, " + std::to_string(x.ndim) +
+                                         ") for inputs[0] of shape " + describe(x.ndim, x.shape));
+  AxisSplit s{axis, 1, 1, 1};
+  for (int32_t d = 0; d < x.ndim; ++d) {
+    if (d < axis) s.outer *= x.shape[d];
+    if (d == axis) s.n = x.shape[d];
+    if (d > axis) s.inner *= x.shape[d];
+  }
+  return s;
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void contiguous_fail(int32_t op, const View& out) {
+  tensor_fail(op, {"outputs", 0},
+              "strides " + describe(out.ndim, out.strides) + " of shape " + describe(out.ndim, out.shape) +
+                  " are not contiguous row-major (the host allocates outputs so)");
+}
+
+inline void expect_contiguous(int32_t op, const View& out) {
+  if (!out.contiguous) [[unlikely]]
+    contiguous_fail(op, out);
+}
+
+template <ReduceOp Op, class T>
+bool reduce_as(const unsigned char* in, unsigned char* out, const AxisSplit& s, int threads) {
+  return reduce<Op, T>(reinterpret_cast<const T*>(in), reinterpret_cast<ReduceOut<Op, T>*>(out), s.outer, s.n,
+                       s.inner, threads);
+}
+
+template <ReduceOp Op>
+bool reduce_dtype(int32_t dtype, const unsigned char* in, unsigned char* out, const AxisSplit& s,
+                  int threads) {
+  switch (dtype) {
+    case BP_DTYPE_F32:
+      return reduce_as<Op, float>(in, out, s, threads);
+    case BP_DTYPE_F64:
+      return reduce_as<Op, double>(in, out, s, threads);
+    case BP_DTYPE_I32:
+      if constexpr (Op != ReduceOp::mean) return reduce_as<Op, int32_t>(in, out, s, threads);
+      break;
+    case BP_DTYPE_I64:
+      if constexpr (Op != ReduceOp::mean) return reduce_as<Op, int64_t>(in, out, s, threads);
+      break;
+    default:
+      break;
+  }
+  fail(BP_STATUS_UNSUPPORTED, "cpu: reduction on " + dtype_name(dtype) + " is not supported");
+}
+
+// Returns false for an empty axis of an op that has no value there (max, min, arg*).
+bool reduce_op(int32_t op, int32_t dtype, const unsigned char* in, unsigned char* out, const AxisSplit& s,
+               int threads) {
+  switch (op) {
+    case BP_OP_SUM:
+      return reduce_dtype<ReduceOp::sum>(dtype, in, out, s, threads);
+    case BP_OP_MEAN:
+      return reduce_dtype<ReduceOp::mean>(dtype, in, out, s, threads);
+    case BP_OP_MAX:
+      return reduce_dtype<ReduceOp::max>(dtype, in, out, s, threads);
+    case BP_OP_MIN:
+      return reduce_dtype<ReduceOp::min>(dtype, in, out, s, threads);
+    case BP_OP_ARGMAX:
+      return reduce_dtype<ReduceOp::argmax>(dtype, in, out, s, threads);
+    default:
+      return reduce_dtype<ReduceOp::argmin>(dtype, in, out, s, threads);
+  }
+}
+
+void softmax_op(int32_t op, int32_t dtype, const unsigned char* in, unsigned char* out, const AxisSplit& s,
+                int threads) {
+  const bool log = op == BP_OP_LOG_SOFTMAX;
+  const auto run = [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    const auto* x = reinterpret_cast<const T*>(in);
+    auto* y = reinterpret_cast<T*>(out);
+    if (log)
+      softmax<true>(x, y, s.outer, s.n, s.inner, threads);
+    else
+      softmax<false>(x, y, s.outer, s.n, s.inner, threads);
+  };
+  if (dtype == BP_DTYPE_F32)
+    run(static_cast<float*>(nullptr));
+  else
+    run(static_cast<double*>(nullptr));
+}
+
+// The multi-index of row-major position `flat` within shape, as "[i,j,...]".
+std::string unravel(int64_t flat, int32_t ndim, const int64_t* shape) {
+  int64_t index[kMaxDims];
+  for (int32_t d = ndim - 1; d >= 0; --d) {
+    index[d] = shape[d] > 0 ? flat % shape[d] : 0;
+    flat = shape[d] > 0 ? flat / shape[d] : 0;
+  }
+  return describe(ndim, index);
 }
 
 std::string simd_description() {
@@ -521,6 +667,8 @@ class CpuPlugin {
     info.attributes.emplace_back("blas", blas != nullptr ? blas : "OpenBLAS");
     info.attributes.emplace_back("blas_threads", std::to_string(openblas_get_num_threads()));
     info.attributes.emplace_back("simd", simd_description());
+    info.attributes.emplace_back("vector_math", elementwise_vector_math());
+    info.attributes.emplace_back("rng", elementwise_rng());
 #ifdef _OPENMP
     info.attributes.emplace_back("openmp", std::to_string(_OPENMP));
 #endif
@@ -538,6 +686,7 @@ class CpuPlugin {
   // build does not know, which simply answer false.
   bool supports_op(int32_t device, int32_t op, int32_t dtype) {
     if (device != 0) return false;
+    if (is_elementwise_op(op)) return elementwise_supports(op, dtype);
     switch (op) {
       case BP_OP_ADD:
       case BP_OP_SUB:
@@ -547,6 +696,19 @@ class CpuPlugin {
       case BP_OP_MATMUL:
         return is_float_dtype(dtype);
       case BP_OP_COPY:
+        return element_size(dtype) != 0;
+      case BP_OP_SUM:
+      case BP_OP_MAX:
+      case BP_OP_MIN:
+      case BP_OP_ARGMAX:  // dtype is the input's; the output is I64
+      case BP_OP_ARGMIN:
+        return is_arithmetic_dtype(dtype);
+      case BP_OP_MEAN:
+      case BP_OP_SOFTMAX:
+      case BP_OP_LOG_SOFTMAX:
+        return is_float_dtype(dtype);
+      case BP_OP_INDEX_SELECT:  // dtype is x's; the index is I64
+      case BP_OP_GATHER:
         return element_size(dtype) != 0;
       default:
         return false;
@@ -571,6 +733,23 @@ class CpuPlugin {
     free_buffer(buffer);
   }
 
+  // DLPack import: adopts host memory without copying. Once the buffer exists it owns
+  // `release` (handed_over), which free_buffer calls exactly once; `data` is never freed.
+  bp_buffer* buffer_wrap_host(int32_t device, void* data, uint64_t size, void (*release)(void*),
+                              void* release_ctx, bool& handed_over) {
+    check_device(device);
+    if (data == nullptr && size > 0)
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           "cpu: buffer_wrap_host: data is NULL but size is " + std::to_string(size) + " bytes");
+    if (size > UINT64_MAX / 2 || reinterpret_cast<uintptr_t>(data) > UINTPTR_MAX - size)
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           "cpu: buffer_wrap_host: " + std::to_string(size) + " bytes at the given address wrap around memory");
+    bp_buffer* buffer = wrap_buffer(data, size, release, release_ctx);
+    if (buffer == nullptr) fail(BP_STATUS_OUT_OF_MEMORY, "cpu: buffer_wrap_host: cannot allocate a buffer header");
+    handed_over = true;
+    return buffer;
+  }
+
   void buffer_write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size) {
     check_range("buffer_write", buffer, offset, size);
     if (size == 0) return;
@@ -592,6 +771,7 @@ class CpuPlugin {
       fail(BP_STATUS_INVALID_ARGUMENT, "cpu: execute: args.struct_size " + std::to_string(args.struct_size) +
                                            " is too small for ABI 1.0");
     check_device(args.device);
+    if (is_elementwise_op(args.op)) return execute_elementwise(args);
     switch (args.op) {
       case BP_OP_ADD:
       case BP_OP_SUB:
@@ -602,6 +782,19 @@ class CpuPlugin {
         return execute_matmul(args);
       case BP_OP_COPY:
         return execute_copy(args);
+      case BP_OP_SUM:
+      case BP_OP_MEAN:
+      case BP_OP_MAX:
+      case BP_OP_MIN:
+      case BP_OP_ARGMAX:
+      case BP_OP_ARGMIN:
+        return execute_reduce(args);
+      case BP_OP_SOFTMAX:
+      case BP_OP_LOG_SOFTMAX:
+        return execute_softmax(args);
+      case BP_OP_INDEX_SELECT:
+      case BP_OP_GATHER:
+        return execute_take(args);
       default:
         fail(BP_STATUS_UNSUPPORTED, "cpu: " + op_name(args.op) + " is not supported");
     }
@@ -693,6 +886,76 @@ class CpuPlugin {
     if (!ok) division_by_zero(dtype);
   }
 
+  // pow ... randn (elementwise_ops.hpp): inputs arrive broadcast to the output's shape.
+  void execute_elementwise(const bp_execute_args& args) {
+    const int32_t op = args.op;
+    const int arity = elementwise_arity(op);
+    expect_arity(args, arity, 1);
+    const int32_t out_dtype = args.outputs[0].dtype;
+    const int32_t in_dtype = arity > 0 ? args.inputs[0].dtype : out_dtype;
+    // A data dtype the op does not take here is unsupported (what supports_op answers);
+    // dtypes that break the op's own rules (where's cond not bool, ...) are invalid.
+    const int32_t data_dtype = op == BP_OP_WHERE ? out_dtype : in_dtype;
+    const bool known =
+        elementwise_supports(op, data_dtype) && (op != BP_OP_CAST || elementwise_supports(op, out_dtype));
+    if (!known || !elementwise_supports(op, out_dtype, in_dtype)) {
+      std::string dtypes;
+      for (int i = 0; i < arity; ++i) dtypes += (i > 0 ? ", " : "") + dtype_name(args.inputs[i].dtype);
+      fail(known ? BP_STATUS_INVALID_ARGUMENT : BP_STATUS_UNSUPPORTED,
+           "cpu: " + op_name(op) + ": dtypes " + (arity > 0 ? "(" + dtypes + ") -> " : std::string()) +
+               dtype_name(out_dtype) + (known ? " do not fit the op" : " are not supported") + " (" +
+               elementwise_dtypes(op) + ")");
+    }
+    const bool uses_attrs = op == BP_OP_CLAMP || op >= BP_OP_FILL;  // scalar0/1, seed
+    if (uses_attrs && args.attrs == nullptr)
+      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + op_name(op) + ": attrs are NULL");
+    const View out = view_of(args.outputs[0], op, {"outputs", 0}, out_dtype);
+    expect_writable(op, out);
+    if (op == BP_OP_ARANGE && out.ndim != 1)
+      tensor_fail(op, {"outputs", 0}, "shape " + describe(out.ndim, out.shape) + " is not 1-D");
+    View in[3];
+    for (int i = 0; i < arity; ++i) {
+      in[i] = view_of(args.inputs[i], op, {"inputs", i}, elementwise_input_dtype(op, i, out_dtype, in_dtype));
+      expect_same_shape(op, out, in[i], {"inputs", i});
+    }
+    if (out.numel == 0) return;
+
+    ElementwiseCall call{};
+    call.op = op;
+    call.out_dtype = out_dtype;
+    call.in_dtype = in_dtype;
+    call.ndim = out.ndim;
+    call.shape = out.shape;
+    call.out = out.data;
+    call.out_strides = out.strides;
+    call.threads = threads_;
+    if (uses_attrs) {
+      const bp_op_attrs& attrs = *args.attrs;  // fields beyond its struct_size read as 0
+      if (BP_HAS_FIELD(bp_op_attrs, scalar0, attrs.struct_size)) call.scalar0 = attrs.scalar0;
+      if (BP_HAS_FIELD(bp_op_attrs, scalar1, attrs.struct_size)) call.scalar1 = attrs.scalar1;
+      if (BP_HAS_FIELD(bp_op_attrs, seed, attrs.struct_size)) call.seed = attrs.seed;
+    }
+    // An input sharing memory with the output is read from a copy, unless it is the
+    // very same elements of the same size (in place: each element is read, then written).
+    std::unique_ptr<unsigned char[]> copies[3];
+    int64_t copy_strides[3][kMaxDims];
+    for (int i = 0; i < arity; ++i) {
+      call.inputs[i] = {in[i].data, in[i].strides};
+      if (overlaps(in[i], out) && !(same_elements(in[i], out) && in[i].element_size == out.element_size))
+        call.inputs[i] = {materialize(in[i], copies[i], copy_strides[i], threads_), copy_strides[i]};
+    }
+    switch (run_elementwise(call)) {
+      case ElementwiseResult::ok:
+        return;
+      case ElementwiseResult::negative_exponent:
+        fail(BP_STATUS_INVALID_ARGUMENT, "cpu: pow: inputs[1] holds a negative exponent, which integer pow (" +
+                                             dtype_name(out_dtype) + ") does not take; use a float dtype");
+      case ElementwiseResult::unsupported:
+        break;
+    }
+    fail(BP_STATUS_INTERNAL, "cpu: " + op_name(op) + ": no kernel for output dtype " + dtype_name(out_dtype));
+  }
+
   void execute_matmul(const bp_execute_args& args) {
     const int32_t op = args.op;
     expect_arity(args, 2, 1);
@@ -702,21 +965,30 @@ class CpuPlugin {
     const View out = view_of(args.outputs[0], op, {"outputs", 0}, dtype);
     const View a = view_of(args.inputs[0], op, {"inputs", 0}, dtype);
     const View b = view_of(args.inputs[1], op, {"inputs", 1}, dtype);
-    if (a.ndim != 2 || b.ndim != 2 || out.ndim != 2 || a.shape[1] != b.shape[0] ||
-        out.shape[0] != a.shape[0] || out.shape[1] != b.shape[1])
-      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: matmul: shapes " + describe(a.ndim, a.shape) + " x " +
-                                           describe(b.ndim, b.shape) + " -> " +
-                                           describe(out.ndim, out.shape) + " are not [M,K] x [K,N] -> [M,N]");
+    // [...,M,K] x [...,K,N] -> [...,M,N]; batch dims (before the last two) arrive
+    // broadcast: the same extents on all three.
+    const int32_t nd = out.ndim;
+    bool shapes_ok = nd >= 2 && a.ndim == nd && b.ndim == nd;
+    for (int32_t d = 0; shapes_ok && d < nd - 2; ++d)
+      shapes_ok = a.shape[d] == out.shape[d] && b.shape[d] == out.shape[d];
+    if (!shapes_ok || a.shape[nd - 1] != b.shape[nd - 2] || out.shape[nd - 2] != a.shape[nd - 2] ||
+        out.shape[nd - 1] != b.shape[nd - 1])
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           "cpu: matmul: shapes " + describe(a.ndim, a.shape) + " x " + describe(b.ndim, b.shape) + " -> " +
+               describe(out.ndim, out.shape) +
+               " are not [...,M,K] x [...,K,N] -> [...,M,N] with equal batch dims");
     expect_writable(op, out);
-    if (!gemm_fits_blas(a.shape[0], b.shape[1], a.shape[1]))
+    if (!gemm_fits_blas(a.shape[nd - 2], b.shape[nd - 1], a.shape[nd - 1]))
       fail(BP_STATUS_UNSUPPORTED, "cpu: matmul: a dimension of " + describe(a.ndim, a.shape) + " x " +
                                       describe(b.ndim, b.shape) + " exceeds OpenBLAS's 32-bit limit");
     if (out.numel == 0) return;
 
     // BLAS must not read what it writes: an input sharing memory with the output
     // is copied first.
-    int64_t a_strides[2] = {a.strides[0], a.strides[1]};
-    int64_t b_strides[2] = {b.strides[0], b.strides[1]};
+    int64_t a_strides[kMaxDims];
+    int64_t b_strides[kMaxDims];
+    std::copy(a.strides, a.strides + nd, a_strides);
+    std::copy(b.strides, b.strides + nd, b_strides);
     const unsigned char* a_data = a.data;
     const unsigned char* b_data = b.data;
     std::unique_ptr<unsigned char[]> a_copy, b_copy;
@@ -752,6 +1024,142 @@ class CpuPlugin {
     if (overlaps(in, out)) in_data = materialize(in, in_copy, l.strides[1], threads_);
     coalesce(l);
     copy_strided_bytes(l, in_data, out.data, out.element_size, threads_);
+  }
+
+  // sum, mean, max, min, argmax, argmin over attrs.axis. The output holds the
+  // outer * inner results contiguously (its shape is the input's with the axis at 1,
+  // or that with the axis dropped: only the count is checked).
+  void execute_reduce(const bp_execute_args& args) {
+    const int32_t op = args.op;
+    expect_arity(args, 1, 1);
+    const int32_t dtype = args.inputs[0].dtype;
+    if (!supports_op(0, op, dtype))
+      fail(BP_STATUS_UNSUPPORTED, "cpu: " + op_name(op) + ": dtype " + dtype_name(dtype) +
+                                      " is not supported (" +
+                                      (op == BP_OP_MEAN ? "f32, f64" : "f32, f64, i32, i64") + ")");
+    const bool arg = op == BP_OP_ARGMAX || op == BP_OP_ARGMIN;
+    const View in = view_of(args.inputs[0], op, {"inputs", 0}, dtype);
+    const View out = view_of(args.outputs[0], op, {"outputs", 0}, arg ? int32_t{BP_DTYPE_I64} : dtype);
+    const AxisSplit s = split_at_axis(args, in);
+    if (out.numel != s.outer * s.inner)
+      tensor_fail(op, {"outputs", 0},
+                  "shape " + describe(out.ndim, out.shape) + " does not hold the " +
+                      std::to_string(s.outer * s.inner) + " results of reducing " +
+                      describe(in.ndim, in.shape) + " over axis " + std::to_string(s.axis));
+    expect_contiguous(op, out);
+    if (out.numel == 0) return;
+    const unsigned char* data = in.data;
+    std::unique_ptr<unsigned char[]> copy;
+    int64_t strides[kMaxDims];
+    if (!in.contiguous || overlaps(in, out)) data = materialize(in, copy, strides, threads_);
+    if (!reduce_op(op, dtype, data, out.data, s, threads_))
+      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + op_name(op) + ": axis " + std::to_string(s.axis) +
+                                           " of shape " + describe(in.ndim, in.shape) + " is empty, and " +
+                                           op_name(op) + " of no elements has no value");
+  }
+
+  // softmax / log_softmax along attrs.axis; the output has the input's shape.
+  void execute_softmax(const bp_execute_args& args) {
+    const int32_t op = args.op;
+    expect_arity(args, 1, 1);
+    const int32_t dtype = args.outputs[0].dtype;
+    if (!is_float_dtype(dtype))
+      fail(BP_STATUS_UNSUPPORTED,
+           "cpu: " + op_name(op) + ": dtype " + dtype_name(dtype) + " is not supported (f32, f64)");
+    const View out = view_of(args.outputs[0], op, {"outputs", 0}, dtype);
+    const View in = view_of(args.inputs[0], op, {"inputs", 0}, dtype);
+    expect_same_shape(op, out, in, {"inputs", 0});
+    expect_contiguous(op, out);
+    const AxisSplit s = split_at_axis(args, in);
+    if (out.numel == 0) return;
+    const unsigned char* data = in.data;
+    std::unique_ptr<unsigned char[]> copy;
+    int64_t strides[kMaxDims];
+    if (!in.contiguous || (overlaps(in, out) && in.data != out.data))
+      data = materialize(in, copy, strides, threads_);
+    softmax_op(op, dtype, data, out.data, s, threads_);
+  }
+
+  // index_select: inputs [x, index (I64, 1-D)], out = x with extent len(index) on axis.
+  // gather: inputs [x, index (I64, x's ndim, extents <= x's off the axis)], out has the
+  // index's shape. Every index is checked before x is read.
+  void execute_take(const bp_execute_args& args) {
+    const int32_t op = args.op;
+    const bool gather = op == BP_OP_GATHER;
+    expect_arity(args, 2, 1);
+    const int32_t dtype = args.inputs[0].dtype;
+    if (element_size(dtype) == 0)
+      fail(BP_STATUS_UNSUPPORTED,
+           "cpu: " + op_name(op) + ": " + dtype_name(dtype) + " has no known element size");
+    const View x = view_of(args.inputs[0], op, {"inputs", 0}, dtype);
+    const View index = view_of(args.inputs[1], op, {"inputs", 1}, BP_DTYPE_I64);
+    const View out = view_of(args.outputs[0], op, {"outputs", 0}, dtype);
+    const AxisSplit s = split_at_axis(args, x);
+    const int32_t axis = static_cast<int32_t>(s.axis);
+    if (x.ndim == 0) tensor_fail(op, {"inputs", 0}, "is 0-d; " + op_name(op) + " needs an axis");
+    bool shapes_ok = out.ndim == x.ndim && index.ndim == (gather ? x.ndim : 1);
+    for (int32_t d = 0; shapes_ok && d < x.ndim; ++d) {
+      if (gather)
+        shapes_ok = out.shape[d] == index.shape[d] && (d == axis || index.shape[d] <= x.shape[d]);
+      else
+        shapes_ok = out.shape[d] == (d == axis ? index.shape[0] : x.shape[d]);
+    }
+    if (!shapes_ok)
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           "cpu: " + op_name(op) + ": shapes x " + describe(x.ndim, x.shape) + ", index " +
+               describe(index.ndim, index.shape) + " -> " + describe(out.ndim, out.shape) + " along axis " +
+               std::to_string(axis) +
+               (gather
+                    ? " are not those of gather (index has x's ndim and extents <= x's off the axis; out has "
+                      "index's shape)"
+                    : " are not those of index_select (index 1-D; out is x with len(index) on the axis)"));
+    expect_writable(op, out);
+
+    int64_t x_strides[kMaxDims];
+    int64_t index_strides[kMaxDims];
+    std::copy(x.strides, x.strides + x.ndim, x_strides);
+    std::copy(index.strides, index.strides + index.ndim, index_strides);
+    const unsigned char* x_data = x.data;
+    const unsigned char* index_data = index.data;
+    std::unique_ptr<unsigned char[]> x_copy, index_copy;
+    if (overlaps(x, out)) x_data = materialize(x, x_copy, x_strides, threads_);
+    if (overlaps(index, out)) index_data = materialize(index, index_copy, index_strides, threads_);
+    const auto* indices = reinterpret_cast<const int64_t*>(index_data);
+
+    // Indices first: one out of range is an error even when the output is empty.
+    if (index.numel > 0) {
+      StridedLayout<1> il;
+      il.ndim = index.ndim;
+      std::copy(index.shape, index.shape + index.ndim, il.shape);
+      std::copy(index_strides, index_strides + index.ndim, il.strides[0]);
+      coalesce(il);
+      const int64_t bad = first_bad_index(il, indices, s.n, threads_);
+      if (bad >= 0) {
+        int64_t at = 0;  // element offset of row-major position `bad`
+        int64_t flat = bad;
+        for (int32_t d = index.ndim - 1; d >= 0; --d) {
+          at += (flat % index.shape[d]) * index_strides[d];
+          flat /= index.shape[d];
+        }
+        fail(BP_STATUS_INVALID_ARGUMENT,
+             "cpu: " + op_name(op) + ": index " + std::to_string(indices[at]) + " at position " +
+                 unravel(bad, index.ndim, index.shape) + " of the index is out of range for axis " +
+                 std::to_string(axis) + " of x, of extent " + std::to_string(s.n) + " (valid: 0 to " +
+                 std::to_string(s.n - 1) + ")");
+      }
+    }
+    if (out.numel == 0) return;
+
+    StridedLayout<3> l;  // operands: 0 = out, 1 = index, 2 = x without its axis stride
+    l.ndim = out.ndim;
+    for (int32_t d = 0; d < out.ndim; ++d) {
+      l.shape[d] = out.shape[d];
+      l.strides[0][d] = out.strides[d];
+      l.strides[1][d] = gather ? index_strides[d] : (d == axis ? index_strides[0] : 0);
+      l.strides[2][d] = d == axis ? 0 : x_strides[d];
+    }
+    coalesce(l);
+    take_bytes(l, x_data, indices, x_strides[axis], out.data, x.element_size, threads_);
   }
 
   int threads_ = 1;  // OpenMP team size for large ops (>= 1)

@@ -11,6 +11,8 @@
 #include <memory>
 #include <type_traits>
 
+#include "kernels.hpp"
+
 // OpenBLAS extensions; declared here because not every cblas.h carries them.
 extern "C" char* openblas_get_config(void);
 extern "C" int openblas_get_num_threads(void);
@@ -128,6 +130,64 @@ void gemm(const MatrixView<const T>& a, const MatrixView<const T>& b, const Matr
     for (int64_t i = 0; i < m; ++i)
       for (int64_t j = 0; j < n; ++j) c.data[i * c.row_stride + j * c.col_stride] = c_packed[i * n + j];
   }
+}
+
+// Batched GEMM: for every index i of the batch shape (batch_ndim dims, no extent 0),
+// c[i] = a[i] * b[i], where operand X's matrix i starts at X.data + sum_d i_d * X_batch[d]
+// (stride 0 on a broadcast batch dim) and has X's 2-D view otherwise. When b is shared by
+// every batch and the batch dims of a and c fold into their row dims (a contiguous stack
+// of matrices, the common [B,M,K] x [K,N] case), this is one [B*M,K] x [K,N] GEMM;
+// otherwise one GEMM per batch. Preconditions as gemm's, for every batch.
+template <class T>
+void gemm_batched(const MatrixView<const T>& a, const int64_t* a_batch, const MatrixView<const T>& b,
+                  const int64_t* b_batch, const MatrixView<T>& c, const int64_t* c_batch, int batch_ndim,
+                  const int64_t* batch_shape) {
+  if (c.rows == 0 || c.cols == 0) return;
+  bool b_shared = true;
+  for (int d = 0; d < batch_ndim; ++d) b_shared = b_shared && (batch_shape[d] == 1 || b_batch[d] == 0);
+  if (b_shared) {
+    // Rows of a and c across batches: do (batch..., M) coalesce into one dimension?
+    StridedLayout<2> rows;
+    rows.ndim = batch_ndim + 1;
+    for (int d = 0; d < batch_ndim; ++d) {
+      rows.shape[d] = batch_shape[d];
+      rows.strides[0][d] = c_batch[d];
+      rows.strides[1][d] = a_batch[d];
+    }
+    rows.shape[batch_ndim] = c.rows;
+    rows.strides[0][batch_ndim] = c.row_stride;
+    rows.strides[1][batch_ndim] = a.row_stride;
+    coalesce(rows);
+    if (rows.ndim == 1 && gemm_fits_blas(rows.shape[0], c.cols, a.cols)) {
+      const MatrixView<const T> a_all{a.data, rows.shape[0], a.cols, rows.strides[1][0], a.col_stride};
+      const MatrixView<T> c_all{c.data, rows.shape[0], c.cols, rows.strides[0][0], c.col_stride};
+      gemm<T>(a_all, b, c_all);
+      return;
+    }
+  }
+  StridedLayout<3> l;  // operands: 0 = c, 1 = a, 2 = b
+  l.ndim = batch_ndim;
+  for (int d = 0; d < batch_ndim; ++d) {
+    l.shape[d] = batch_shape[d];
+    l.strides[0][d] = c_batch[d];
+    l.strides[1][d] = a_batch[d];
+    l.strides[2][d] = b_batch[d];
+  }
+  coalesce(l);
+  const int inner = l.ndim - 1;
+  int64_t rows = 1;
+  for (int d = 0; d < inner; ++d) rows *= l.shape[d];
+  for_each_row(l, 0, rows, [&](const int64_t* off) {
+    for (int64_t i = 0; i < l.shape[inner]; ++i) {
+      MatrixView<const T> ai = a;
+      MatrixView<const T> bi = b;
+      MatrixView<T> ci = c;
+      ai.data += off[1] + i * l.strides[1][inner];
+      bi.data += off[2] + i * l.strides[2][inner];
+      ci.data += off[0] + i * l.strides[0][inner];
+      gemm<T>(ai, bi, ci);
+    }
+  });
 }
 
 }  // namespace backplane::cpu
