@@ -1,5 +1,6 @@
 // Tests of the `backplane` command-line tool, run as a child process: exit
-// codes, `list --json` contents, `check` reports, config errors, the
+// codes, `list --json` contents, `check` reports, `conformance` (table and exit
+// codes, on cpu and on a deliberately wrong fixture), config errors, the
 // repository's own backends.json, --version and bad command lines.
 #include "cli_runner.hpp"
 #include "test_support.hpp"
@@ -253,6 +254,64 @@ TEST_CASE("check: a missing --config file exits 2 naming it") {
   BP_CHECK_CONTAINS(r.err, "does not exist");
 }
 
+// ---- conformance ---------------------------------------------------------------
+
+TEST_CASE("conformance: --op add on the cpu backend prints the table, passes and exits 0") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", cpu_and_missing_config(/*missing_required=*/false));
+  const Result r = cli(tmp, {"conformance", "--config", config.string(), "--backend", "cpu", "--op", "add"});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "conformance of cpu:0");
+  BP_CHECK_CONTAINS(r.out, "pass  fail  skip  unsup");
+  for (const char* dtype : {"f32", "f64", "i32", "i64"}) {
+    CHECK_MESSAGE(r.out.find("\nadd  " + std::string(dtype)) != std::string::npos,
+                  "no table row for add " << dtype);
+  }
+  CHECK(r.out.find("\nsub ") == std::string::npos);  // --op add runs add only
+  BP_CHECK_CONTAINS(r.out, " 0 failed");
+  BP_CHECK_CONTAINS(r.out, "conformance: PASS");
+}
+
+TEST_CASE("conformance: a plugin with a wrong add fails the table and exits 1") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", config_json({backend_json("skewed", "skewed", true)}));
+  const Result r =
+      cli(tmp, {"conformance", "--config", config.string(), "--backend", "skewed", "--op", "add"});
+  INFO(r.describe());
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.out, "conformance: FAIL");
+  BP_CHECK_CONTAINS(r.out, "got ");  // the first failure's detail, on add f32's row
+  BP_CHECK_CONTAINS(r.err, "conformance case(s) failed on skewed:0");
+}
+
+TEST_CASE("conformance: without --backend every loaded backend is tested, a failed optional one warned of") {
+  TempDir tmp;
+  const std::string json = config_json({backend_json("cpu", "backplane_cpu", true),
+                                        backend_json("opaque", "opaque"), backend_json("nope", "nope")});
+  const fs::path config = tmp.write("backends.json", json);
+  const Result r = cli(tmp, {"conformance", "--config", config.string(), "--op", "mul"});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "conformance of cpu:0");
+  BP_CHECK_CONTAINS(r.out, "conformance of opaque:0");
+  BP_CHECK_CONTAINS(r.out, "summary opaque:0: ");
+  BP_CHECK_CONTAINS(r.err, "backplane: warning: backend \"nope\" failed to load, not tested");
+}
+
+TEST_CASE("conformance: an unknown backend exits 2, an unknown --op 64") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", cpu_and_missing_config(/*missing_required=*/false));
+  const Result backend = cli(tmp, {"conformance", "--config", config.string(), "--backend", "nosuch"});
+  CHECK_MESSAGE(backend.code == kExitConfig, backend.describe());
+  BP_CHECK_CONTAINS(backend.err, "nosuch");
+  const Result op =
+      cli(tmp, {"conformance", "--config", config.string(), "--backend", "cpu", "--op", "addd"});
+  CHECK_MESSAGE(op.code == kExitUsage, op.describe());
+  BP_CHECK_CONTAINS(op.err, "addd");
+  BP_CHECK_CONTAINS(op.err, "known ops:");
+}
+
 // ---- the repository's backends.json ------------------------------------------
 
 // The repository's backends.json names plugin_dirs ["build/plugins"] relative
@@ -314,6 +373,7 @@ TEST_CASE("usage: --help exits 0 and lists the subcommands and exit codes") {
   BP_CHECK_CONTAINS(r.out, "Usage: backplane");
   BP_CHECK_CONTAINS(r.out, "list");
   BP_CHECK_CONTAINS(r.out, "check");
+  BP_CHECK_CONTAINS(r.out, "conformance");
   BP_CHECK_CONTAINS(r.out, "64  bad command line");
   const Result sub = cli(tmp, {"check", "--help"});
   CHECK(sub.code == kExitOk);

@@ -47,6 +47,7 @@ struct Command {
 };
 Command add_list_command(CLI::App& parent);
 Command add_check_command(CLI::App& parent);
+Command add_conformance_command(CLI::App& parent);
 
 // The config a subcommand reads: `flag` (--config) when not empty, else
 // Registry::default_config_path() (BACKPLANE_CONFIG, ./backends.json, the

@@ -45,6 +45,7 @@ int run(int argc, char** argv) {
   const std::vector<Command> commands = {
       add_list_command(app),
       add_check_command(app),
+      add_conformance_command(app),
   };
 
   try {

@@ -1,0 +1,218 @@
+// The conformance runner: the tolerance table, the case list, and the loop
+// that runs each case on a device and turns every outcome (a wrong value, an
+// error, an unsupported op, a skipped large case) into a CaseResult.
+//
+// Tolerances. A device value g passes against the reference value w when
+//   |g - w| <= abs + rel * scale      (scale = |w| unless noted)
+// and, whatever the tolerance, NaN meets NaN and an infinity the same
+// infinity. The reference runs in double (see reference.hpp) and is rounded
+// once to the result dtype. This table is mirrored in README.md
+// ("Conformance"); never loosen an entry to make a kernel pass.
+//
+//  family          ops                                   f32                 f64                 i32 i64 bool
+//  exact           eq ne lt le gt ge where neg abs relu  exact               exact               exact
+//                  clamp maximum minimum max min argmax
+//                  argmin zeros ones full reshape permute
+//                  transpose slice cat index_select
+//                  gather cast contiguous to
+//  arithmetic      add sub mul div arange                rel 1e-6            rel 1e-12           exact, wraps
+//  pow             pow                                   rel 1e-5            rel 1e-9            exact, wraps
+//  transcendental  exp log sqrt tanh sigmoid sin cos     rel 2e-6 abs 1e-6   rel 1e-9 abs 1e-12  -
+//  reduction       sum mean                              rel 1e-5 abs 1e-6   rel 1e-9 abs 1e-12  exact, wraps
+//                  scale: sum of |x| over the reduced elements (mean: divided by n)
+//  softmax         softmax log_softmax                   rel 1e-5 abs 1e-6   rel 1e-9 abs 1e-12  -
+//  matmul          matmul                                rel 1e-6 * sqrt(K)  rel 1e-12 * sqrt(K) -
+//                  scale: sum_k |a_ik * b_kj|            abs 1e-6            abs 1e-12
+//  random          rand_uniform randn: the same seed gives identical values, another seed
+//                  other values; every value in [low, high); over 100k samples the mean, the
+//                  standard deviation and the histogram (uniform: 10 bins; normal: the shares
+//                  within 1 sigma and beyond 3 sigma) each within 5 standard errors.
+#include "suite.hpp"
+
+#include <backplane/ops.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <utility>
+
+namespace backplane::conformance {
+
+Tolerance tolerance_for(const std::string& op, DType dtype) {
+  static const std::map<std::string, std::string> kFamily = {
+      {"add", "arithmetic"},      {"sub", "arithmetic"},         {"mul", "arithmetic"},
+      {"div", "arithmetic"},      {"arange", "arithmetic"},      {"pow", "pow"},
+      {"exp", "transcendental"},  {"log", "transcendental"},     {"sqrt", "transcendental"},
+      {"tanh", "transcendental"}, {"sigmoid", "transcendental"}, {"sin", "transcendental"},
+      {"cos", "transcendental"},  {"sum", "reduction"},          {"mean", "reduction"},
+      {"softmax", "softmax"},     {"log_softmax", "softmax"},    {"matmul", "matmul"},
+  };
+  const auto it = kFamily.find(op);
+  if (it == kFamily.end() || !is_float(dtype)) return Tolerance{};  // exact
+  const bool f32 = dtype == DType::f32;
+  const std::string& family = it->second;
+  if (family == "arithmetic") return {f32 ? 1e-6 : 1e-12, 0.0, false};
+  if (family == "pow") return {f32 ? 1e-5 : 1e-9, 0.0, false};
+  if (family == "transcendental") return {f32 ? 2e-6 : 1e-9, f32 ? 1e-6 : 1e-12, false};
+  if (family == "reduction" || family == "softmax") return {f32 ? 1e-5 : 1e-9, f32 ? 1e-6 : 1e-12, false};
+  return {f32 ? 1e-6 : 1e-12, f32 ? 1e-6 : 1e-12, false};  // matmul: the caller scales rel by sqrt(K)
+}
+
+const char* to_string(CaseResult::Outcome outcome) noexcept {
+  switch (outcome) {
+    case CaseResult::Outcome::pass:
+      return "pass";
+    case CaseResult::Outcome::fail:
+      return "fail";
+    case CaseResult::Outcome::skipped:
+      return "skipped";
+    case CaseResult::Outcome::unsupported:
+      return "unsupported";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& op_names() {
+  static const std::vector<std::string> kNames = {
+      "zeros",     "ones",   "full",   "arange",       "rand_uniform", "randn",   "add",
+      "sub",       "mul",    "div",    "pow",          "maximum",      "minimum", "eq",
+      "ne",        "lt",     "le",     "gt",           "ge",           "where",   "neg",
+      "abs",       "exp",    "log",    "sqrt",         "tanh",         "sigmoid", "relu",
+      "sin",       "cos",    "clamp",  "sum",          "mean",         "max",     "min",
+      "argmax",    "argmin", "matmul", "softmax",      "log_softmax",  "reshape", "permute",
+      "transpose", "slice",  "cat",    "index_select", "gather",       "cast",    "contiguous",
+      "to",
+  };
+  return kNames;
+}
+
+std::vector<Tally> tally(const std::vector<CaseResult>& results) {
+  std::vector<Tally> rows;
+  std::map<std::pair<std::string, std::string>, std::size_t> where;
+  for (const CaseResult& r : results) {
+    const auto key = std::make_pair(r.op, r.dtype);
+    auto it = where.find(key);
+    if (it == where.end()) {
+      it = where.emplace(key, rows.size()).first;
+      Tally row;
+      row.op = r.op;
+      row.dtype = r.dtype;
+      rows.push_back(std::move(row));
+    }
+    Tally& t = rows[it->second];
+    switch (r.outcome) {
+      case CaseResult::Outcome::pass:
+        ++t.passed;
+        break;
+      case CaseResult::Outcome::fail:
+        if (t.failed++ == 0) t.first_failure = r.case_name + ": " + r.detail;
+        break;
+      case CaseResult::Outcome::skipped:
+        ++t.skipped;
+        break;
+      case CaseResult::Outcome::unsupported:
+        ++t.unsupported;
+        break;
+    }
+  }
+  // Group by op in op_names() order, then dtype in enum order (the cases run
+  // grouped by dtype in places).
+  auto rank = [](const Tally& t) {
+    const std::vector<std::string>& names = op_names();
+    const auto op = std::find(names.begin(), names.end(), t.op) - names.begin();
+    static const std::vector<std::string> kDtypes = {"f32", "f64", "i32", "i64", "bool"};
+    const auto dtype = std::find(kDtypes.begin(), kDtypes.end(), t.dtype) - kDtypes.begin();
+    return std::make_pair(op, dtype);
+  };
+  std::stable_sort(rows.begin(), rows.end(),
+                   [&](const Tally& a, const Tally& b) { return rank(a) < rank(b); });
+  return rows;
+}
+
+namespace {
+
+// MemAvailable from /proc/meminfo in bytes; 0 when it cannot be read.
+uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemAvailable:", 0) != 0) continue;
+    std::istringstream s(line.substr(13));
+    uint64_t kib = 0;
+    s >> kib;
+    return kib * 1024;
+  }
+  return 0;
+}
+
+std::string gib(uint64_t bytes) {
+  std::ostringstream s;
+  s.precision(3);
+  s << static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return s.str();
+}
+
+const Cases& all_cases() {
+  static const Cases kCases = [] {
+    Cases c;
+    add_creation_cases(c);
+    add_elementwise_cases(c);
+    add_reduction_cases(c);
+    add_linalg_cases(c);
+    add_shape_cases(c);
+    add_large_cases(c);
+    return c;
+  }();
+  return kCases;
+}
+
+Verdict run_case(const Context& ctx, const Case& c) {
+  const Verdict unsupported{CaseResult::Outcome::unsupported, ctx.device.id() + " does not support " + c.op +
+                                                                  " on " + std::string(to_string(c.dtype))};
+  try {
+    if (c.code != BP_OP_INVALID && !ctx.device.supports(c.code, c.dtype)) return unsupported;
+    if (c.large_bytes > 0) {
+      const std::string need = "a large case: needs about " + gib(c.large_bytes);
+      if (ctx.max_bytes == 0)
+        return Verdict::skip(need + "; large cases run only when asked (--large, Options::max_bytes)");
+      if (c.large_bytes > ctx.max_bytes)
+        return Verdict::skip(need + ", over max_bytes (" + gib(ctx.max_bytes) + ")");
+      const uint64_t avail = mem_available();
+      if (avail < c.large_bytes) return Verdict::skip(need + ", MemAvailable is " + gib(avail));
+    }
+    return c.run(ctx);
+  } catch (const Error& e) {
+    if (e.code() == Errc::unsupported_op) return {CaseResult::Outcome::unsupported, e.message()};
+    return Verdict::fail("threw " + std::string(to_string(e.code())) + ": " + e.message());
+  } catch (const std::exception& e) {
+    return Verdict::fail(std::string("threw std::exception: ") + e.what());
+  } catch (...) {
+    return Verdict::fail("threw an exception of unknown type");
+  }
+}
+
+}  // namespace
+
+std::vector<CaseResult> run_conformance(const Device& device, const Options& options) {
+  if (!device.valid()) throw Error(Errc::invalid_argument, "run_conformance: the device is not valid");
+  const std::vector<std::string>& names = op_names();
+  if (!options.op.empty() && std::find(names.begin(), names.end(), options.op) == names.end()) {
+    std::string known;
+    for (const std::string& n : names) known += (known.empty() ? "" : " ") + n;
+    throw Error(Errc::invalid_argument,
+                "run_conformance: no op named \"" + options.op + "\"; the suite covers: " + known);
+  }
+  const Context ctx{device, options.peer, options.verbose, options.max_bytes};
+  std::vector<CaseResult> results;
+  for (const Case& c : all_cases()) {
+    if (!options.op.empty() && c.op != options.op) continue;
+    const Verdict v = run_case(ctx, c);
+    CaseResult r{c.op, std::string(to_string(c.dtype)), c.name, v.outcome, v.detail};
+    if (options.on_result) options.on_result(r);
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+}  // namespace backplane::conformance

@@ -1,0 +1,293 @@
+// The conformance suite on the cpu plugin (every op, every dtype: no
+// failures, nothing unsupported), on the opaque fixture (non-host-visible;
+// add/mul/copy on f32 pass, the rest is reported unsupported), and on the
+// skewed fixture (a wrong add must be reported as failing), plus the
+// comparison rules themselves.
+#include <conformance.hpp>
+
+#include <backplane/backplane.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#ifndef BP_TEST_FIXTURE_DIR
+#error "BP_TEST_FIXTURE_DIR must name the directory of the fixture plugins"
+#endif
+#ifndef BP_TEST_PLUGIN_DIR
+#error "BP_TEST_PLUGIN_DIR must name the directory of the real plugins"
+#endif
+
+namespace bp = backplane;
+namespace bc = backplane::conformance;
+using Outcome = bc::CaseResult::Outcome;
+
+namespace {
+
+bp::Registry load(const char* name, const char* library, const char* dir) {
+  const std::string json = std::string(R"({"schema_version": 1, "backends": [{"name": ")") + name +
+                           R"(", "library": ")" + library + R"(", "required": true}]})";
+  return bp::Registry::from_json(json, dir, "test_conformance");
+}
+
+const bp::Registry& cpu_registry() {
+  static const bp::Registry r = load("cpu", "backplane_cpu", BP_TEST_PLUGIN_DIR);
+  return r;
+}
+const bp::Registry& fixture_registry(const char* name) {
+  static const bp::Registry opaque = load("opaque", "opaque", BP_TEST_FIXTURE_DIR);
+  static const bp::Registry skewed = load("skewed", "skewed", BP_TEST_FIXTURE_DIR);
+  return std::string(name) == "opaque" ? opaque : skewed;
+}
+
+bp::Device cpu() { return cpu_registry().backend("cpu").device(0); }
+bp::Device opaque() { return fixture_registry("opaque").backend("opaque").device(0); }
+bp::Device skewed() { return fixture_registry("skewed").backend("skewed").device(0); }
+
+std::vector<bc::CaseResult> run(const bp::Device& device, const std::string& op,
+                                const bp::Device& peer = {}) {
+  bc::Options options;
+  options.op = op;
+  options.peer = peer;
+  return bc::run_conformance(device, options);
+}
+
+int count(const std::vector<bc::CaseResult>& results, Outcome outcome) {
+  return static_cast<int>(std::count_if(results.begin(), results.end(),
+                                        [&](const bc::CaseResult& r) { return r.outcome == outcome; }));
+}
+
+std::string listing(const std::vector<bc::CaseResult>& results, Outcome outcome, std::size_t limit = 20) {
+  std::string out;
+  std::size_t shown = 0;
+  for (const bc::CaseResult& r : results) {
+    if (r.outcome != outcome) continue;
+    if (shown++ == limit) {
+      out += "  ...\n";
+      break;
+    }
+    out += "  " + r.op + " " + r.dtype + " [" + r.case_name + "]: " + r.detail + "\n";
+  }
+  return out;
+}
+
+// Every case of `op` on cpu: none fails, none is unsupported (the cpu plugin
+// implements the whole op set), and some pass.
+void expect_cpu_conforms(const std::string& op) {
+  const std::vector<bc::CaseResult> results = run(cpu(), op, opaque());
+  CHECK_MESSAGE(count(results, Outcome::fail) == 0, "failures of " << op << " on cpu:\n"
+                                                                   << listing(results, Outcome::fail));
+  CHECK_MESSAGE(count(results, Outcome::unsupported) == 0, "unsupported on cpu:\n"
+                                                               << listing(results, Outcome::unsupported));
+  CHECK(count(results, Outcome::pass) > 0);
+  for (const bc::CaseResult& r : results) {
+    if (r.outcome == Outcome::skipped)
+      CHECK_MESSAGE(r.case_name.rfind("large ", 0) == 0, r.case_name << ": " << r.detail);
+  }
+}
+
+void check_family(const std::vector<std::string>& ops) {
+  for (const std::string& op : ops) {
+    SUBCASE(op.c_str()) { expect_cpu_conforms(op); }
+  }
+}
+
+}  // namespace
+
+// ---- cpu: one test per op family, one subcase per op -----------------------------
+
+TEST_CASE("cpu: creation (zeros ones full arange rand_uniform randn)") {
+  check_family({"zeros", "ones", "full", "arange", "rand_uniform", "randn"});
+}
+TEST_CASE("cpu: binary arithmetic (add sub mul div pow maximum minimum)") {
+  check_family({"add", "sub", "mul", "div", "pow", "maximum", "minimum"});
+}
+TEST_CASE("cpu: comparisons and where (eq ne lt le gt ge where)") {
+  check_family({"eq", "ne", "lt", "le", "gt", "ge", "where"});
+}
+TEST_CASE("cpu: unary (neg abs exp log sqrt tanh sigmoid relu sin cos clamp)") {
+  check_family({"neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "sin", "cos", "clamp"});
+}
+TEST_CASE("cpu: reductions (sum mean max min argmax argmin)") {
+  check_family({"sum", "mean", "max", "min", "argmax", "argmin"});
+}
+TEST_CASE("cpu: matmul, softmax, log_softmax") { check_family({"matmul", "softmax", "log_softmax"}); }
+TEST_CASE("cpu: shape ops (reshape permute transpose slice cat index_select gather)") {
+  check_family({"reshape", "permute", "transpose", "slice", "cat", "index_select", "gather"});
+}
+TEST_CASE("cpu: cast, contiguous, to") { check_family({"cast", "contiguous", "to"}); }
+
+TEST_CASE("cpu: every op of the suite is covered by one of the family tests above") {
+  const std::vector<std::string> covered = {
+      "zeros",     "ones",   "full",   "arange",       "rand_uniform", "randn",   "add",
+      "sub",       "mul",    "div",    "pow",          "maximum",      "minimum", "eq",
+      "ne",        "lt",     "le",     "gt",           "ge",           "where",   "neg",
+      "abs",       "exp",    "log",    "sqrt",         "tanh",         "sigmoid", "relu",
+      "sin",       "cos",    "clamp",  "sum",          "mean",         "max",     "min",
+      "argmax",    "argmin", "matmul", "softmax",      "log_softmax",  "reshape", "permute",
+      "transpose", "slice",  "cat",    "index_select", "gather",       "cast",    "contiguous",
+      "to"};
+  for (const std::string& op : bc::op_names()) {
+    CHECK_MESSAGE(std::find(covered.begin(), covered.end(), op) != covered.end(), op);
+  }
+}
+
+TEST_CASE("cpu: large cases are skipped with a reason unless asked") {
+  const std::vector<bc::CaseResult> results = run(cpu(), "sum");
+  const auto large = std::find_if(results.begin(), results.end(), [](const bc::CaseResult& r) {
+    return r.case_name.rfind("large ", 0) == 0;
+  });
+  REQUIRE(large != results.end());
+  CHECK(large->outcome == Outcome::skipped);
+  CHECK(large->detail.find("--large") != std::string::npos);
+  CHECK(large->detail.find("GiB") != std::string::npos);
+}
+
+// ---- opaque: a non-host-visible backend that supports only add/mul/copy on f32 ----
+
+TEST_CASE("opaque: the whole suite runs: add/mul/copy on f32 pass, the rest is unsupported, nothing fails") {
+  const std::vector<bc::CaseResult> results = bc::run_conformance(opaque(), bc::Options{});
+  CHECK_MESSAGE(count(results, Outcome::fail) == 0, "failures on opaque:\n"
+                                                        << listing(results, Outcome::fail));
+
+  auto outcomes = [&](const std::string& op, const std::string& dtype) {
+    std::vector<Outcome> out;
+    for (const bc::CaseResult& r : results)
+      if (r.op == op && r.dtype == dtype && r.case_name.rfind("large ", 0) != 0) out.push_back(r.outcome);
+    return out;
+  };
+  auto all_are = [](const std::vector<Outcome>& v, Outcome o) {
+    return !v.empty() && std::all_of(v.begin(), v.end(), [&](Outcome x) { return x == o; });
+  };
+  CHECK(all_are(outcomes("add", "f32"), Outcome::pass));
+  CHECK(all_are(outcomes("mul", "f32"), Outcome::pass));
+  CHECK(all_are(outcomes("contiguous", "f32"), Outcome::pass));
+  CHECK(all_are(outcomes("transpose", "f32"), Outcome::pass));
+  CHECK(all_are(outcomes("add", "i32"), Outcome::unsupported));
+  CHECK(all_are(outcomes("sub", "f32"), Outcome::unsupported));
+  CHECK(all_are(outcomes("exp", "f64"), Outcome::unsupported));
+  CHECK(all_are(outcomes("matmul", "f32"), Outcome::unsupported));
+  CHECK(all_are(outcomes("zeros", "f32"), Outcome::unsupported));
+  for (const bc::CaseResult& r : results) {
+    if (r.outcome != Outcome::unsupported) continue;
+    CHECK_MESSAGE(!r.detail.empty(), r.op << " " << r.dtype << " " << r.case_name);
+  }
+  const bc::CaseResult& sub = *std::find_if(results.begin(), results.end(), [](const bc::CaseResult& r) {
+    return r.op == "sub" && r.dtype == "f32";
+  });
+  CHECK(sub.detail.find("opaque:0") != std::string::npos);
+  CHECK(sub.detail.find("sub") != std::string::npos);
+}
+
+TEST_CASE("opaque: copies to the cpu backend and back through `to`") {
+  const std::vector<bc::CaseResult> results = run(opaque(), "to", cpu());
+  int peer_cases = 0;
+  for (const bc::CaseResult& r : results) {
+    if (r.dtype != "f32" || r.case_name.find("peer") == std::string::npos) continue;
+    ++peer_cases;
+    CHECK_MESSAGE(r.outcome == Outcome::pass, r.case_name << ": " << r.detail);
+  }
+  CHECK(peer_cases == 2);
+}
+
+// ---- the suite can fail ---------------------------------------------------------------
+
+TEST_CASE("skewed: a plugin whose add is 0.1% off fails every add case that has elements") {
+  const std::vector<bc::CaseResult> results = run(skewed(), "add");
+  const int failed = count(results, Outcome::fail);
+  CHECK(failed >= 15);
+  for (const bc::CaseResult& r : results) {
+    if (r.dtype != "f32") continue;
+    const bool has_elements = r.case_name.find("empty") == std::string::npos &&
+                              r.case_name.find("error:") == std::string::npos &&
+                              r.case_name.rfind("large ", 0) != 0;
+    if (has_elements) {
+      CHECK_MESSAGE(r.outcome == Outcome::fail, r.case_name);
+    }
+  }
+  const auto first = std::find_if(results.begin(), results.end(),
+                                  [](const bc::CaseResult& r) { return r.outcome == Outcome::fail; });
+  REQUIRE(first != results.end());
+  CHECK(first->detail.find("got ") != std::string::npos);
+  CHECK(first->detail.find("want ") != std::string::npos);
+  CHECK(first->detail.find("rel 1e-06") != std::string::npos);
+
+  // Its mul is right: the failures are the wrong op's only.
+  const std::vector<bc::CaseResult> mul = run(skewed(), "mul");
+  CHECK_MESSAGE(count(mul, Outcome::fail) == 0, listing(mul, Outcome::fail));
+
+  const std::vector<bc::Tally> rows = bc::tally(results);
+  const auto f32 =
+      std::find_if(rows.begin(), rows.end(), [](const bc::Tally& t) { return t.dtype == "f32"; });
+  REQUIRE(f32 != rows.end());
+  CHECK(f32->failed == failed);
+  CHECK(!f32->first_failure.empty());
+}
+
+TEST_CASE("compare: a perturbed vector fails, and the NaN, Inf and tolerance rules hold") {
+  const bc::Tolerance f32 = bc::tolerance_for("add", bp::DType::f32);
+  CHECK_FALSE(f32.exact);
+  CHECK(f32.rel == doctest::Approx(1e-6));
+  const std::vector<double> want = {1.0, -2.0, 3.0, 1e6};
+
+  CHECK_FALSE(bc::compare_values(want, want, f32).has_value());
+  CHECK_FALSE(
+      bc::compare_values({1.0, -2.0, 3.0 * (1 + 5e-7), 1e6}, want, f32).has_value());  // inside rel 1e-6
+
+  const auto bad = bc::compare_values({1.0, -2.0, 3.0001, 1e6}, want, f32);
+  REQUIRE(bad.has_value());
+  CHECK(bad->find("element 2") != std::string::npos);
+  CHECK(bad->find("1 of 4") != std::string::npos);
+
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  CHECK_FALSE(bc::compare_values({nan, inf, -inf}, {nan, inf, -inf}, f32).has_value());
+  CHECK(bc::compare_values({1.0}, {nan}, f32).has_value());       // NaN expected, number given
+  CHECK(bc::compare_values({nan}, {1.0}, f32).has_value());       // NaN given
+  CHECK(bc::compare_values({-inf}, {inf}, f32).has_value());      // wrong infinity
+  CHECK(bc::compare_values({1e308}, {inf}, f32).has_value());     // finite for infinite
+  CHECK(bc::compare_values({1.0, 2.0}, {1.0}, f32).has_value());  // lengths differ
+
+  const bc::Tolerance exact = bc::tolerance_for("eq", bp::DType::f32);
+  CHECK(exact.exact);
+  CHECK(bc::compare_values({1.0000001}, {1.0}, exact).has_value());
+  CHECK(bc::tolerance_for("add", bp::DType::i32).exact);
+  CHECK(bc::tolerance_for("sum", bp::DType::i64).exact);
+
+  // A per-element scale (a reduction's sum of |x|) widens the allowed error.
+  const bc::Tolerance sum = bc::tolerance_for("sum", bp::DType::f32);
+  const std::vector<double> scale = {1000.0};
+  CHECK(bc::compare_values({0.001}, {0.0}, sum).has_value());
+  CHECK_FALSE(bc::compare_values({0.001}, {0.0}, sum, &scale).has_value());
+}
+
+TEST_CASE("runner: unknown op names are rejected, listing the known ones") {
+  bc::Options options;
+  options.op = "addd";
+  try {
+    (void)bc::run_conformance(cpu(), options);
+    FAIL("expected an error");
+  } catch (const bp::Error& e) {
+    CHECK(e.code() == bp::Errc::invalid_argument);
+    CHECK(std::string(e.what()).find("log_softmax") != std::string::npos);
+  }
+}
+
+TEST_CASE("runner: on_result sees every case in order, and verbose passes carry their error") {
+  bc::Options options;
+  options.op = "exp";
+  options.verbose = true;
+  std::vector<std::string> seen;
+  options.on_result = [&](const bc::CaseResult& r) { seen.push_back(r.case_name); };
+  const std::vector<bc::CaseResult> results = bc::run_conformance(cpu(), options);
+  REQUIRE(seen.size() == results.size());
+  for (std::size_t k = 0; k < seen.size(); ++k) CHECK(seen[k] == results[k].case_name);
+  const auto pass = std::find_if(results.begin(), results.end(), [](const bc::CaseResult& r) {
+    return r.outcome == Outcome::pass && r.case_name == "long [300, 257]";
+  });
+  REQUIRE(pass != results.end());
+  CHECK(pass->detail.find("largest error") != std::string::npos);
+}
