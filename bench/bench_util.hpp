@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
 #include <vector>
 
 namespace bench {
@@ -29,6 +33,21 @@ double ns_per_call(Fn&& fn, int iters, int batches) {
     samples.push_back((now_ns() - t0) / iters);
   }
   return median(samples);
+}
+
+// Runs a Python one-liner that prints one number, with the first interpreter
+// that has torch: Debian's python3-torch lives under the system python3, which
+// may not be the first python3 on PATH. Returns -1 when none has torch.
+// PyTorch runs in a separate process so its threads never disturb ours.
+inline double torch_measure(const std::string& python_code) {
+  for (const char* python : {"/usr/bin/python3", "python3"}) {
+    const std::string cmd = std::string(python) + " -c \"import torch,timeit;" + python_code + "\" 2>/dev/null";
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
+    if (!pipe) continue;
+    char buf[128] = {};
+    if (std::fgets(buf, sizeof buf, pipe.get()) != nullptr && std::atof(buf) > 0) return std::atof(buf);
+  }
+  return -1;
 }
 
 }  // namespace bench

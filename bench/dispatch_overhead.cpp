@@ -19,20 +19,9 @@ namespace bp = backplane;
 namespace {
 
 double torch_ns_per_op() {
-  // A separate process: PyTorch is optional and its threads must not disturb ours.
-  // Debian's python3-torch lives under the system interpreter, which may not
-  // be the first python3 on PATH.
-  for (const char* python : {"/usr/bin/python3", "python3"}) {
-    const std::string script = std::string(python) +
-                               " -c \"import torch,timeit;torch.set_num_threads(1);"
-                               "a=torch.ones(16);b=torch.ones(16);n=200000;"
-                               "print(min(timeit.repeat(lambda: a+b, number=n, repeat=5))/n*1e9)\" 2>/dev/null";
-    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(script.c_str(), "r"), &pclose);
-    if (!pipe) continue;
-    char buf[128] = {};
-    if (std::fgets(buf, sizeof buf, pipe.get()) != nullptr && std::atof(buf) > 0) return std::atof(buf);
-  }
-  return -1;
+  return bench::torch_measure(
+      "torch.set_num_threads(1);a=torch.ones(16);b=torch.ones(16);n=200000;"
+      "print(min(timeit.repeat(lambda: a+b, number=n, repeat=5))/n*1e9)");
 }
 
 }  // namespace
