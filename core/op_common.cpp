@@ -2,6 +2,7 @@
 #include "op_common.hpp"
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <string_view>
 
@@ -182,5 +183,47 @@ std::string number_to_string(double v) {
   std::snprintf(buf, sizeof buf, "%.10g", v);
   return buf;
 }
+
+namespace {
+
+// The values an integer dtype holds, as [lo, hi); is_int is false for other dtypes.
+struct IntRange {
+  bool is_int;
+  double lo;
+  double hi;  // exclusive upper bound, a power of two (exactly representable)
+};
+
+IntRange int_range(DType d) noexcept {
+  switch (d) {
+    case DType::i32:
+      return {true, -2147483648.0, 2147483648.0};
+    case DType::i64:
+      return {true, -9223372036854775808.0, 9223372036854775808.0};
+    case DType::u8:
+      return {true, 0.0, 256.0};
+    case DType::i8:
+      return {true, -128.0, 128.0};
+    default:
+      return {false, 0.0, 0.0};
+  }
+}
+
+}  // namespace
+
+bool is_integer_dtype(DType dtype) noexcept { return int_range(dtype).is_int; }
+
+// Errc::invalid_argument unless `value` converts to dtype without UB: finite
+// and in range for integer dtypes (fractions truncate toward zero).
+void require_representable(double value, DType dtype, const char* api, const char* what) {
+  const IntRange r = int_range(dtype);
+  if (!r.is_int) return;
+  const double truncated = std::trunc(value);
+  if (std::isfinite(value) && truncated >= r.lo && truncated < r.hi) return;
+  throw Error(Errc::invalid_argument,
+              std::string(api) + ": " + what + " " + number_to_string(value) + " cannot be represented in " +
+                  std::string(to_string(dtype)) + " (valid: " + number_to_string(r.lo) + ".." +
+                  number_to_string(r.hi - 1) + "); use a wider or a floating-point dtype");
+}
+
 
 }  // namespace backplane::detail

@@ -78,6 +78,12 @@ std::string list_to_string(const std::vector<int64_t>& v);
 // A double for a message: "2.5", "1e+300", "nan".
 std::string number_to_string(double v);
 
+// Errc::invalid_argument unless `value` converts to dtype without UB: finite
+// and in range for integer dtypes (fractions truncate toward zero).
+void require_representable(double value, DType dtype, const char* api, const char* what);
+// True for the integer dtypes (i32, i64, u8, i8).
+bool is_integer_dtype(DType dtype) noexcept;
+
 }  // namespace backplane::detail
 
 #endif  // BACKPLANE_CORE_OP_COMMON_HPP_

@@ -11,41 +11,6 @@ namespace {
 
 using detail::number_to_string;
 
-// The values an integer dtype holds, as [lo, hi); is_int is false for other dtypes.
-struct IntRange {
-  bool is_int;
-  double lo;
-  double hi;  // exclusive upper bound, a power of two (exactly representable)
-};
-
-IntRange int_range(DType d) noexcept {
-  switch (d) {
-    case DType::i32:
-      return {true, -2147483648.0, 2147483648.0};
-    case DType::i64:
-      return {true, -9223372036854775808.0, 9223372036854775808.0};
-    case DType::u8:
-      return {true, 0.0, 256.0};
-    case DType::i8:
-      return {true, -128.0, 128.0};
-    default:
-      return {false, 0.0, 0.0};
-  }
-}
-
-// Errc::invalid_argument unless `value` converts to dtype without UB: finite
-// and in range for integer dtypes (fractions truncate toward zero).
-void require_representable(double value, DType dtype, const char* api, const char* what) {
-  const IntRange r = int_range(dtype);
-  if (!r.is_int) return;
-  const double truncated = std::trunc(value);
-  if (std::isfinite(value) && truncated >= r.lo && truncated < r.hi) return;
-  throw Error(Errc::invalid_argument,
-              std::string(api) + ": " + what + " " + number_to_string(value) + " cannot be represented in " +
-                  std::string(to_string(dtype)) + " (valid: " + number_to_string(r.lo) + ".." +
-                  number_to_string(r.hi - 1) + "); use a wider or a floating-point dtype");
-}
-
 void require_finite(double value, const char* api, const char* what) {
   if (std::isfinite(value)) return;
   throw Error(Errc::invalid_argument,
@@ -69,7 +34,7 @@ Tensor create(const Device& device, const Shape& shape, DType dtype, int32_t op,
 
 Tensor full(const Device& device, const Shape& shape, double value, DType dtype) {
   detail::require_known_dtype(dtype, "full");
-  require_representable(value, dtype, "full", "value");
+  detail::require_representable(value, dtype, "full", "value");
   bp_op_attrs attrs = detail::make_attrs();
   attrs.scalar0 = value;
   return create(device, shape, dtype, BP_OP_FILL, attrs, "full");
@@ -106,8 +71,8 @@ Tensor arange(const Device& device, double start, double end, double step, DType
   }
   const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
   if (n > 0) {
-    require_representable(start, dtype, "arange", "start");
-    require_representable(start + static_cast<double>(n - 1) * step, dtype, "arange", "the last value");
+    detail::require_representable(start, dtype, "arange", "start");
+    detail::require_representable(start + static_cast<double>(n - 1) * step, dtype, "arange", "the last value");
   }
   bp_op_attrs attrs = detail::make_attrs();
   attrs.scalar0 = start;

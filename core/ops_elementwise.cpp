@@ -5,6 +5,7 @@
 #include "op_common.hpp"
 
 #include <cmath>
+#include <optional>
 
 namespace backplane {
 namespace {
@@ -32,18 +33,19 @@ Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
   bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
   // Operands already of the output's shape pass their own strides; others
   // are described as broadcast views (stride 0), never materialised.
-  Shape xs, ys;
+  // (optional: a same-shape add constructs no Shape here at all.)
+  std::optional<Shape> xs, ys;
   if (!(x.shape == out_shape)) {
-    xs = detail::broadcast_strides(x, out_shape);
+    xs.emplace(detail::broadcast_strides(x, out_shape));
     in[0].ndim = out_shape.rank();
     in[0].shape = out->shape.data();
-    in[0].strides = xs.data();
+    in[0].strides = xs->data();
   }
   if (!(y.shape == out_shape)) {
-    ys = detail::broadcast_strides(y, out_shape);
+    ys.emplace(detail::broadcast_strides(y, out_shape));
     in[1].ndim = out_shape.rank();
     in[1].shape = out->shape.data();
-    in[1].strides = ys.data();
+    in[1].strides = ys->data();
   }
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, op, in, 2, &o);
@@ -154,6 +156,16 @@ Tensor clamp(const Tensor& t, double lo, double hi) {
   if (lo > hi)
     throw Error(Errc::invalid_argument, "clamp: lo " + detail::number_to_string(lo) + " is greater than hi " +
                                             detail::number_to_string(hi) + "; pass lo <= hi");
+  if (t.defined() && detail::is_integer_dtype(t.impl()->dtype)) {
+    // No promotion: an integer tensor takes integer bounds it can hold.
+    for (const double bound : {lo, hi}) {
+      if (std::isfinite(bound) && std::trunc(bound) != bound)
+        throw Error(Errc::invalid_argument, "clamp: bound " + detail::number_to_string(bound) + " is not an integer, "
+                                            "but the tensor is " + std::string(to_string(t.impl()->dtype)) +
+                                            "; cast the tensor to a float dtype first");
+      detail::require_representable(bound, t.impl()->dtype, "clamp", "bound");
+    }
+  }
   bp_op_attrs attrs = detail::make_attrs();
   attrs.scalar0 = lo;
   attrs.scalar1 = hi;

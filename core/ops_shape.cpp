@@ -3,6 +3,7 @@
 // index_select and gather; contiguous; to(device) across backends.
 #include "op_common.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -125,7 +126,8 @@ Tensor slice(const Tensor& t, int64_t axis_arg, int64_t start, int64_t end, int6
   const int64_t len = hi > lo ? (hi - lo - 1) / step + 1 : 0;
   Shape shape = x->shape, strides = x->strides;
   shape[axis] = len;
-  strides[axis] = x->strides[axis] * step;
+  // A step beyond the extent selects one element: cap it so the stride cannot overflow.
+  strides[axis] = x->strides[axis] * std::min<int64_t>(step, std::max<int64_t>(n, 1));
   uint64_t offset = x->byte_offset;
   if (len > 0) offset += static_cast<uint64_t>(lo * x->strides[axis]) * dtype_size(x->dtype);
   return Tensor(detail::make_view(x, shape, strides, offset));

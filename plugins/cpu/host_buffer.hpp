@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <mutex>
 
@@ -93,18 +94,33 @@ class BlockCache {
     held_ -= bytes;
     return raw;
   }
-  // Keeps the block if it fits under the cap; otherwise frees it.
+  // Keeps the block, evicting older ones (largest first) to stay under the
+  // cap, so sizes no longer in use do not pin memory forever. A block larger
+  // than the cap is freed at once.
   void give(void* raw, uint64_t bytes) noexcept {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (held_ + bytes <= kMaxCached) {
-        try {
-          free_.emplace(bytes, raw);
-          held_ += bytes;
-          return;
-        } catch (...) {  // no memory for the map node: just free the block
+    if (bytes > kMaxCached) {
+      std::free(raw);
+      return;
+    }
+    for (;;) {
+      void* victim = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (held_ + bytes <= kMaxCached) {
+          try {
+            free_.emplace(bytes, raw);
+            held_ += bytes;
+            return;
+          } catch (...) {  // no memory for the map node: free the block instead
+            break;
+          }
         }
+        auto last = std::prev(free_.end());  // non-empty: held_ > 0 here
+        victim = last->second;
+        held_ -= last->first;
+        free_.erase(last);
       }
+      std::free(victim);  // outside the lock
     }
     std::free(raw);
   }
@@ -115,6 +131,14 @@ class BlockCache {
   uint64_t held_ = 0;
 };
 
+// Sanitizer builds hand every block back to malloc, so AddressSanitizer still
+// sees a use after free of a large buffer.
+#ifdef BACKPLANE_CPU_NO_BLOCK_CACHE
+inline constexpr bool kUseBlockCache = false;
+#else
+inline constexpr bool kUseBlockCache = true;
+#endif
+
 // Returns nullptr when the allocation fails or the size is absurd. A size-0 buffer
 // still owns a block, so every handle is distinct and freeable.
 inline bp_buffer* allocate_buffer(uint64_t size) noexcept {
@@ -123,7 +147,7 @@ inline bp_buffer* allocate_buffer(uint64_t size) noexcept {
   // Room for the header and for rounding the data start up to kAlignment (malloc
   // aligns to at least 16, so at most kAlignment - 16 bytes are skipped).
   const uint64_t block = BlockCache::rounded(size + sizeof(BufferHeader) + kAlignment - 1);
-  void* raw = block >= BlockCache::kMinBlock ? BlockCache::instance().take(block) : nullptr;
+  void* raw = kUseBlockCache && block >= BlockCache::kMinBlock ? BlockCache::instance().take(block) : nullptr;
   if (raw == nullptr) raw = std::malloc(static_cast<std::size_t>(block));
   if (raw == nullptr) return nullptr;
   const uintptr_t data =
@@ -165,7 +189,7 @@ inline void free_buffer(bp_buffer* buffer) noexcept {
   header->magic = kFreedMagic;
   if (header->release != nullptr) [[unlikely]]
     header->release(header->release_ctx);
-  if (header->block_bytes >= BlockCache::kMinBlock) [[unlikely]] {
+  if (kUseBlockCache && header->block_bytes >= BlockCache::kMinBlock) [[unlikely]] {
     BlockCache::instance().give(header->raw, header->block_bytes);
     return;
   }

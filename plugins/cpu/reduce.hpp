@@ -313,7 +313,7 @@ template <ReduceOp Op, class T>
 void reduce_contiguous(const T* x, typename Reducer<Op, T>::Out* out, int64_t outer, int64_t n, int threads) {
   using R = Reducer<Op, T>;
   using Acc = typename R::Acc;
-  const int team = threads_for(outer * n, threads);
+  [[maybe_unused]] const int team = threads_for(outer * n, threads);  // unused without OpenMP
   const auto whole_row = [&](int64_t o) {
     Acc acc;
     int64_t index;
@@ -403,7 +403,7 @@ void reduce_vertical(const T* x, typename Reducer<Op, T>::Out* out, int64_t oute
     accumulate(t, 0, n, acc, index);
     finish(t, acc, index);
   };
-  const int team = threads_for(outer * n * inner, threads);
+  [[maybe_unused]] const int team = threads_for(outer * n * inner, threads);  // unused without OpenMP
 #ifdef _OPENMP
   if (team > 1) {
     struct Partial {

@@ -183,7 +183,13 @@ Verdict run_case(const Context& ctx, const Case& c) {
     }
     return c.run(ctx);
   } catch (const Error& e) {
-    if (e.code() == Errc::unsupported_op) return {CaseResult::Outcome::unsupported, e.message()};
+    // A device that claims the op (supports_op said yes above) must run it:
+    // refusing it at execute is a conformance failure, not "unsupported".
+    if (e.code() == Errc::unsupported_op && c.code == BP_OP_INVALID)
+      return {CaseResult::Outcome::unsupported, e.message()};
+    if (e.code() == Errc::unsupported_op)
+      return Verdict::fail("supports_op claims " + c.op + " on " + std::string(to_string(c.dtype)) +
+                           " but the call was refused: " + e.message());
     return Verdict::fail("threw " + std::string(to_string(e.code())) + ": " + e.message());
   } catch (const std::exception& e) {
     return Verdict::fail(std::string("threw std::exception: ") + e.what());

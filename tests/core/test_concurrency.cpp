@@ -69,3 +69,33 @@ TEST_CASE("concurrency: the log handler can be swapped while threads log") {
   bp::set_log_handler(nullptr);
   CHECK(seen.load() == 3 * 2000);
 }
+
+TEST_CASE("concurrency: large buffers are recycled correctly across threads and sizes") {
+  // Blocks of 1 MiB and more go through the cpu plugin's block cache (reused
+  // by size, evicted beyond 1 GiB): values must never leak between tensors.
+  bp::Registry reg = bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
+                                  bp::RequiredPolicy::throw_on_failure);
+  const bp::Device cpu = reg.backend("cpu").device(0);
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      try {
+        for (int i = 0; i < 40; ++i) {
+          // 40 distinct sizes of 4..12 MiB per thread, so the cache fills and evicts.
+          const int64_t n = (int64_t{1} << 20) + (i * 2 + t) * 49157;
+          const int32_t v = t * 100 + i;
+          bp::Tensor a = bp::full(cpu, {n}, v, bp::DType::i32);
+          bp::Tensor b = bp::ones(cpu, {n}, bp::DType::i32);
+          bp::Tensor c = a + b;  // a fresh output, often a recycled block
+          if (bp::sum(c).to_vector<int32_t>()[0] != static_cast<int32_t>(n * (v + 1))) ++wrong;
+          if (bp::max(c).to_vector<int32_t>()[0] != v + 1 || bp::min(c).to_vector<int32_t>()[0] != v + 1) ++wrong;
+        }
+      } catch (...) {
+        ++wrong;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK(wrong.load() == 0);
+}

@@ -425,3 +425,27 @@ TEST_CASE("ops: to() copies across backends through the ABI and returns the same
   EXPECT_ERROR(t.to(Device()), Errc::invalid_argument, "to", "invalid");
   EXPECT_ERROR(Tensor().to(env.cpu), Errc::invalid_argument, "undefined");
 }
+
+TEST_CASE("validation: slice with a huge step selects one element, without overflow") {
+  backplane::Registry reg = bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
+                                  backplane::RequiredPolicy::throw_on_failure);
+  const backplane::Device cpu = reg.backend("cpu").device(0);
+  backplane::Tensor t = backplane::arange(cpu, 0, 10, 1, backplane::DType::i64);
+  backplane::Tensor s = backplane::slice(t, 0, 3, 10, std::numeric_limits<int64_t>::max());
+  CHECK(s.shape() == backplane::Shape{1});
+  CHECK(s.to_vector<int64_t>() == std::vector<int64_t>{3});
+}
+
+TEST_CASE("validation: clamp on an integer tensor takes integer bounds the dtype can hold") {
+  backplane::Registry reg = bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
+                                  backplane::RequiredPolicy::throw_on_failure);
+  const backplane::Device cpu = reg.backend("cpu").device(0);
+  backplane::Tensor t = backplane::Tensor::from_vector(cpu, {4}, std::vector<int32_t>{-5, 0, 5, 10});
+  CHECK(backplane::clamp(t, 0, 6).to_vector<int32_t>() == std::vector<int32_t>{0, 0, 5, 6});
+  const backplane::Error frac = bptest::error_from([&] { (void)backplane::clamp(t, 0.5, 0.7); });
+  CHECK(frac.code() == backplane::Errc::invalid_argument);
+  BP_CHECK_CONTAINS(frac.message(), "not an integer");
+  const backplane::Error wide = bptest::error_from([&] { (void)backplane::clamp(t, 0, 1e12); });
+  CHECK(wide.code() == backplane::Errc::invalid_argument);
+  BP_CHECK_CONTAINS(wide.message(), "cannot be represented in i32");
+}
