@@ -35,7 +35,7 @@ double ns_per_call(Fn&& fn, int iters, int batches) {
   return median(samples);
 }
 
-// Runs a Python one-liner that prints one number, with the first interpreter
+// Runs a Python one-liner that prints one number (a median, like ours), with the first interpreter
 // that has torch: Debian's python3-torch lives under the system python3, which
 // may not be the first python3 on PATH. Returns -1 when none has torch.
 // PyTorch runs in a separate process so its threads never disturb ours.

@@ -38,7 +38,7 @@ double seconds(Fn&& fn, int reps) {
 double torch_add_seconds() {
   return bench::torch_measure(
       "a=torch.rand(1<<24);b=torch.rand(1<<24);c=torch.empty(1<<24);torch.add(a,b,out=c);"
-      "print(min(timeit.repeat(lambda: torch.add(a,b,out=c),number=5,repeat=5))/5)");
+      "import statistics;print(statistics.median(timeit.repeat(lambda: torch.add(a,b,out=c),number=5,repeat=9))/5)");
 }
 
 void report(const char* what, double backplane_s, double ref_s, const char* ref_name, double target, bool higher) {

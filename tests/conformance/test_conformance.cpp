@@ -100,39 +100,37 @@ void check_family(const std::vector<std::string>& ops) {
 
 // ---- cpu: one test per op family, one subcase per op -----------------------------
 
-TEST_CASE("cpu: creation (zeros ones full arange rand_uniform randn)") {
-  check_family({"zeros", "ones", "full", "arange", "rand_uniform", "randn"});
-}
-TEST_CASE("cpu: binary arithmetic (add sub mul div pow maximum minimum)") {
-  check_family({"add", "sub", "mul", "div", "pow", "maximum", "minimum"});
-}
-TEST_CASE("cpu: comparisons and where (eq ne lt le gt ge where)") {
-  check_family({"eq", "ne", "lt", "le", "gt", "ge", "where"});
-}
-TEST_CASE("cpu: unary (neg abs exp log sqrt tanh sigmoid relu sin cos clamp)") {
-  check_family({"neg", "abs", "exp", "log", "sqrt", "tanh", "sigmoid", "relu", "sin", "cos", "clamp"});
-}
-TEST_CASE("cpu: reductions (sum mean max min argmax argmin)") {
-  check_family({"sum", "mean", "max", "min", "argmax", "argmin"});
-}
-TEST_CASE("cpu: matmul, softmax, log_softmax") { check_family({"matmul", "softmax", "log_softmax"}); }
-TEST_CASE("cpu: shape ops (reshape permute transpose slice cat index_select gather)") {
-  check_family({"reshape", "permute", "transpose", "slice", "cat", "index_select", "gather"});
-}
-TEST_CASE("cpu: cast, contiguous, to") { check_family({"cast", "contiguous", "to"}); }
+namespace {
+// The family tests below take their ops from here, so the coverage test can
+// prove that no op of the suite is left out of them.
+const std::vector<std::string> kCreation = {"zeros", "ones", "full", "arange", "rand_uniform", "randn"};
+const std::vector<std::string> kBinary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
+const std::vector<std::string> kCompare = {"eq", "ne", "lt", "le", "gt", "ge", "where"};
+const std::vector<std::string> kUnary = {"neg", "abs",     "exp",  "log", "sqrt", "tanh",
+                                         "sigmoid", "relu", "sin", "cos", "clamp"};
+const std::vector<std::string> kReduce = {"sum", "mean", "max", "min", "argmax", "argmin"};
+const std::vector<std::string> kLinalg = {"matmul", "softmax", "log_softmax"};
+const std::vector<std::string> kShape = {"reshape", "permute", "transpose", "slice", "cat", "index_select", "gather"};
+const std::vector<std::string> kPlacement = {"cast", "contiguous", "to"};
+const std::vector<const std::vector<std::string>*> kFamilies = {&kCreation, &kBinary, &kCompare, &kUnary,
+                                                                &kReduce,   &kLinalg, &kShape,   &kPlacement};
+}  // namespace
+
+TEST_CASE("cpu: creation (zeros ones full arange rand_uniform randn)") { check_family(kCreation); }
+TEST_CASE("cpu: binary arithmetic (add sub mul div pow maximum minimum)") { check_family(kBinary); }
+TEST_CASE("cpu: comparisons and where (eq ne lt le gt ge where)") { check_family(kCompare); }
+TEST_CASE("cpu: unary (neg abs exp log sqrt tanh sigmoid relu sin cos clamp)") { check_family(kUnary); }
+TEST_CASE("cpu: reductions (sum mean max min argmax argmin)") { check_family(kReduce); }
+TEST_CASE("cpu: matmul, softmax, log_softmax") { check_family(kLinalg); }
+TEST_CASE("cpu: shape ops (reshape permute transpose slice cat index_select gather)") { check_family(kShape); }
+TEST_CASE("cpu: cast, contiguous, to") { check_family(kPlacement); }
 
 TEST_CASE("cpu: every op of the suite is covered by one of the family tests above") {
-  const std::vector<std::string> covered = {
-      "zeros",     "ones",   "full",   "arange",       "rand_uniform", "randn",   "add",
-      "sub",       "mul",    "div",    "pow",          "maximum",      "minimum", "eq",
-      "ne",        "lt",     "le",     "gt",           "ge",           "where",   "neg",
-      "abs",       "exp",    "log",    "sqrt",         "tanh",         "sigmoid", "relu",
-      "sin",       "cos",    "clamp",  "sum",          "mean",         "max",     "min",
-      "argmax",    "argmin", "matmul", "softmax",      "log_softmax",  "reshape", "permute",
-      "transpose", "slice",  "cat",    "index_select", "gather",       "cast",    "contiguous",
-      "to"};
   for (const std::string& op : bc::op_names()) {
-    CHECK_MESSAGE(std::find(covered.begin(), covered.end(), op) != covered.end(), op);
+    const bool covered = std::any_of(kFamilies.begin(), kFamilies.end(), [&](const std::vector<std::string>* f) {
+      return std::find(f->begin(), f->end(), op) != f->end();
+    });
+    CHECK_MESSAGE(covered, op);
   }
 }
 
