@@ -153,13 +153,7 @@ inline bp_buffer* allocate_buffer(uint64_t size) noexcept {
   const uintptr_t data =
       (reinterpret_cast<uintptr_t>(raw) + sizeof(BufferHeader) + kAlignment - 1) & ~uintptr_t{kAlignment - 1};
   auto* buffer = reinterpret_cast<bp_buffer*>(data);
-  BufferHeader* header = header_of(buffer);
-  header->raw = raw;
-  header->size = size;
-  header->magic = kLiveMagic;
-  header->data = reinterpret_cast<unsigned char*>(data);
-  header->release = nullptr;
-  header->block_bytes = block;
+  *header_of(buffer) = BufferHeader{raw, size, kLiveMagic, reinterpret_cast<unsigned char*>(data), nullptr, nullptr, block};
   return buffer;
 }
 
@@ -171,14 +165,7 @@ inline bp_buffer* wrap_buffer(void* data, uint64_t size, void (*release)(void*),
   void* raw = std::malloc(sizeof(BufferHeader) + 16);
   if (raw == nullptr) return nullptr;
   auto* buffer = reinterpret_cast<bp_buffer*>(static_cast<unsigned char*>(raw) + sizeof(BufferHeader));
-  BufferHeader* header = header_of(buffer);
-  header->raw = raw;
-  header->size = size;
-  header->magic = kLiveMagic;
-  header->data = static_cast<unsigned char*>(data);
-  header->release = release;
-  header->release_ctx = release_ctx;
-  header->block_bytes = 0;
+  *header_of(buffer) = BufferHeader{raw, size, kLiveMagic, static_cast<unsigned char*>(data), release, release_ctx, 0};
   return buffer;
 }
 
