@@ -1,6 +1,6 @@
 // The cpu backend plugin (libbackplane_cpu): one host device, buffers in host memory,
-// OpenMP elementwise kernels, OpenBLAS GEMM. It runs every op synchronously and has
-// no collectives yet, so it declares neither BP_CAP_ASYNC nor BP_CAP_COLLECTIVE.
+// OpenMP elementwise kernels, OpenBLAS GEMM, Gloo collectives (collectives.hpp). It
+// runs every op synchronously, so it does not declare BP_CAP_ASYNC.
 #include <backplane/abi.h>
 #include <unistd.h>
 
@@ -14,6 +14,7 @@
 #include <string>
 #include <utility>
 
+#include "collectives.hpp"
 #include "elementwise_ops.hpp"
 #include "gemm.hpp"
 #include "host_buffer.hpp"
@@ -132,22 +133,52 @@ void check_device(int32_t device) {
 // Options
 // ---------------------------------------------------------------------------
 
-// Returns the "threads" option (0 when absent). Accepts a JSON object (or null).
-int64_t parse_threads_option(const std::string& text) {
+struct PluginOptions {
+  int64_t threads = 0;     // 0: OpenMP's default
+  bool collective = true;  // false: no BP_CAP_COLLECTIVE (forces the host's collective_fallback)
+  NetworkOptions network;  // where collectives listen
+};
+
+// A non-empty string option, or a clear error.
+std::string string_option(const std::string& key, const nlohmann::json& value) {
+  if (!value.is_string() || value.get<std::string>().empty())
+    fail(BP_STATUS_INVALID_ARGUMENT,
+         "cpu: option " + nlohmann::json(key).dump() + " must be a non-empty string, got " + value.dump());
+  return value.get<std::string>();
+}
+
+// Parses the options object (or null). Accepts "threads", "collective", "hostname", "interface".
+PluginOptions parse_options(const std::string& text) {
   nlohmann::json options;
   try {
     options = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(BP_STATUS_INVALID_ARGUMENT, std::string("cpu: options are not valid JSON: ") + e.what());
   }
-  if (options.is_null()) return 0;
+  PluginOptions parsed;
+  if (options.is_null()) return parsed;
   if (!options.is_object())
     fail(BP_STATUS_INVALID_ARGUMENT, "cpu: options must be a JSON object, got " + options.dump());
-  int64_t threads = 0;
   for (const auto& [key, value] : options.items()) {
+    if (key == "hostname") {
+      parsed.network.hostname = string_option(key, value);
+      continue;
+    }
+    if (key == "interface") {
+      parsed.network.interface = string_option(key, value);
+      continue;
+    }
+    if (key == "collective") {
+      if (!value.is_boolean())
+        fail(BP_STATUS_INVALID_ARGUMENT,
+             "cpu: option \"collective\" must be true or false, got " + value.dump());
+      parsed.collective = value.get<bool>();
+      continue;
+    }
     if (key != "threads")
       fail(BP_STATUS_INVALID_ARGUMENT,
-           "cpu: unknown option " + nlohmann::json(key).dump() + " (accepted: \"threads\")");
+           "cpu: unknown option " + nlohmann::json(key).dump() +
+               " (accepted: \"threads\", \"collective\", \"hostname\", \"interface\")");
     // nlohmann stores non-negative integers as unsigned, negative ones as signed.
     if (!value.is_number_unsigned())
       fail(BP_STATUS_INVALID_ARGUMENT,
@@ -156,9 +187,12 @@ int64_t parse_threads_option(const std::string& text) {
     if (n > static_cast<uint64_t>(kMaxThreadsOption))
       fail(BP_STATUS_INVALID_ARGUMENT, "cpu: option \"threads\" must be at most " +
                                            std::to_string(kMaxThreadsOption) + ", got " + value.dump());
-    threads = static_cast<int64_t>(n);
+    parsed.threads = static_cast<int64_t>(n);
   }
-  return threads;
+  if (!parsed.network.hostname.empty() && !parsed.network.interface.empty())
+    fail(BP_STATUS_INVALID_ARGUMENT,
+         "cpu: options \"hostname\" and \"interface\" both say where collectives listen; set one of them");
+  return parsed;
 }
 
 // ---------------------------------------------------------------------------
@@ -644,7 +678,10 @@ std::string cpu_model() {
 class CpuPlugin {
  public:
   explicit CpuPlugin(const plugin::CreateArgs& args) {
-    const int64_t requested = parse_threads_option(args.options_json);
+    PluginOptions options = parse_options(args.options_json);
+    network_ = std::move(options.network);
+    collective_ = options.collective;
+    const int64_t requested = options.threads;
 #ifdef _OPENMP
     threads_ = requested > 0 ? static_cast<int>(requested) : omp_get_max_threads();
 #else
@@ -662,6 +699,7 @@ class CpuPlugin {
     plugin::DeviceInfo info;
     info.name = "host (" + std::to_string(threads_) + " threads)";
     info.capabilities = BP_CAP_HOST_VISIBLE | BP_CAP_F64 | BP_CAP_INT64 | BP_CAP_MATMUL;
+    if (collective_) info.capabilities |= BP_CAP_COLLECTIVE;
     info.attributes.emplace_back("threads", std::to_string(threads_));
     const char* blas = openblas_get_config();
     info.attributes.emplace_back("blas", blas != nullptr ? blas : "OpenBLAS");
@@ -669,6 +707,7 @@ class CpuPlugin {
     info.attributes.emplace_back("simd", simd_description());
     info.attributes.emplace_back("vector_math", elementwise_vector_math());
     info.attributes.emplace_back("rng", elementwise_rng());
+    info.attributes.emplace_back("collectives", collective_ ? "gloo (tcp)" : "off (option \"collective\")");
 #ifdef _OPENMP
     info.attributes.emplace_back("openmp", std::to_string(_OPENMP));
 #endif
@@ -799,6 +838,30 @@ class CpuPlugin {
         fail(BP_STATUS_UNSUPPORTED, "cpu: " + op_name(args.op) + " is not supported");
     }
   }
+
+  // Collectives (collectives.hpp). A comm handle is the Communicator itself.
+  bp_comm* comm_create(const bp_comm_create_args& args) {
+    if (!collective_)
+      fail(BP_STATUS_UNSUPPORTED,
+           "cpu: comm_create: collectives are switched off by the cpu option \"collective\": false");
+    return Communicator::create(args, network_).release()->handle();
+  }
+  void comm_destroy(bp_comm* comm) {
+    if (comm != nullptr) delete &Communicator::from_handle(comm, "comm_destroy");
+  }
+  void all_reduce(bp_comm* comm, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op) {
+    Communicator::from_handle(comm, "all_reduce").all_reduce(in, out, op);
+  }
+  void broadcast(bp_comm* comm, const bp_tensor& tensor, int32_t root) {
+    Communicator::from_handle(comm, "broadcast").broadcast(tensor, root);
+  }
+  void all_gather(bp_comm* comm, const bp_tensor& in, const bp_tensor& out) {
+    Communicator::from_handle(comm, "all_gather").all_gather(in, out);
+  }
+  void reduce_scatter(bp_comm* comm, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op) {
+    Communicator::from_handle(comm, "reduce_scatter").reduce_scatter(in, out, op);
+  }
+  void barrier(bp_comm* comm) { Communicator::from_handle(comm, "barrier").barrier(); }
 
  private:
   void check_range(const char* what, bp_buffer* buffer, uint64_t offset, uint64_t size) const {
@@ -1163,6 +1226,8 @@ class CpuPlugin {
   }
 
   int threads_ = 1;  // OpenMP team size for large ops (>= 1)
+  bool collective_ = true;  // option "collective": declare BP_CAP_COLLECTIVE
+  NetworkOptions network_;  // where collectives listen (options "hostname" / "interface")
 };
 
 }  // namespace

@@ -1,0 +1,1229 @@
+// The cpu plugin's collectives, through its ABI table (dlopen + bp_plugin_entry,
+// no core): ranks are threads of this process, each with its own communicator,
+// all sharing an in-memory key-value store. Every rank checks its own results
+// against values computed here; the main thread asserts on what they report.
+#include <backplane/abi.h>
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cpu/collective_math.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+// ---------------------------------------------------------------------------
+// The plugin, loaded through its one exported symbol
+// ---------------------------------------------------------------------------
+
+std::mutex g_log_mutex;
+std::vector<std::string> g_log;
+
+void host_log(void*, int32_t, const char* message) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  g_log.emplace_back(message);
+}
+
+const bp_host_api g_host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
+
+struct Status {
+  int32_t code = BP_STATUS_OK;
+  std::string message;
+  bool ok() const { return code == BP_STATUS_OK; }
+};
+
+class Plugin {
+ public:
+  explicit Plugin(const std::string& options = "{}") {
+    const std::string path = std::string(BP_TEST_PLUGIN_DIR) + "/libbackplane_cpu.so";
+    lib_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib_ == nullptr) throw std::runtime_error("dlopen " + path + ": " + dlerror());
+    auto entry = reinterpret_cast<bp_plugin_entry_fn>(dlsym(lib_, BP_PLUGIN_ENTRY_SYMBOL));
+    if (entry == nullptr) throw std::runtime_error("no bp_plugin_entry in " + path);
+    api_ = entry(&g_host);
+    bp_create_args args{sizeof(bp_create_args), "cpu", options.c_str(), &g_host};
+    create_status_ = take(api_->create(&args, &plugin_));
+  }
+  ~Plugin() {
+    if (plugin_ != nullptr) api_->destroy(plugin_);
+    // The library stays mapped (it is linked -z nodelete).
+    dlclose(lib_);
+  }
+  Plugin(const Plugin&) = delete;
+  Plugin& operator=(const Plugin&) = delete;
+
+  const bp_plugin_api& api() const { return *api_; }
+  bp_plugin* get() const { return plugin_; }
+  const Status& create_status() const { return create_status_; }
+
+  Status take(bp_status* s) const {
+    if (s == nullptr) return {};
+    Status out{api_->status_code(s), api_->status_message(s)};
+    api_->status_free(s);
+    return out;
+  }
+
+ private:
+  void* lib_ = nullptr;
+  const bp_plugin_api* api_ = nullptr;
+  bp_plugin* plugin_ = nullptr;
+  Status create_status_;
+};
+
+// A plugin buffer holding a 1-D tensor of `count` elements at `offset` bytes.
+class Tensor {
+ public:
+  Tensor(const Plugin& p, int32_t dtype, int64_t count, uint64_t offset = 0, uint64_t extra = 0)
+      : p_(&p), shape_(count), stride_(1) {
+    const uint64_t bytes = offset + static_cast<uint64_t>(count) * esize(dtype) + extra;
+    REQUIRE(p.take(p.api().buffer_alloc(p.get(), 0, bytes, &buffer_)).ok());
+    desc_ = bp_tensor{buffer_, offset, 0, dtype, 1, 0, &shape_, &stride_};
+  }
+  // A second view of another tensor's buffer (does not own it).
+  Tensor(const Tensor& base, int32_t dtype, int64_t count, uint64_t offset)
+      : p_(base.p_), shape_(count), stride_(1), owner_(false) {
+    buffer_ = base.buffer_;
+    desc_ = bp_tensor{buffer_, offset, 0, dtype, 1, 0, &shape_, &stride_};
+  }
+  ~Tensor() {
+    if (owner_ && buffer_ != nullptr) p_->api().buffer_free(p_->get(), buffer_);
+  }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+
+  static int esize(int32_t dtype) {
+    switch (dtype) {
+      case BP_DTYPE_F64:
+      case BP_DTYPE_I64:
+        return 8;
+      case BP_DTYPE_F32:
+      case BP_DTYPE_I32:
+        return 4;
+      case BP_DTYPE_F16:
+      case BP_DTYPE_BF16:
+        return 2;
+      default:
+        return 1;
+    }
+  }
+  const bp_tensor* desc() {
+    desc_.shape = &shape_;
+    desc_.strides = &stride_;
+    return &desc_;
+  }
+  bp_tensor& raw() { return desc_; }
+  unsigned char* data() const {
+    return static_cast<unsigned char*>(p_->api().buffer_host_ptr(p_->get(), buffer_)) + desc_.byte_offset;
+  }
+  template <class T>
+  T* as() const {
+    return reinterpret_cast<T*>(data());
+  }
+  int64_t count() const { return shape_; }
+
+ private:
+  const Plugin* p_;
+  bp_buffer* buffer_ = nullptr;
+  int64_t shape_;
+  int64_t stride_;
+  bool owner_ = true;
+  bp_tensor desc_{};
+};
+
+// ---------------------------------------------------------------------------
+// An in-memory key-value store shared by the rank threads
+// ---------------------------------------------------------------------------
+
+class MemoryStore {
+ public:
+  MemoryStore() {
+    table_ = bp_kv_store{sizeof(bp_kv_store), this, &set, &get, &wait, &free_bytes, &last_error};
+  }
+  const bp_kv_store* table() const { return &table_; }
+  // Makes every set fail with `message` (an IO status), to test error reporting.
+  void fail_sets(std::string message) { fail_sets_ = std::move(message); }
+
+ private:
+  static MemoryStore& self(void* ctx) { return *static_cast<MemoryStore*>(ctx); }
+  static std::string& error() {
+    thread_local std::string text;
+    return text;
+  }
+  static int32_t set(void* ctx, const char* key, const void* value, uint64_t size) {
+    MemoryStore& s = self(ctx);
+    if (!s.fail_sets_.empty()) {
+      error() = s.fail_sets_;
+      return BP_STATUS_IO;
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mutex_);
+      const auto* p = static_cast<const uint8_t*>(value);
+      s.data_[key] = std::vector<uint8_t>(p, p + size);
+    }
+    s.changed_.notify_all();
+    return BP_STATUS_OK;
+  }
+  // Waits until every key exists; false on timeout (with the missing key in error()).
+  bool wait_for_keys(std::unique_lock<std::mutex>& lock, const char* const* keys, int32_t n,
+                     int64_t timeout_ms) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (int32_t i = 0; i < n; ++i) {
+      if (!changed_.wait_until(lock, deadline, [&] { return data_.count(keys[i]) != 0; })) {
+        error() =
+            std::string("timed out after ") + std::to_string(timeout_ms) + " ms waiting for key " + keys[i];
+        return false;
+      }
+    }
+    return true;
+  }
+  static int32_t get(void* ctx, const char* key, int64_t timeout_ms, bp_kv_bytes* out) {
+    MemoryStore& s = self(ctx);
+    std::unique_lock<std::mutex> lock(s.mutex_);
+    if (!s.wait_for_keys(lock, &key, 1, timeout_ms)) return BP_STATUS_TIMEOUT;
+    const auto& v = s.data_[key];
+    out->data = static_cast<uint8_t*>(std::malloc(v.empty() ? 1 : v.size()));
+    if (!v.empty()) std::memcpy(out->data, v.data(), v.size());
+    out->size = v.size();
+    return BP_STATUS_OK;
+  }
+  static int32_t wait(void* ctx, const char* const* keys, int32_t n, int64_t timeout_ms) {
+    MemoryStore& s = self(ctx);
+    std::unique_lock<std::mutex> lock(s.mutex_);
+    return s.wait_for_keys(lock, keys, n, timeout_ms) ? BP_STATUS_OK : BP_STATUS_TIMEOUT;
+  }
+  static void free_bytes(void*, bp_kv_bytes* bytes) {
+    std::free(bytes->data);
+    bytes->data = nullptr;
+    bytes->size = 0;
+  }
+  static const char* last_error(void*) { return error().c_str(); }
+
+  bp_kv_store table_{};
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<std::string, std::vector<uint8_t>> data_;
+  std::string fail_sets_;
+};
+
+// ---------------------------------------------------------------------------
+// Groups of ranks as threads
+// ---------------------------------------------------------------------------
+
+struct Comm {
+  const Plugin& p;
+  bp_comm* comm;
+  int rank;
+  int world;
+
+  Status all_reduce(Tensor& in, Tensor& out, int32_t op) {
+    return p.take(p.api().all_reduce(p.get(), comm, in.desc(), out.desc(), op));
+  }
+  Status broadcast(Tensor& t, int32_t root) {
+    return p.take(p.api().broadcast(p.get(), comm, t.desc(), root));
+  }
+  Status all_gather(Tensor& in, Tensor& out) {
+    return p.take(p.api().all_gather(p.get(), comm, in.desc(), out.desc()));
+  }
+  Status reduce_scatter(Tensor& in, Tensor& out, int32_t op) {
+    return p.take(p.api().reduce_scatter(p.get(), comm, in.desc(), out.desc(), op));
+  }
+  Status barrier() { return p.take(p.api().barrier(p.get(), comm)); }
+};
+
+Status create_comm(const Plugin& p, const MemoryStore* store, int rank, int world, int64_t timeout_ms,
+                   const std::string& prefix, bp_comm** out) {
+  bp_comm_create_args args{};
+  args.struct_size = sizeof(args);
+  args.device = 0;
+  args.rank = rank;
+  args.world_size = world;
+  args.timeout_ms = timeout_ms;
+  args.store = store != nullptr ? store->table() : nullptr;
+  args.key_prefix = prefix.c_str();
+  *out = nullptr;
+  return p.take(p.api().comm_create(p.get(), &args, out));
+}
+
+// What the ranks report back: problems found (empty when all is well).
+class Report {
+ public:
+  void add(int rank, const std::string& what) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    problems_.push_back("rank " + std::to_string(rank) + ": " + what);
+  }
+  std::vector<std::string> problems() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return problems_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> problems_;
+};
+
+#define CHECK_NO_PROBLEMS(report)                    \
+  do {                                               \
+    const auto problems = (report).problems();       \
+    for (const auto& line : problems) MESSAGE(line); \
+    CHECK(problems.empty());                         \
+  } while (false)
+
+// Runs body(comm, report) on `world` threads, one communicator each, then
+// destroys the communicators. A failed comm_create is reported.
+void run_group(const Plugin& p, int world, const std::function<void(Comm&, Report&)>& body, Report& report,
+               int64_t timeout_ms = 30000, const std::string& prefix = "group/") {
+  MemoryStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      bp_comm* handle = nullptr;
+      const Status s = create_comm(p, &store, r, world, timeout_ms, prefix, &handle);
+      if (!s.ok()) {
+        report.add(r, "comm_create failed: " + s.message);
+        return;
+      }
+      Comm comm{p, handle, r, world};
+      try {
+        body(comm, report);
+      } catch (const std::exception& e) {
+        report.add(r, std::string("exception: ") + e.what());
+      }
+      p.api().comm_destroy(p.get(), handle);
+    });
+  for (auto& t : threads) t.join();
+}
+
+// ---------------------------------------------------------------------------
+// Values and expected results
+// ---------------------------------------------------------------------------
+
+const char* dtype_text(int32_t dtype) {
+  switch (dtype) {
+    case BP_DTYPE_F32:
+      return "f32";
+    case BP_DTYPE_F64:
+      return "f64";
+    case BP_DTYPE_I32:
+      return "i32";
+    case BP_DTYPE_I64:
+      return "i64";
+    case BP_DTYPE_I8:
+      return "i8";
+    case BP_DTYPE_U8:
+      return "u8";
+    case BP_DTYPE_F16:
+      return "f16";
+    case BP_DTYPE_BF16:
+      return "bf16";
+    case BP_DTYPE_BOOL:
+      return "bool";
+    default:
+      return "?";
+  }
+}
+
+const char* op_text(int32_t op) {
+  static const char* names[] = {"sum", "mean", "min", "max", "prod"};
+  return op >= 0 && op < 5 ? names[op] : "?";
+}
+
+// Rank r's element i for a reduction with `op`: small integers, so that sums
+// and products are exact in every dtype (products stay within +-27).
+int64_t value(int32_t dtype, int32_t op, int rank, uint64_t i) {
+  const bool is_unsigned = dtype == BP_DTYPE_U8;
+  if (op == BP_REDUCE_PROD) {
+    const int64_t magnitude = static_cast<int64_t>((i + rank) % 3) + 1;
+    return !is_unsigned && (i + 2 * rank) % 4 == 0 ? -magnitude : magnitude;
+  }
+  const int64_t v = static_cast<int64_t>((i * 7 + static_cast<uint64_t>(rank) * 13) % 23);
+  return is_unsigned ? v : v - 11;
+}
+
+// Stores integer v as element i of a `dtype` array.
+void put(int32_t dtype, unsigned char* data, uint64_t i, int64_t v) {
+  using namespace backplane::cpu;
+  switch (dtype) {
+    case BP_DTYPE_F32:
+      reinterpret_cast<float*>(data)[i] = static_cast<float>(v);
+      break;
+    case BP_DTYPE_F64:
+      reinterpret_cast<double*>(data)[i] = static_cast<double>(v);
+      break;
+    case BP_DTYPE_I32:
+      reinterpret_cast<int32_t*>(data)[i] = static_cast<int32_t>(v);
+      break;
+    case BP_DTYPE_I64:
+      reinterpret_cast<int64_t*>(data)[i] = v;
+      break;
+    case BP_DTYPE_I8:
+      reinterpret_cast<int8_t*>(data)[i] = static_cast<int8_t>(v);
+      break;
+    case BP_DTYPE_U8:
+      reinterpret_cast<uint8_t*>(data)[i] = static_cast<uint8_t>(v);
+      break;
+    case BP_DTYPE_F16:
+      reinterpret_cast<uint16_t*>(data)[i] = f32_to_f16(static_cast<float>(v));
+      break;
+    case BP_DTYPE_BF16:
+      reinterpret_cast<uint16_t*>(data)[i] = f32_to_bf16(static_cast<float>(v));
+      break;
+    default:
+      break;
+  }
+}
+
+// Element i of a `dtype` array, widened to double (exact for every value used here).
+double get(int32_t dtype, const unsigned char* data, uint64_t i) {
+  using namespace backplane::cpu;
+  switch (dtype) {
+    case BP_DTYPE_F32:
+      return reinterpret_cast<const float*>(data)[i];
+    case BP_DTYPE_F64:
+      return reinterpret_cast<const double*>(data)[i];
+    case BP_DTYPE_I32:
+      return reinterpret_cast<const int32_t*>(data)[i];
+    case BP_DTYPE_I64:
+      return static_cast<double>(reinterpret_cast<const int64_t*>(data)[i]);
+    case BP_DTYPE_I8:
+      return reinterpret_cast<const int8_t*>(data)[i];
+    case BP_DTYPE_U8:
+      return reinterpret_cast<const uint8_t*>(data)[i];
+    case BP_DTYPE_F16:
+      return f16_to_f32(reinterpret_cast<const uint16_t*>(data)[i]);
+    case BP_DTYPE_BF16:
+      return bf16_to_f32(reinterpret_cast<const uint16_t*>(data)[i]);
+    default:
+      return 0;
+  }
+}
+
+// The reduction over `world` ranks of element i, as the dtype represents it.
+double expected(int32_t dtype, int32_t op, int world, uint64_t i) {
+  using namespace backplane::cpu;
+  int64_t acc = value(dtype, op, 0, i);
+  for (int r = 1; r < world; ++r) {
+    const int64_t v = value(dtype, op, r, i);
+    switch (op) {
+      case BP_REDUCE_SUM:
+      case BP_REDUCE_MEAN:
+        acc += v;
+        break;
+      case BP_REDUCE_PROD:
+        acc *= v;
+        break;
+      case BP_REDUCE_MIN:
+        acc = std::min(acc, v);
+        break;
+      case BP_REDUCE_MAX:
+        acc = std::max(acc, v);
+        break;
+    }
+  }
+  if (op != BP_REDUCE_MEAN) return static_cast<double>(acc);
+  switch (dtype) {  // the sum, then one division in the dtype itself
+    case BP_DTYPE_F32:
+      return static_cast<float>(acc) / static_cast<float>(world);
+    case BP_DTYPE_F64:
+      return static_cast<double>(acc) / world;
+    case BP_DTYPE_F16:
+      return f16_to_f32(f32_to_f16(static_cast<float>(acc) / static_cast<float>(world)));
+    case BP_DTYPE_BF16:
+      return bf16_to_f32(f32_to_bf16(static_cast<float>(acc) / static_cast<float>(world)));
+    default:
+      return static_cast<double>(acc / world);  // C++ truncates toward zero, as the plugin must
+  }
+}
+
+// value() and expected() repeat with this period in the element index (23 for
+// the additive values, 12 for the multiplicative ones), so large tensors are
+// filled and checked from one period's table.
+constexpr uint64_t kPeriod = 23 * 12;
+
+void fill(Tensor& t, int32_t dtype, int32_t op, int rank, uint64_t index_base = 0) {
+  int64_t table[kPeriod];
+  for (uint64_t k = 0; k < kPeriod; ++k) table[k] = value(dtype, op, rank, k);
+  for (uint64_t i = 0; i < static_cast<uint64_t>(t.count()); ++i)
+    put(dtype, t.data(), i, table[(index_base + i) % kPeriod]);
+}
+
+// First mismatch of t against expected(), or "" (element i of t is global element index_base + i).
+std::string mismatch(const Tensor& t, int32_t dtype, int32_t op, int world, uint64_t index_base = 0) {
+  double table[kPeriod];
+  for (uint64_t k = 0; k < kPeriod; ++k) table[k] = expected(dtype, op, world, k);
+  for (uint64_t i = 0; i < static_cast<uint64_t>(t.count()); ++i) {
+    const double got = get(dtype, t.data(), i);
+    const double want = table[(index_base + i) % kPeriod];
+    if (got != want)
+      return "element " + std::to_string(i) + " is " + std::to_string(got) + ", expected " +
+             std::to_string(want);
+  }
+  return "";
+}
+
+std::string what(const char* op, int32_t dtype, int32_t rop, int64_t count) {
+  return std::string(op) + " " + dtype_text(dtype) + " " + op_text(rop) + " of " + std::to_string(count) +
+         " elements";
+}
+
+// Element counts: empty, one, odd, 4 KiB (f32), 1 MiB plus an odd tail.
+std::vector<int64_t> sizes_for(int32_t dtype) {
+  const int64_t mib = (int64_t{1} << 20) / Tensor::esize(dtype);
+  return {0, 1, 7, 1024, mib + 3};
+}
+
+const int32_t kOps[] = {BP_REDUCE_SUM, BP_REDUCE_MEAN, BP_REDUCE_MIN, BP_REDUCE_MAX, BP_REDUCE_PROD};
+
+// all_reduce of every op on each dtype and size; out of place.
+void check_all_reduce(const Plugin& p, int world, const std::vector<int32_t>& dtypes,
+                      const std::vector<int64_t>* sizes = nullptr) {
+  Report report;
+  run_group(
+      p, world,
+      [&](Comm& c, Report& rep) {
+        for (int32_t dtype : dtypes)
+          for (int64_t n : sizes != nullptr ? *sizes : sizes_for(dtype))
+            for (int32_t op : kOps) {
+              Tensor in(p, dtype, n, 8 * Tensor::esize(dtype));  // a nonzero byte_offset
+              Tensor out(p, dtype, n);
+              fill(in, dtype, op, c.rank);
+              const std::vector<unsigned char> before(in.data(), in.data() + n * Tensor::esize(dtype));
+              const Status s = c.all_reduce(in, out, op);
+              if (!s.ok()) {
+                rep.add(c.rank, what("all_reduce", dtype, op, n) + ": " + s.message);
+                return;
+              }
+              if (auto m = mismatch(out, dtype, op, world); !m.empty())
+                rep.add(c.rank, what("all_reduce", dtype, op, n) + ": " + m);
+              if (n > 0 && std::memcmp(in.data(), before.data(), before.size()) != 0)  // input untouched
+                rep.add(c.rank, what("all_reduce", dtype, op, n) + ": the input was modified");
+            }
+      },
+      report);
+  CHECK_NO_PROBLEMS(report);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Capabilities and creation
+// ---------------------------------------------------------------------------
+
+TEST_CASE("cpu_collectives: the cpu device declares collective and every collective entry") {
+  Plugin p;
+  REQUIRE(p.create_status().ok());
+  bp_device_info info{};
+  info.struct_size = sizeof(info);
+  REQUIRE(p.take(p.api().device_info(p.get(), 0, &info)).ok());
+  CHECK((info.capabilities & BP_CAP_COLLECTIVE) != 0);
+  CHECK(static_cast<bool>(p.api().comm_create));
+  CHECK(static_cast<bool>(p.api().comm_destroy));
+  CHECK(static_cast<bool>(p.api().all_reduce));
+  CHECK(static_cast<bool>(p.api().broadcast));
+  CHECK(static_cast<bool>(p.api().all_gather));
+  CHECK(static_cast<bool>(p.api().reduce_scatter));
+  CHECK(static_cast<bool>(p.api().barrier));
+}
+
+TEST_CASE("cpu_collectives: a world of one needs no store and copies") {
+  Plugin p;
+  bp_comm* comm = nullptr;
+  REQUIRE(create_comm(p, nullptr, 0, 1, 1000, "solo/", &comm).ok());
+  Comm c{p, comm, 0, 1};
+  Tensor in(p, BP_DTYPE_F32, 5);
+  Tensor out(p, BP_DTYPE_F32, 5);
+  fill(in, BP_DTYPE_F32, BP_REDUCE_MEAN, 0);
+  CHECK(c.all_reduce(in, out, BP_REDUCE_MEAN).ok());
+  CHECK(mismatch(out, BP_DTYPE_F32, BP_REDUCE_MEAN, 1).empty());
+  Tensor gathered(p, BP_DTYPE_F32, 5);
+  CHECK(c.all_gather(in, gathered).ok());
+  CHECK(std::memcmp(gathered.data(), in.data(), 5 * sizeof(float)) == 0);
+  CHECK(c.broadcast(in, 0).ok());
+  CHECK(c.barrier().ok());
+  const Status bad_root = c.broadcast(in, 1);
+  CHECK(bad_root.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(bad_root.message.find("root 1") != std::string::npos);
+  p.api().comm_destroy(p.get(), comm);
+}
+
+TEST_CASE("cpu_collectives: comm_create rejects bad arguments with the reason") {
+  Plugin p;
+  MemoryStore store;
+  bp_comm* comm = nullptr;
+  struct Case {
+    int rank, world;
+    int64_t timeout;
+    bool with_store;
+    const char* needle;
+  };
+  for (const Case& k :
+       {Case{2, 2, 1000, true, "rank 2 is outside [0, 2)"}, Case{0, 0, 1000, true, "world_size"},
+        Case{-1, 2, 1000, true, "rank -1"}, Case{0, 2, 0, true, "timeout_ms must be positive"},
+        Case{0, 2, 1000, false, "store is NULL"}}) {
+    const std::string needle = k.needle;
+    CAPTURE(needle);
+    const Status s =
+        create_comm(p, k.with_store ? &store : nullptr, k.rank, k.world, k.timeout, "bad/", &comm);
+    CHECK(s.code == BP_STATUS_INVALID_ARGUMENT);
+    CHECK(s.message.find(k.needle) != std::string::npos);
+    CHECK(comm == nullptr);
+  }
+  bp_comm_create_args args{};
+  args.struct_size = sizeof(args);
+  args.device = 3;
+  args.world_size = 1;
+  args.timeout_ms = 10;
+  const Status dev = p.take(p.api().comm_create(p.get(), &args, &comm));
+  CHECK(dev.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(dev.message.find("no device 3") != std::string::npos);
+  const Status null_comm = p.take(p.api().barrier(p.get(), nullptr));
+  CHECK(null_comm.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(null_comm.message.find("NULL") != std::string::npos);
+}
+
+TEST_CASE("cpu_collectives: a rank that never joins makes comm_create time out naming it") {
+  Plugin p;
+  MemoryStore store;
+  bp_comm* comm = nullptr;
+  const Status s = create_comm(p, &store, 0, 2, 300, "lonely/", &comm);
+  CHECK(s.code == BP_STATUS_TIMEOUT);
+  CHECK(s.message.find("rank 1 did not join within 300 ms") != std::string::npos);
+  CHECK(s.message.find("comm_create on rank 0 of 2") != std::string::npos);
+  CHECK(comm == nullptr);
+}
+
+TEST_CASE("cpu_collectives: a failing store's own message reaches the caller") {
+  Plugin p;
+  MemoryStore store;
+  store.fail_sets("the store is read-only today");
+  bp_comm* comm = nullptr;
+  const Status s = create_comm(p, &store, 0, 2, 1000, "ro/", &comm);
+  CHECK(s.code == BP_STATUS_IO);
+  CHECK(s.message.find("the store is read-only today") != std::string::npos);
+  CHECK(s.message.find("\"ro/cpu.gloo/") != std::string::npos);  // the key, under the caller's prefix
+}
+
+// ---------------------------------------------------------------------------
+// all_reduce
+// ---------------------------------------------------------------------------
+
+TEST_CASE("cpu_collectives: all_reduce of every op on f32 f64 and i64 with 2 ranks") {
+  Plugin p;
+  check_all_reduce(p, 2, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
+}
+
+TEST_CASE("cpu_collectives: all_reduce of every op on f32 f64 and i64 with 3 ranks") {
+  Plugin p;
+  check_all_reduce(p, 3, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
+}
+
+TEST_CASE("cpu_collectives: all_reduce of every op on i32 i8 u8 f16 and bf16") {
+  Plugin p;
+  const std::vector<int64_t> sizes{1, 7, 70001};  // the last takes the ring with 3 ranks
+  check_all_reduce(p, 2, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
+  check_all_reduce(p, 3, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
+}
+
+namespace {
+
+// all_reduce of 16 MiB f32, sum then max on the same buffers: the ring path on
+// large, reused buffers.
+void check_large_all_reduce(int world) {
+  Plugin p;
+  const int64_t n = (int64_t{16} << 20) / 4;
+  Report report;
+  run_group(
+      p, world,
+      [&](Comm& c, Report& rep) {
+        Tensor in(p, BP_DTYPE_F32, n);
+        Tensor out(p, BP_DTYPE_F32, n);
+        for (int32_t op : {BP_REDUCE_SUM, BP_REDUCE_MAX}) {
+          fill(in, BP_DTYPE_F32, op, c.rank);
+          std::memset(out.data(), 0xff, n * 4);
+          const Status s = c.all_reduce(in, out, op);
+          if (!s.ok()) return rep.add(c.rank, s.message);
+          if (auto m = mismatch(out, BP_DTYPE_F32, op, world); !m.empty())
+            rep.add(c.rank, what("all_reduce", BP_DTYPE_F32, op, n) + ": " + m);
+        }
+      },
+      report);
+  CHECK_NO_PROBLEMS(report);
+}
+
+}  // namespace
+
+TEST_CASE("cpu_collectives: all_reduce of 16 MiB repeated on the same buffers with 2 ranks") {
+  check_large_all_reduce(2);
+}
+
+TEST_CASE("cpu_collectives: all_reduce of 16 MiB repeated on the same buffers with 3 ranks") {
+  check_large_all_reduce(3);
+}
+
+TEST_CASE("cpu_collectives: all_reduce in place with input and output aliased") {
+  Plugin p;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    Report report;
+    run_group(
+        p, world,
+        [&](Comm& c, Report& rep) {
+          for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{300001}}) {
+            for (int32_t op : kOps) {
+              Tensor t(p, BP_DTYPE_F64, n, 24);  // byte_offset 24
+              fill(t, BP_DTYPE_F64, op, c.rank);
+              const Status s = c.all_reduce(t, t, op);
+              if (!s.ok()) return rep.add(c.rank, s.message);
+              if (auto m = mismatch(t, BP_DTYPE_F64, op, world); !m.empty())
+                rep.add(c.rank, what("in place", BP_DTYPE_F64, op, n) + ": " + m);
+            }
+          }
+          // Input and output overlapping without being the same elements.
+          const int64_t n = 100000;
+          Tensor base(p, BP_DTYPE_F32, n, 0, 64 * 4);
+          Tensor shifted(base, BP_DTYPE_F32, n, 64 * 4);
+          fill(base, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+          const Status s = c.all_reduce(base, shifted, BP_REDUCE_SUM);
+          if (!s.ok()) return rep.add(c.rank, s.message);
+          if (auto m = mismatch(shifted, BP_DTYPE_F32, BP_REDUCE_SUM, world); !m.empty())
+            rep.add(c.rank, "overlapping views: " + m);
+        },
+        report);
+    CHECK_NO_PROBLEMS(report);
+  }
+}
+
+TEST_CASE("cpu_collectives: all_reduce of 0 elements on every rank is a no-op that keeps ranks in step") {
+  Plugin p;
+  Report report;
+  run_group(
+      p, 3,
+      [&](Comm& c, Report& rep) {
+        Tensor empty(p, BP_DTYPE_F32, 0);
+        for (int i = 0; i < 3; ++i)
+          if (const Status s = c.all_reduce(empty, empty, BP_REDUCE_SUM); !s.ok()) rep.add(c.rank, s.message);
+        Tensor empty_gathered(p, BP_DTYPE_F32, 0);
+        if (const Status s = c.all_gather(empty, empty_gathered); !s.ok()) rep.add(c.rank, s.message);
+        if (const Status s = c.reduce_scatter(empty_gathered, empty, BP_REDUCE_MAX); !s.ok())
+          rep.add(c.rank, s.message);
+        if (const Status s = c.broadcast(empty, 2); !s.ok()) rep.add(c.rank, s.message);
+        Tensor t(p, BP_DTYPE_I64, 5);
+        fill(t, BP_DTYPE_I64, BP_REDUCE_SUM, c.rank);
+        if (const Status s = c.all_reduce(t, t, BP_REDUCE_SUM); !s.ok()) rep.add(c.rank, s.message);
+        if (auto m = mismatch(t, BP_DTYPE_I64, BP_REDUCE_SUM, 3); !m.empty())
+          rep.add(c.rank, "after the empty ones: " + m);
+      },
+      report);
+  CHECK_NO_PROBLEMS(report);
+}
+
+// ---------------------------------------------------------------------------
+// broadcast, all_gather, reduce_scatter, barrier
+// ---------------------------------------------------------------------------
+
+TEST_CASE("cpu_collectives: broadcast from every root") {
+  Plugin p;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    Report report;
+    run_group(
+        p, world,
+        [&](Comm& c, Report& rep) {
+          for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1024}, int64_t{(1 << 20) / 8 + 3},
+                            int64_t{(4 << 20) / 8 + 1}})
+            for (int root = 0; root < world; ++root) {
+              Tensor t(p, BP_DTYPE_I64, n, 16);
+              fill(t, BP_DTYPE_I64, BP_REDUCE_SUM, c.rank);  // differs per rank
+              const Status s = c.broadcast(t, root);
+              if (!s.ok()) return rep.add(c.rank, s.message);
+              for (int64_t i = 0; i < n; ++i)
+                if (t.as<int64_t>()[i] != value(BP_DTYPE_I64, BP_REDUCE_SUM, root, i)) {
+                  rep.add(c.rank, "broadcast of " + std::to_string(n) + " from root " + std::to_string(root) +
+                                      ": element " + std::to_string(i) + " differs from the root's");
+                  break;
+                }
+            }
+          // Any dtype moves as bytes, bool included.
+          Tensor flags(p, BP_DTYPE_BOOL, 3);
+          for (int i = 0; i < 3; ++i) flags.data()[i] = c.rank == 0 ? static_cast<unsigned char>(i % 2) : 1;
+          if (const Status s = c.broadcast(flags, 0); !s.ok()) return rep.add(c.rank, s.message);
+          if (flags.data()[0] != 0 || flags.data()[1] != 1 || flags.data()[2] != 0)
+            rep.add(c.rank, "bool broadcast differs");
+          Tensor t(p, BP_DTYPE_F32, 4);
+          const Status bad = c.broadcast(t, world);
+          if (bad.code != BP_STATUS_INVALID_ARGUMENT ||
+              bad.message.find("root " + std::to_string(world)) == std::string::npos)
+            rep.add(c.rank, "a root outside the group was not refused: " + bad.message);
+        },
+        report);
+    CHECK_NO_PROBLEMS(report);
+  }
+}
+
+TEST_CASE("cpu_collectives: all_gather puts each rank's block in rank order") {
+  Plugin p;
+  for (int world : {2, 3}) {
+    CAPTURE(world);
+    Report report;
+    run_group(
+        p, world,
+        [&](Comm& c, Report& rep) {
+          for (int32_t dtype : {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64})
+            for (int64_t n : sizes_for(dtype))
+              for (bool in_place : {false, true}) {
+                Tensor out(p, dtype, n * world, 8);
+                Tensor separate(p, dtype, n);
+                Tensor view(out, dtype, n, 8 + static_cast<uint64_t>(c.rank * n * Tensor::esize(dtype)));
+                Tensor& in = in_place ? view : separate;
+                fill(in, dtype, BP_REDUCE_SUM, c.rank);
+                const Status s = c.all_gather(in, out);
+                if (!s.ok())
+                  return rep.add(c.rank, what("all_gather", dtype, BP_REDUCE_SUM, n) + ": " + s.message);
+                for (int r = 0; r < world; ++r)
+                  for (int64_t i = 0; i < n; ++i)
+                    if (get(dtype, out.data(), r * n + i) !=
+                        static_cast<double>(value(dtype, BP_REDUCE_SUM, r, i))) {
+                      rep.add(c.rank, what("all_gather", dtype, BP_REDUCE_SUM, n) +
+                                          (in_place ? " in place" : "") + ": block " + std::to_string(r) +
+                                          " element " + std::to_string(i) + " is wrong");
+                      r = world;
+                      break;
+                    }
+              }
+          Tensor in(p, BP_DTYPE_F32, 4);
+          Tensor wrong(p, BP_DTYPE_F32, 4 * world + 1);
+          const Status bad = c.all_gather(in, wrong);
+          if (bad.code != BP_STATUS_INVALID_ARGUMENT || bad.message.find("world_size") == std::string::npos)
+            rep.add(c.rank, "a wrong output size was not refused: " + bad.message);
+        },
+        report);
+    CHECK_NO_PROBLEMS(report);
+  }
+}
+
+namespace {
+
+void check_reduce_scatter(int world) {
+  Plugin p;
+  Report report;
+  run_group(
+      p, world,
+      [&](Comm& c, Report& rep) {
+        for (int32_t dtype : {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64})
+          for (int64_t n :
+               {int64_t{1}, int64_t{7}, int64_t{1024}, (int64_t{1} << 20) / Tensor::esize(dtype) + 3})
+            for (int32_t op : kOps) {
+              // Rank r's input holds world blocks; element i of the whole input is value(r, i).
+              Tensor in(p, dtype, n * world, 4 * Tensor::esize(dtype));
+              Tensor out(p, dtype, n);
+              fill(in, dtype, op, c.rank);
+              const Status s = c.reduce_scatter(in, out, op);
+              if (!s.ok()) return rep.add(c.rank, what("reduce_scatter", dtype, op, n) + ": " + s.message);
+              if (auto m = mismatch(out, dtype, op, world, static_cast<uint64_t>(c.rank * n)); !m.empty())
+                rep.add(c.rank, what("reduce_scatter", dtype, op, n) + ": " + m);
+            }
+        // The output overlapping the input (here: its first block), small and large.
+        for (int64_t n : {int64_t{9}, int64_t{200003}}) {
+          Tensor in(p, BP_DTYPE_F32, n * world);
+          Tensor out(in, BP_DTYPE_F32, n, 0);
+          fill(in, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+          const Status s = c.reduce_scatter(in, out, BP_REDUCE_SUM);
+          if (!s.ok()) return rep.add(c.rank, s.message);
+          if (auto m = mismatch(out, BP_DTYPE_F32, BP_REDUCE_SUM, world, static_cast<uint64_t>(c.rank * n));
+              !m.empty())
+            rep.add(c.rank, "reduce_scatter into its own input: " + m);
+        }
+      },
+      report);
+  CHECK_NO_PROBLEMS(report);
+}
+
+}  // namespace
+
+TEST_CASE("cpu_collectives: reduce_scatter gives rank r the reduction of block r with 2 ranks") {
+  check_reduce_scatter(2);
+}
+
+TEST_CASE("cpu_collectives: reduce_scatter gives rank r the reduction of block r with 3 ranks") {
+  check_reduce_scatter(3);
+}
+
+TEST_CASE("cpu_collectives: no rank leaves a barrier before every rank entered it") {
+  Plugin p;
+  for (int world : {2, 3, 5}) {
+    CAPTURE(world);
+    std::atomic<int> arrived{0};
+    Report report;
+    run_group(
+        p, world,
+        [&](Comm& c, Report& rep) {
+          for (int round = 1; round <= 4; ++round) {
+            // The last rank is late on purpose: the others must wait for it.
+            if (c.rank == world - 1) std::this_thread::sleep_for(20ms);
+            arrived.fetch_add(1);
+            if (const Status s = c.barrier(); !s.ok()) return rep.add(c.rank, s.message);
+            if (arrived.load() < round * world)
+              rep.add(c.rank, "left barrier round " + std::to_string(round) + " with only " +
+                                  std::to_string(arrived.load()) + " arrivals");
+            // A second barrier so that no rank starts the next round before all checked.
+            if (const Status s = c.barrier(); !s.ok()) return rep.add(c.rank, s.message);
+          }
+        },
+        report);
+    CHECK_NO_PROBLEMS(report);
+  }
+}
+
+TEST_CASE("cpu_collectives: two groups run at once in one process") {
+  Plugin p;
+  Report report;
+  auto group = [&](const std::string& prefix, int32_t op) {
+    run_group(
+        p, 2,
+        [&](Comm& c, Report& rep) {
+          for (int i = 0; i < 5; ++i) {
+            Tensor t(p, BP_DTYPE_F32, 100003);
+            fill(t, BP_DTYPE_F32, op, c.rank);
+            if (const Status s = c.all_reduce(t, t, op); !s.ok()) return rep.add(c.rank, prefix + s.message);
+            if (auto m = mismatch(t, BP_DTYPE_F32, op, 2); !m.empty()) rep.add(c.rank, prefix + m);
+          }
+        },
+        report, 30000, prefix);
+  };
+  std::thread a(group, "first/", BP_REDUCE_SUM);
+  std::thread b(group, "second/", BP_REDUCE_MAX);
+  a.join();
+  b.join();
+  CHECK_NO_PROBLEMS(report);
+}
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+TEST_CASE("cpu_collectives: dtypes that cannot be reduced are unsupported and named") {
+  Plugin p;
+  Report report;
+  run_group(
+      p, 2,
+      [&](Comm& c, Report& rep) {
+        Tensor flags(p, BP_DTYPE_BOOL, 4);
+        Tensor flags_out(p, BP_DTYPE_BOOL, 4);
+        const Status s = c.all_reduce(flags, flags_out, BP_REDUCE_MAX);
+        if (s.code != BP_STATUS_UNSUPPORTED || s.message.find("bool") == std::string::npos)
+          rep.add(c.rank, "bool all_reduce: " + s.message);
+        Tensor flags_blocks(p, BP_DTYPE_BOOL, 8);
+        const Status rs = c.reduce_scatter(flags_blocks, flags, BP_REDUCE_SUM);
+        if (rs.code != BP_STATUS_UNSUPPORTED || rs.message.find("bool") == std::string::npos)
+          rep.add(c.rank, "bool reduce_scatter: " + rs.message);
+        Tensor odd(p, BP_DTYPE_F32, 4);
+        odd.raw().dtype = 77;
+        const Status u = c.all_reduce(odd, odd, BP_REDUCE_SUM);
+        if (u.code != BP_STATUS_UNSUPPORTED || u.message.find("dtype 77") == std::string::npos)
+          rep.add(c.rank, "unknown dtype: " + u.message);
+        // Refusals happen before anything is sent: the comm still works.
+        Tensor t(p, BP_DTYPE_F32, 3);
+        fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+        if (const Status ok = c.all_reduce(t, t, BP_REDUCE_SUM); !ok.ok())
+          rep.add(c.rank, "after refusals: " + ok.message);
+        if (auto m = mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2); !m.empty())
+          rep.add(c.rank, "after refusals: " + m);
+      },
+      report);
+  CHECK_NO_PROBLEMS(report);
+}
+
+TEST_CASE("cpu_collectives: malformed tensors and arguments are refused with the reason") {
+  Plugin p;
+  bp_comm* comm = nullptr;
+  REQUIRE(create_comm(p, nullptr, 0, 1, 1000, "args/", &comm).ok());
+  Comm c{p, comm, 0, 1};
+  Tensor a(p, BP_DTYPE_F32, 6);
+  Tensor b(p, BP_DTYPE_F64, 6);
+  Tensor shorter(p, BP_DTYPE_F32, 5);
+  const Status dtypes = c.all_reduce(a, b, BP_REDUCE_SUM);
+  CHECK(dtypes.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(dtypes.message.find("input is f32 but output is f64") != std::string::npos);
+  const Status counts = c.all_reduce(a, shorter, BP_REDUCE_SUM);
+  CHECK(counts.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(counts.message.find("6 elements but output has 5") != std::string::npos);
+  const Status op = c.all_reduce(a, a, 9);
+  CHECK(op.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(op.message.find("unknown reduce op 9") != std::string::npos);
+  // A transposed 2x3 view is not contiguous.
+  const int64_t shape[2] = {2, 3};
+  const int64_t strides[2] = {1, 2};
+  bp_tensor strided = *a.desc();
+  strided.ndim = 2;
+  strided.shape = shape;
+  strided.strides = strides;
+  const Status s = p.take(p.api().all_reduce(p.get(), comm, &strided, &strided, BP_REDUCE_SUM));
+  CHECK(s.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(s.message.find("not contiguous") != std::string::npos);
+  bp_tensor outside = *a.desc();
+  outside.byte_offset = 8;  // 6 floats from byte 8 end past the 24-byte buffer
+  const Status o = p.take(p.api().all_reduce(p.get(), comm, &outside, &outside, BP_REDUCE_SUM));
+  CHECK(o.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(o.message.find("reaches outside its buffer") != std::string::npos);
+  p.api().comm_destroy(p.get(), comm);
+}
+
+namespace {
+
+// World `world`: the last rank makes its communicator and destroys it at once;
+// the others then all_reduce `n` floats. Returns each survivor's first and
+// second status.
+std::pair<std::vector<Status>, std::vector<Status>> run_with_vanishing_rank(const Plugin& p, int world,
+                                                                            int64_t n) {
+  MemoryStore store;
+  std::vector<Status> first(world);
+  std::vector<Status> second(world);
+  std::promise<void> gone;
+  std::shared_future<void> gone_future = gone.get_future().share();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back([&, r] {
+      bp_comm* comm = nullptr;
+      const Status created = create_comm(p, &store, r, world, 5000, "vanish/", &comm);
+      if (!created.ok()) {
+        first[r] = created;
+        if (r == world - 1) gone.set_value();
+        return;
+      }
+      if (r == world - 1) {  // leaves without taking part
+        p.api().comm_destroy(p.get(), comm);
+        gone.set_value();
+        return;
+      }
+      gone_future.wait();
+      Comm c{p, comm, r, world};
+      Tensor t(p, BP_DTYPE_F32, n);
+      first[r] = c.all_reduce(t, t, BP_REDUCE_SUM);
+      second[r] = c.all_reduce(t, t, BP_REDUCE_SUM);
+      p.api().comm_destroy(p.get(), comm);
+    });
+  for (auto& t : ranks) t.join();
+  first.pop_back();
+  second.pop_back();
+  return {first, second};
+}
+
+void check_failed_and_poisoned(const Status& first, const Status& second, int rank, int world) {
+  CAPTURE(rank);
+  MESSAGE(first.message);
+  CHECK((first.code == BP_STATUS_COLLECTIVE || first.code == BP_STATUS_TIMEOUT));
+  CHECK(first.message.find("all_reduce on rank " + std::to_string(rank) + " of " + std::to_string(world)) !=
+        std::string::npos);
+  CHECK(first.message.find("peer rank ") != std::string::npos);
+  // Poisoned: the next call fails at once with the first error.
+  CHECK(second.code == first.code);
+  CHECK(second.message.find("failed earlier") != std::string::npos);
+  CHECK(second.message.find(first.message) != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE("cpu_collectives: a rank that disappears fails its peer naming it and poisons the comm") {
+  Plugin p;
+  for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {  // the direct round and the ring
+    CAPTURE(n);
+    const auto [first, second] = run_with_vanishing_rank(p, 2, n);
+    check_failed_and_poisoned(first[0], second[0], 0, 2);
+    CHECK(first[0].code == BP_STATUS_COLLECTIVE);
+    CHECK(first[0].message.find("peer rank 1") != std::string::npos);
+    CHECK(first[0].message.find("closed the connection") != std::string::npos);
+  }
+}
+
+TEST_CASE("cpu_collectives: a rank that disappears from three fails both others") {
+  Plugin p;
+  for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
+    CAPTURE(n);
+    const auto [first, second] = run_with_vanishing_rank(p, 3, n);
+    for (int r = 0; r < 2; ++r) {
+      check_failed_and_poisoned(first[r], second[r], r, 3);
+      // Either it saw rank 2 go, or it saw the other survivor close after
+      // failing, and passes on that survivor's error, which names rank 2.
+      CHECK(first[r].message.find("peer rank 2") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("cpu_collectives: a rank that never calls makes the others time out naming it") {
+  Plugin p;
+  MemoryStore store;
+  Status late;  // rank 1's call, made after rank 0 gave up
+  std::promise<void> done;
+  std::shared_future<void> done_future = done.get_future().share();
+  std::thread rank1([&] {
+    bp_comm* comm = nullptr;
+    if (!create_comm(p, &store, 1, 2, 1500, "silent/", &comm).ok()) return;
+    done_future.wait();  // alive and connected, but calls only once rank 0 has timed out
+    Comm c{p, comm, 1, 2};
+    Tensor t(p, BP_DTYPE_F32, 1000);
+    late = c.all_reduce(t, t, BP_REDUCE_SUM);
+    p.api().comm_destroy(p.get(), comm);
+  });
+  bp_comm* comm = nullptr;
+  Status result;
+  const Status created = create_comm(p, &store, 0, 2, 1500, "silent/", &comm);
+  if (created.ok()) {
+    Comm c{p, comm, 0, 2};
+    Tensor t(p, BP_DTYPE_F32, 1000);
+    result = c.all_reduce(t, t, BP_REDUCE_SUM);
+  }
+  done.set_value();
+  rank1.join();
+  REQUIRE(created.ok());
+  MESSAGE(result.message);
+  CHECK(result.code == BP_STATUS_TIMEOUT);
+  CHECK(result.message.find("timed out after 1500 ms") != std::string::npos);
+  CHECK(result.message.find("peer rank 1") != std::string::npos);
+  // The late rank learns why its peer is gone: rank 0's own error.
+  MESSAGE(late.message);
+  CHECK(late.code == BP_STATUS_COLLECTIVE);
+  CHECK(late.message.find("peer rank 0") != std::string::npos);
+  CHECK(late.message.find("after failing itself") != std::string::npos);
+  CHECK(late.message.find("timed out after 1500 ms waiting for peer rank 1") != std::string::npos);
+  p.api().comm_destroy(p.get(), comm);
+}
+
+TEST_CASE("cpu_collectives: ranks that disagree on a call time out instead of crashing") {
+  // Gloo's I/O thread aborts the process when a message is longer than the
+  // receive posted for it; each case below would send one.
+  struct Case {
+    const char* name;
+    int64_t count0, count1;
+    int32_t op0, op1;
+  };
+  Plugin p;
+  for (const Case& k : {Case{"small counts", 1000, 2000, BP_REDUCE_SUM, BP_REDUCE_SUM},
+                        Case{"large counts", 300000, 400000, BP_REDUCE_SUM, BP_REDUCE_SUM},
+                        Case{"reduce ops", 1000, 1000, BP_REDUCE_SUM, BP_REDUCE_MAX}}) {
+    const std::string name = k.name;
+    CAPTURE(name);
+    MemoryStore store;
+    std::vector<Status> results(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        bp_comm* comm = nullptr;
+        results[r] = create_comm(p, &store, r, 2, 1000, "disagree/", &comm);
+        if (!results[r].ok()) return;
+        Comm c{p, comm, r, 2};
+        Tensor t(p, BP_DTYPE_F32, r == 0 ? k.count0 : k.count1);
+        results[r] = c.all_reduce(t, t, r == 0 ? k.op0 : k.op1);
+        p.api().comm_destroy(p.get(), comm);
+      });
+    for (auto& t : ranks) t.join();
+    bool one_says_why = false;
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      MESSAGE(results[r].message);
+      CHECK((results[r].code == BP_STATUS_TIMEOUT || results[r].code == BP_STATUS_COLLECTIVE));
+      CHECK(results[r].message.find("peer rank " + std::to_string(1 - r)) != std::string::npos);
+      one_says_why = one_says_why || results[r].message.find("with the same arguments") != std::string::npos;
+    }
+    CHECK(one_says_why);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Where collectives listen
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// A 2-rank all_reduce with the plugin created from `options`; "" when it worked.
+std::string two_rank_sum(const Plugin& p) {
+  Report report;
+  run_group(
+      p, 2,
+      [&](Comm& c, Report& rep) {
+        Tensor t(p, BP_DTYPE_F32, 10);
+        fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+        if (const Status s = c.all_reduce(t, t, BP_REDUCE_SUM); !s.ok()) return rep.add(c.rank, s.message);
+        if (auto m = mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2); !m.empty()) rep.add(c.rank, m);
+      },
+      report, 5000);
+  const auto problems = report.problems();
+  return problems.empty() ? "" : problems.front();
+}
+
+}  // namespace
+
+TEST_CASE("cpu_collectives: the hostname and interface options choose where to listen") {
+  {
+    Plugin p(R"({"hostname": "127.0.0.1"})");
+    REQUIRE(p.create_status().ok());
+    CHECK(two_rank_sum(p) == "");
+  }
+  {
+    Plugin p(R"({"interface": "lo", "threads": 1})");
+    REQUIRE(p.create_status().ok());
+    CHECK(two_rank_sum(p) == "");
+  }
+  {
+    Plugin p(R"({"interface": "no-such-if0"})");
+    REQUIRE(p.create_status().ok());  // checked when a comm is made, not at load
+    const std::string problem = two_rank_sum(p);
+    CHECK(problem.find("no-such-if0") != std::string::npos);
+    CHECK(problem.find("option \"interface\"") != std::string::npos);
+    CHECK(problem.find("interfaces with one: ") != std::string::npos);  // what would work instead
+  }
+  Plugin both(R"({"interface": "lo", "hostname": "localhost"})");
+  CHECK(both.create_status().code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(both.create_status().message.find("set one of them") != std::string::npos);
+  Plugin empty(R"({"hostname": ""})");
+  CHECK(empty.create_status().code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(empty.create_status().message.find("non-empty string") != std::string::npos);
+  Plugin unknown(R"({"host": "x"})");
+  CHECK(unknown.create_status().code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(unknown.create_status().message.find("\"interface\"") != std::string::npos);
+}
+
+TEST_CASE("cpu_collectives: the collective option switches collectives off") {
+  Plugin off(R"({"collective": false})");
+  REQUIRE(off.create_status().ok());
+  bp_device_info info{};
+  info.struct_size = sizeof(info);
+  REQUIRE(off.take(off.api().device_info(off.get(), 0, &info)).ok());
+  CHECK((info.capabilities & BP_CAP_COLLECTIVE) == 0);
+  CHECK((info.capabilities & BP_CAP_HOST_VISIBLE) != 0);
+  bp_comm* comm = nullptr;
+  const Status s = create_comm(off, nullptr, 0, 1, 1000, "off/", &comm);
+  CHECK(s.code == BP_STATUS_UNSUPPORTED);
+  CHECK(s.message.find("\"collective\": false") != std::string::npos);
+  Plugin bad(R"({"collective": "no"})");
+  CHECK(bad.create_status().code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(bad.create_status().message.find("true or false") != std::string::npos);
+}
+
+TEST_CASE("cpu_collectives: GLOO_SOCKET_IFNAME wins over the options") {
+  Plugin p(R"({"interface": "no-such-if0"})");
+  REQUIRE(p.create_status().ok());
+  setenv("GLOO_SOCKET_IFNAME", "lo", 1);
+  CHECK(two_rank_sum(p) == "");
+  setenv("GLOO_SOCKET_IFNAME", "no-such-if1", 1);
+  const std::string problem = two_rank_sum(p);
+  CHECK(problem.find("no-such-if1") != std::string::npos);
+  CHECK(problem.find("GLOO_SOCKET_IFNAME") != std::string::npos);
+  setenv("GLOO_SOCKET_IFNAME", "lo,eth0", 1);
+  CHECK(two_rank_sum(p).find("several interfaces") != std::string::npos);
+  unsetenv("GLOO_SOCKET_IFNAME");
+}
