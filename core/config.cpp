@@ -87,12 +87,9 @@ CollectiveFallback parse_fallback(const Checker& c, const json& v, const std::st
   } else if (s == "local") {
     f.kind = CollectiveFallback::Kind::local;
   } else if (s.rfind("host:", 0) == 0 && s.size() > 5) {
-    // The syntax is part of the schema; staging itself arrives with the
-    // collectives work, so until then the entry is refused rather than
-    // silently treated as something else.
-    c.fail(path, "\"" + s +
-                     "\": staging through another backend (host:<backend>) is not available in this "
-                     "version of backplane; use \"error\" or \"local\"");
+    // The named backend is checked once every entry is read (parse_config).
+    f.kind = CollectiveFallback::Kind::host;
+    f.host_backend = s.substr(5);
   } else {
     c.fail(path, "expected \"error\", \"local\" or \"host:<backend>\", got \"" + s + "\"");
   }
@@ -243,6 +240,29 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
       }
     }
     cfg.backends.push_back(std::move(b));
+  }
+
+  // host:<backend> must name another entry that does not itself stage
+  // (staging chains would hide a missing capability behind another one).
+  for (BackendConfig& b : cfg.backends) {
+    if (b.error || b.fallback.kind != CollectiveFallback::Kind::host) continue;
+    const std::string where = cfg.source + ": " + b.path + ".collective_fallback: \"host:" + b.fallback.host_backend + "\": ";
+    auto target = std::find_if(cfg.backends.begin(), cfg.backends.end(),
+                               [&](const BackendConfig& o) { return o.name == b.fallback.host_backend; });
+    if (b.fallback.host_backend == b.name) {
+      b.error = Error(Errc::config_error, where + "a backend cannot stage through itself; name a backend whose devices "
+                                                  "have the 'collective' capability (e.g. \"host:cpu\")");
+    } else if (target == cfg.backends.end()) {
+      std::string names;
+      for (const BackendConfig& o : cfg.backends)
+        if (o.name != b.name) names += (names.empty() ? "" : ", ") + ("\"" + o.name + "\"");
+      b.error = Error(Errc::config_error, where + "no backend named \"" + b.fallback.host_backend +
+                                              "\" in this file" + (names.empty() ? "" : " (configured: " + names + ")"));
+    } else if (target->fallback.kind == CollectiveFallback::Kind::host) {
+      b.error = Error(Errc::config_error, where + "\"" + target->name + "\" (" + target->path +
+                                              ") itself stages through \"" + target->fallback.host_backend +
+                                              "\"; stage through a backend that has 'collective' directly");
+    }
   }
 
   if (root.contains("default_backend")) {

@@ -1,42 +1,68 @@
-// Distributed parameter registration: a runtime lookup of the device's
-// `collective` capability, with the backend's configured fallback.
+// Distributed parameter registration and the collective fallback policy: a
+// runtime lookup of the device's `collective` capability, then the backend's
+// collective_fallback from backends.json. ProcessGroup::create uses the same
+// resolution, so registration and groups can never disagree.
 #include "internal.hpp"
 
 #include <backplane/distributed.hpp>
 #include <backplane/log.hpp>
 
 namespace backplane {
+namespace detail {
 
-Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id) {
-  if (!tensor.defined()) throw Error(Errc::invalid_argument, "set_distributed_params: undefined Tensor");
-  detail::TensorImpl& t = *tensor.impl();
-  detail::BackendImpl& backend = *t.storage->backend;
-  const int32_t device = t.storage->device;
+CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                   const std::string& caller) {
+  if (backend->devices[static_cast<std::size_t>(device)].capabilities.has(Capability::collective))
+    return {CollectiveRoute::Kind::direct, backend, device};
 
-  if (backend.devices[static_cast<std::size_t>(device)].capabilities.has(Capability::collective)) {
-    t.distributed = DistributedParams{id};
-    return tensor;
-  }
-
-  const std::string where = "backend \"" + backend.name + "\", device " + backend.device_id(device);
-  switch (backend.fallback.kind) {
+  const std::string where = "backend \"" + backend->name + "\", device " + backend->device_id(device);
+  const std::string at = backend->config_entry + " in " + backend->config_source;
+  switch (backend->fallback.kind) {
     case CollectiveFallback::Kind::local:
-      if (!backend.warned_local_fallback.exchange(true)) {
-        log(LogLevel::warning, "set_distributed_params: " + where +
+      if (!backend->warned_local_fallback.exchange(true)) {
+        log(LogLevel::warning, caller + ": " + where +
                                    " lacks the 'collective' capability; collective_fallback is \"local\", so its "
-                                   "parameters train locally and their gradients are not synchronised across ranks");
+                                   "tensors train locally and are not synchronised across ranks");
       }
-      return tensor;
-    case CollectiveFallback::Kind::host:  // refused at config load in this version
+      return {CollectiveRoute::Kind::local, backend, device};
+    case CollectiveFallback::Kind::host: {
+      const std::shared_ptr<BackendImpl>& host = backend->fallback_host;
+      const std::string via = "collective_fallback \"" + backend->fallback.to_string() + "\" (" + at + ")";
+      if (!host)
+        throw Error(Errc::internal, caller + ": " + via + " was not resolved when the registry was built");
+      if (host->status != Backend::Status::loaded)
+        throw Error(Errc::backend_unavailable, caller + ": " + where + " lacks 'collective' and " + via +
+                                                   " names backend \"" + host->name +
+                                                   "\", which failed to load: " + host->error);
+      if (host->devices.empty() || !host->devices[0].capabilities.has(Capability::collective))
+        throw Error(Errc::capability_missing,
+                    caller + ": " + where + " lacks 'collective' and " + via + " stages through " +
+                        (host->devices.empty() ? "backend \"" + host->name + "\", which has no devices"
+                                               : host->device_id(0) + ", which lacks it too") +
+                        ". Name a backend whose devices have 'collective' (`backplane list` shows capabilities)");
+      return {CollectiveRoute::Kind::staged, host, 0};
+    }
     case CollectiveFallback::Kind::error:
       break;
   }
   throw Error(Errc::capability_missing,
-              "set_distributed_params(param " + std::to_string(id.value) + "): " + where +
-                  " lacks the 'collective' capability, so its gradients cannot be all-reduced. Remedies: put the "
-                  "parameter on a device with 'collective' (`backplane list` shows capabilities), or set "
-                  "\"collective_fallback\": \"local\" at " +
-                  backend.config_entry + " in " + backend.config_source + " to train it without synchronisation");
+              caller + ": " + where +
+                  " lacks the 'collective' capability, so its tensors cannot be reduced across ranks. Remedies: put "
+                  "the tensor on a device with 'collective' (`backplane list` shows capabilities), or set "
+                  "\"collective_fallback\" at " +
+                  at + " to \"local\" (train it without synchronisation) or \"host:<backend>\" (stage it through a "
+                       "backend that has 'collective')");
+}
+
+}  // namespace detail
+
+Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id) {
+  if (!tensor.defined()) throw Error(Errc::invalid_argument, "set_distributed_params: undefined Tensor");
+  detail::TensorImpl& t = *tensor.impl();
+  const detail::CollectiveRoute route = detail::resolve_collective(
+      t.storage->backend, t.storage->device, "set_distributed_params(param " + std::to_string(id.value) + ")");
+  if (route.kind != detail::CollectiveRoute::Kind::local) t.distributed = DistributedParams{id};
+  return tensor;
 }
 
 std::optional<DistributedParams> distributed_params(const Tensor& tensor) {

@@ -25,6 +25,8 @@ class shared_library;
 
 namespace backplane::detail {
 
+struct GradNode;  // core/autograd.hpp
+
 struct DeviceRecord {
   std::string name;
   Capabilities capabilities;
@@ -48,6 +50,9 @@ struct BackendImpl {
   std::string library_path;
   bool required = false;
   CollectiveFallback fallback;
+  // For a host:<backend> fallback: that backend (set when the registry is
+  // built; the config forbids chains, so there are no ownership cycles).
+  std::shared_ptr<BackendImpl> fallback_host;
 
   // Outcome of loading.
   Backend::Status status = Backend::Status::failed;
@@ -81,6 +86,20 @@ struct BackendImpl {
   // Throws Errc::backend_unavailable unless loaded.
   void require_loaded() const;
 };
+
+// Where collectives for a device run, per its capability and its backend's
+// collective_fallback.
+struct CollectiveRoute {
+  enum class Kind { direct, local, staged };
+  Kind kind;
+  std::shared_ptr<BackendImpl> backend;  // direct/local: the device's own; staged: the host backend
+  int32_t device;
+};
+// Throws Errc::capability_missing (fallback "error", or a host backend that
+// lacks 'collective') or Errc::backend_unavailable; warns once per backend for
+// "local". `caller` starts every message ("set_distributed_params(param 3)").
+CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                   const std::string& caller);
 
 struct RegistryImpl {
   std::filesystem::path config_path;
@@ -118,6 +137,9 @@ struct TensorImpl {
   uint64_t byte_offset = 0;
   DType dtype = DType::f32;
   std::optional<DistributedParams> distributed;
+  // Autodiff: the leaf node (require_grad) or the node of the op that made
+  // this tensor; null when it does not require grad. Never copied to views.
+  std::shared_ptr<GradNode> grad_node;
 };
 
 // Row-major strides for `shape`.

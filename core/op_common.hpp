@@ -73,6 +73,11 @@ std::shared_ptr<TensorImpl> copy_contiguous(const TensorImpl& x, const char* api
 // is contiguous in memory; otherwise a contiguous copy.
 std::shared_ptr<TensorImpl> as_contiguous(const std::shared_ptr<TensorImpl>& x, const char* api);
 
+// Copies x's elements into out: both contiguous with the same byte size,
+// on any two devices (memcpy between host-visible ones, buffer_read/write
+// otherwise). Synchronises both devices first. `what` prefixes errors.
+void copy_dense(const TensorImpl& x, const TensorImpl& out, const std::string& what);
+
 // "[2, -1, 3]" for a user-given shape or dim list.
 std::string list_to_string(const std::vector<int64_t>& v);
 // A double for a message: "2.5", "1e+300", "nan".

@@ -103,6 +103,12 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
     }
     reg->backends.push_back(std::move(b));
   }
+  for (const auto& b : reg->backends) {
+    // A failed entry stages nothing, and never itself (no ownership cycle).
+    if (b->fallback.kind != CollectiveFallback::Kind::host || b->status != Backend::Status::loaded) continue;
+    for (const auto& o : reg->backends)
+      if (o != b && o->name == b->fallback.host_backend) b->fallback_host = o;
+  }
   if (policy == RequiredPolicy::throw_on_failure) {
     std::string failures;
     for (const auto& b : reg->backends)

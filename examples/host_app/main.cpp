@@ -39,13 +39,19 @@ int main(int argc, char** argv) {
     print("a @ w", bp::matmul(a, w));
 
     // The reason backplane exists: asking for data-parallel training on a
-    // backend is a capability lookup. Without `collective` (and with the
-    // default collective_fallback "error") it is a typed error.
-    try {
-      bp::set_distributed_params(a, bp::DistributedParamId{42});
-      std::cout << "set_distributed_params: registered on " << device.id() << '\n';
-    } catch (const bp::Error& e) {
-      std::cout << "set_distributed_params: error " << bp::to_string(e.code()) << ": " << e.what() << '\n';
+    // backend is a capability lookup. With `collective` the parameter is
+    // registered; without it (and with the default collective_fallback
+    // "error") it is a typed error that names the remedy.
+    for (const bp::Backend& backend : registry.backends()) {
+      if (backend.status() != bp::Backend::Status::loaded) continue;
+      const bp::Device d = backend.device(0);
+      try {
+        bp::set_distributed_params(bp::Tensor::from_vector(d, {2}, std::vector<float>{1, 2}), bp::DistributedParamId{42});
+        std::cout << "set_distributed_params on " << d.id() << ": registered\n";
+      } catch (const bp::Error& e) {
+        std::cout << "set_distributed_params on " << d.id() << ": error " << bp::to_string(e.code()) << ": "
+                  << e.what() << '\n';
+      }
     }
     return 0;
   } catch (const bp::Error& e) {

@@ -116,7 +116,7 @@ TEST_CASE("list: json shows the loaded cpu backend and a missing library as fail
   CHECK(cpu["required"] == true);
   CHECK(cpu["collective_fallback"] == "error");
   CHECK(has_name(cpu["capabilities"], "host_visible"));
-  CHECK_FALSE(has_name(cpu["capabilities"], "collective"));
+  CHECK(has_name(cpu["capabilities"], "collective"));  // Gloo
   REQUIRE(cpu["devices"].is_array());
   REQUIRE(cpu["devices"].size() == 1);
   const Json& dev = cpu["devices"][0];
@@ -124,7 +124,7 @@ TEST_CASE("list: json shows the loaded cpu backend and a missing library as fail
   REQUIRE(dev["name"].is_string());
   CHECK_FALSE(dev["name"].get<std::string>().empty());
   CHECK(has_name(dev["capabilities"], "host_visible"));
-  CHECK_FALSE(has_name(dev["capabilities"], "collective"));
+  CHECK(has_name(dev["capabilities"], "collective"));
   REQUIRE(dev["attributes"].is_object());
   CHECK(dev["attributes"].contains("threads"));
   CHECK(dev["memory_bytes"].is_number_unsigned());

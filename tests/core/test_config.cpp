@@ -108,13 +108,34 @@ TEST_CASE("config: collective_fallback error and local are accepted") {
   CHECK(r.backend("l").collective_fallback().to_string() == "local");
 }
 
-TEST_CASE("config: collective_fallback host is not available in this version") {
-  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:cpu")"),
+TEST_CASE("config: collective_fallback host names another backend") {
+  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:good")"),
+                                 backend_json("good", "good_c")}));
+  expect_loaded(r.backend("staged"));
+  CHECK(r.backend("staged").collective_fallback().kind == CollectiveFallback::Kind::host);
+  CHECK(r.backend("staged").collective_fallback().host_backend == "good");
+  CHECK(r.backend("staged").collective_fallback().to_string() == "host:good");
+}
+
+TEST_CASE("config: collective_fallback host naming an unknown backend fails that entry") {
+  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:gpu")"),
                                  backend_json("good", "good_c")}));
   const std::string msg = expect_failed(r.backend("staged"), Errc::config_error);
-  BP_CHECK_CONTAINS(msg, "host:");
-  BP_CHECK_CONTAINS(msg, "not available");
+  BP_CHECK_CONTAINS(msg, "backends[0].collective_fallback");
+  BP_CHECK_CONTAINS(msg, "no backend named \"gpu\"");
+  BP_CHECK_CONTAINS(msg, "\"good\"");
   expect_loaded(r.backend("good"));
+}
+
+TEST_CASE("config: collective_fallback host through itself or through a stager fails") {
+  Registry r = load(config_json({backend_json("self", "good_c", false, R"("collective_fallback": "host:self")"),
+                                 backend_json("a", "good_c", false, R"("collective_fallback": "host:b")"),
+                                 backend_json("b", "good_c", false, R"("collective_fallback": "host:c")"),
+                                 backend_json("c", "good_c")}));
+  BP_CHECK_CONTAINS(expect_failed(r.backend("self"), Errc::config_error), "cannot stage through itself");
+  BP_CHECK_CONTAINS(expect_failed(r.backend("a"), Errc::config_error), "itself stages through \"c\"");
+  expect_loaded(r.backend("b"));
+  expect_loaded(r.backend("c"));
 }
 
 TEST_CASE("config: an unknown collective_fallback fails that backend naming its path") {

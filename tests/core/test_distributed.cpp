@@ -1,7 +1,7 @@
 // Tests of set_distributed_params: a runtime lookup of the device's
-// `collective` capability. Without it (the real cpu plugin) the backend's
-// collective_fallback decides: a typed error by default, or "local" with one
-// warning per backend; with it (the collective_world1 fixture) the tensor is
+// `collective` capability. Without it (the good_c fixture) the backend's
+// collective_fallback decides: a typed error by default, "local" with one
+// warning per backend, or "host:<backend>"; with it (the collective_world1 fixture) the tensor is
 // registered and shares its data.
 #include "test_support.hpp"
 
@@ -19,7 +19,7 @@ Device cpu_device(const Registry& r, std::string_view name = "cpu") {
 }  // namespace
 
 TEST_CASE("distributed: without collective the default fallback throws capability_missing") {
-  Registry r = load(config_json({backend_json("cpu", "backplane_cpu")}));
+  Registry r = load(config_json({backend_json("cpu", "good_c")}));
   Device d = cpu_device(r);
   REQUIRE_FALSE(d.capabilities().has(Capability::collective));
   CHECK(r.backend("cpu").collective_fallback().kind == CollectiveFallback::Kind::error);
@@ -35,7 +35,7 @@ TEST_CASE("distributed: without collective the default fallback throws capabilit
 }
 
 TEST_CASE("distributed: the error names the backend as configured") {
-  Registry r = load(config_json({backend_json("trainer_host", "backplane_cpu")}));
+  Registry r = load(config_json({backend_json("trainer_host", "good_c")}));
   Tensor t = Tensor::from_vector<float>(cpu_device(r, "trainer_host"), {1}, {1});
   Error e = error_from([&] { set_distributed_params(t, DistributedParamId{7}); });
   CHECK(e.code() == Errc::capability_missing);
@@ -44,7 +44,7 @@ TEST_CASE("distributed: the error names the backend as configured") {
 }
 
 TEST_CASE("distributed: fallback local returns the tensor unregistered and warns once") {
-  Registry r = load(config_json({backend_json("cpu", "backplane_cpu", false, R"("collective_fallback": "local")")}));
+  Registry r = load(config_json({backend_json("cpu", "good_c", false, R"("collective_fallback": "local")")}));
   Device d = cpu_device(r);
   Tensor t = Tensor::from_vector<float>(d, {3}, {1, 2, 3});
   Tensor u = Tensor::from_vector<float>(d, {2}, {4, 5});
@@ -69,8 +69,8 @@ TEST_CASE("distributed: fallback local returns the tensor unregistered and warns
 }
 
 TEST_CASE("distributed: fallback local warns once per backend") {
-  Registry r = load(config_json({backend_json("cpu_a", "backplane_cpu", false, R"("collective_fallback": "local")"),
-                                 backend_json("cpu_b", "backplane_cpu", false, R"("collective_fallback": "local")")}));
+  Registry r = load(config_json({backend_json("cpu_a", "good_c", false, R"("collective_fallback": "local")"),
+                                 backend_json("cpu_b", "good_c", false, R"("collective_fallback": "local")")}));
   Tensor a = Tensor::from_vector<float>(cpu_device(r, "cpu_a"), {1}, {1});
   Tensor b = Tensor::from_vector<float>(cpu_device(r, "cpu_b"), {1}, {2});
   LogCapture logs;
@@ -129,4 +129,92 @@ TEST_CASE("distributed: registration shares the tensor's data instead of copying
 TEST_CASE("distributed: an undefined tensor throws invalid_argument") {
   Error e = error_from([] { set_distributed_params(Tensor{}, DistributedParamId{42}); });
   CHECK(e.code() == Errc::invalid_argument);
+}
+
+// ---- ProcessGroup: single-process paths (multi-process ones are in tests/integration)
+
+TEST_CASE("process group: a device without collective refuses a group by default") {
+  Registry r = load(config_json({backend_json("plain", "good_c")}));
+  const Error e = error_from(
+      [&] { ProcessGroup::create(r.backend("plain").device(0), Rendezvous::single_process(std::chrono::seconds(5))); });
+  CHECK(e.code() == Errc::capability_missing);
+  BP_CHECK_CONTAINS(e.message(), "ProcessGroup::create");
+  BP_CHECK_CONTAINS(e.message(), "plain:0");
+  BP_CHECK_CONTAINS(e.message(), "collective_fallback");
+}
+
+TEST_CASE("process group: the local fallback is a world of one that synchronises nothing") {
+  Registry r = load(config_json({backend_json("plain", "good_c", false, R"("collective_fallback": "local")")}));
+  Device d = r.backend("plain").device(0);
+  ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
+  CHECK(pg.is_local());
+  CHECK(pg.rank() == 0);
+  CHECK(pg.world_size() == 1);
+  Tensor t = Tensor::from_vector<float>(d, {3}, {1, 2, 3});
+  CHECK(pg.all_reduce(t).to_vector<float>() == std::vector<float>{1, 2, 3});
+  pg.all_reduce_(t, ReduceOp::prod);
+  CHECK(t.to_vector<float>() == std::vector<float>{1, 2, 3});
+  CHECK(pg.all_gather(t).shape() == Shape{1, 3});
+  pg.barrier();
+}
+
+TEST_CASE("process group: collectives on a world of one, and their argument checks") {
+  Registry r = load(config_json({backend_json("world", "collective_world1"), backend_json("plain", "good_c")}));
+  Device d = r.backend("world").device(0);
+  ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
+  CHECK_FALSE(pg.is_local());
+  CHECK(pg.collective_device() == d);
+  Tensor t = Tensor::from_vector<float>(d, {2, 2}, {1, 2, 3, 4});
+  CHECK(pg.all_reduce(t, ReduceOp::max).to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  CHECK(pg.broadcast(t, 0).to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor g = pg.all_gather(t);
+  CHECK(g.shape() == Shape{1, 2, 2});
+  CHECK(g.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor rs = pg.reduce_scatter(reshape(t, {1, 4}));
+  CHECK(rs.shape() == Shape{4});
+  pg.barrier();
+
+  CHECK(error_from([&] { pg.broadcast(t, 1); }).code() == Errc::invalid_argument);
+  const Error shape = error_from([&] { pg.reduce_scatter(t); });
+  CHECK(shape.code() == Errc::shape_mismatch);
+  BP_CHECK_CONTAINS(shape.message(), "world_size");
+  Tensor elsewhere = Tensor::from_vector<float>(r.backend("plain").device(0), {1}, {1});
+  const Error dev = error_from([&] { pg.all_reduce(elsewhere); });
+  CHECK(dev.code() == Errc::device_mismatch);
+  BP_CHECK_CONTAINS(dev.message(), "plain:0");
+  CHECK(error_from([&] { pg.all_reduce(Tensor()); }).code() == Errc::invalid_argument);
+  Tensor strided = transpose(t, 0, 1);
+  CHECK(error_from([&] { pg.all_reduce_(strided); }).code() == Errc::invalid_argument);
+  CHECK(pg.all_reduce(strided).to_vector<float>() == std::vector<float>{1, 3, 2, 4});
+  CHECK(error_from([&] { ProcessGroup().barrier(); }).code() == Errc::invalid_argument);
+}
+
+TEST_CASE("process group: host fallback stages the tensor through the named backend and back") {
+  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:world")"),
+                                 backend_json("world", "collective_world1")}));
+  Device d = r.backend("staged").device(0);
+  ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
+  CHECK(pg.device() == d);
+  CHECK(pg.collective_device() == r.backend("world").device(0));
+  Tensor t = Tensor::from_vector<float>(d, {3}, {1, 2, 3});
+  Tensor reduced = pg.all_reduce(t);
+  CHECK(reduced.device() == d);
+  CHECK(reduced.to_vector<float>() == std::vector<float>{1, 2, 3});
+  pg.all_reduce_(t);
+  CHECK(t.to_vector<float>() == std::vector<float>{1, 2, 3});
+  // Registration follows the same route: the parameter is registered.
+  CHECK(is_distributed(set_distributed_params(t, DistributedParamId{9})));
+}
+
+TEST_CASE("process group: a host fallback whose backend lacks collective names both") {
+  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:other")"),
+                                 backend_json("other", "good_c")}));
+  Device d = r.backend("staged").device(0);
+  const Error e = error_from([&] { ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5))); });
+  CHECK(e.code() == Errc::capability_missing);
+  BP_CHECK_CONTAINS(e.message(), "staged:0");
+  BP_CHECK_CONTAINS(e.message(), "other:0");
+  BP_CHECK_CONTAINS(e.message(), "host:other");
+  const Error reg = error_from([&] { set_distributed_params(Tensor::from_vector<float>(d, {1}, {1}), DistributedParamId{1}); });
+  CHECK(reg.code() == Errc::capability_missing);
 }
