@@ -2,6 +2,7 @@
 // broadcast operands described with stride 0, never materialised), where
 // with three-way broadcasting, unary math, clamp and cast. Inputs may be
 // strided; outputs are contiguous.
+#include "autograd.hpp"
 #include "op_common.hpp"
 
 #include <cmath>
@@ -71,6 +72,22 @@ Tensor unary(int32_t op, const Tensor& t, bool float_only, const bp_op_attrs* at
   return Tensor(std::move(out));
 }
 
+// The differentiable ops: the op, then a node when an input requires grad
+// (the only autodiff cost otherwise is that test).
+Tensor tracked_binary(int32_t op, const Tensor& a, const Tensor& b) {
+  Tensor out = binary(op, a, b, false);
+  if (detail::any_requires_grad(a, b)) [[unlikely]]
+    detail::record_binary(op, a, b, out);
+  return out;
+}
+
+Tensor tracked_unary(int32_t op, const Tensor& t, bool float_only) {
+  Tensor out = unary(op, t, float_only);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_unary(op, t, out);
+  return out;
+}
+
 }  // namespace
 
 Shape broadcast_shapes(const Shape& a, const Shape& b) {
@@ -91,13 +108,13 @@ Shape broadcast_shapes(const Shape& a, const Shape& b) {
   return out;
 }
 
-Tensor add(const Tensor& a, const Tensor& b) { return binary(BP_OP_ADD, a, b, false); }
-Tensor sub(const Tensor& a, const Tensor& b) { return binary(BP_OP_SUB, a, b, false); }
-Tensor mul(const Tensor& a, const Tensor& b) { return binary(BP_OP_MUL, a, b, false); }
-Tensor div(const Tensor& a, const Tensor& b) { return binary(BP_OP_DIV, a, b, false); }
-Tensor pow(const Tensor& a, const Tensor& b) { return binary(BP_OP_POW, a, b, false); }
-Tensor maximum(const Tensor& a, const Tensor& b) { return binary(BP_OP_MAXIMUM, a, b, false); }
-Tensor minimum(const Tensor& a, const Tensor& b) { return binary(BP_OP_MINIMUM, a, b, false); }
+Tensor add(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_ADD, a, b); }
+Tensor sub(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_SUB, a, b); }
+Tensor mul(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_MUL, a, b); }
+Tensor div(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_DIV, a, b); }
+Tensor pow(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_POW, a, b); }
+Tensor maximum(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_MAXIMUM, a, b); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_MINIMUM, a, b); }
 Tensor eq(const Tensor& a, const Tensor& b) { return binary(BP_OP_EQ, a, b, true); }
 Tensor ne(const Tensor& a, const Tensor& b) { return binary(BP_OP_NE, a, b, true); }
 Tensor lt(const Tensor& a, const Tensor& b) { return binary(BP_OP_LT, a, b, true); }
@@ -105,7 +122,7 @@ Tensor le(const Tensor& a, const Tensor& b) { return binary(BP_OP_LE, a, b, true
 Tensor gt(const Tensor& a, const Tensor& b) { return binary(BP_OP_GT, a, b, true); }
 Tensor ge(const Tensor& a, const Tensor& b) { return binary(BP_OP_GE, a, b, true); }
 
-Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+static Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const TensorImpl& c = detail::operand(cond, "where", "cond");
   const TensorImpl& x = detail::operand(a, "where", "a");
   const TensorImpl& y = detail::operand(b, "where", "b");
@@ -137,16 +154,16 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   return Tensor(std::move(out));
 }
 
-Tensor neg(const Tensor& t) { return unary(BP_OP_NEG, t, false); }
-Tensor abs(const Tensor& t) { return unary(BP_OP_ABS, t, false); }
-Tensor relu(const Tensor& t) { return unary(BP_OP_RELU, t, false); }
-Tensor exp(const Tensor& t) { return unary(BP_OP_EXP, t, true); }
-Tensor log(const Tensor& t) { return unary(BP_OP_LOG, t, true); }
-Tensor sqrt(const Tensor& t) { return unary(BP_OP_SQRT, t, true); }
-Tensor tanh(const Tensor& t) { return unary(BP_OP_TANH, t, true); }
-Tensor sigmoid(const Tensor& t) { return unary(BP_OP_SIGMOID, t, true); }
-Tensor sin(const Tensor& t) { return unary(BP_OP_SIN, t, true); }
-Tensor cos(const Tensor& t) { return unary(BP_OP_COS, t, true); }
+Tensor neg(const Tensor& t) { return tracked_unary(BP_OP_NEG, t, false); }
+Tensor abs(const Tensor& t) { return tracked_unary(BP_OP_ABS, t, false); }
+Tensor relu(const Tensor& t) { return tracked_unary(BP_OP_RELU, t, false); }
+Tensor exp(const Tensor& t) { return tracked_unary(BP_OP_EXP, t, true); }
+Tensor log(const Tensor& t) { return tracked_unary(BP_OP_LOG, t, true); }
+Tensor sqrt(const Tensor& t) { return tracked_unary(BP_OP_SQRT, t, true); }
+Tensor tanh(const Tensor& t) { return tracked_unary(BP_OP_TANH, t, true); }
+Tensor sigmoid(const Tensor& t) { return tracked_unary(BP_OP_SIGMOID, t, true); }
+Tensor sin(const Tensor& t) { return tracked_unary(BP_OP_SIN, t, true); }
+Tensor cos(const Tensor& t) { return tracked_unary(BP_OP_COS, t, true); }
 
 Tensor clamp(const Tensor& t, double lo, double hi) {
   if (std::isnan(lo) || std::isnan(hi))
@@ -169,10 +186,13 @@ Tensor clamp(const Tensor& t, double lo, double hi) {
   bp_op_attrs attrs = detail::make_attrs();
   attrs.scalar0 = lo;
   attrs.scalar1 = hi;
-  return unary(BP_OP_CLAMP, t, false, &attrs);
+  Tensor out = unary(BP_OP_CLAMP, t, false, &attrs);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_clamp(t, lo, hi, out);
+  return out;
 }
 
-Tensor cast(const Tensor& t, DType dtype) {
+static Tensor cast_forward(const Tensor& t, DType dtype) {
   const TensorImpl& x = detail::operand(t, "cast", "the");
   detail::require_known_dtype(dtype, "cast");
   if (dtype == x.dtype) return t;  // tensors are immutable through the API: sharing is safe
@@ -189,6 +209,22 @@ Tensor cast(const Tensor& t, DType dtype) {
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, BP_OP_CAST, &in, 1, &o, &attrs);
   return Tensor(std::move(out));
+}
+
+// ---- autodiff: where and cast record their node here --------------------------
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  Tensor out = where_forward(cond, a, b);
+  if (detail::any_requires_grad(a, b)) [[unlikely]]
+    detail::record_where(cond, a, b, out);
+  return out;
+}
+
+Tensor cast(const Tensor& t, DType dtype) {
+  Tensor out = cast_forward(t, dtype);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_cast(t, out);
+  return out;
 }
 
 }  // namespace backplane

@@ -2,6 +2,7 @@
 // 2-D operands pass with their own strides; batched ones are described with
 // the output's batch dims (stride 0 where an operand is broadcast) and their
 // own strides on the last two dims, so nothing is materialised.
+#include "autograd.hpp"
 #include "op_common.hpp"
 
 namespace backplane {
@@ -39,7 +40,7 @@ void describe_batched(const TensorImpl& t, const Shape& batch, Shape& shape, Sha
 
 }  // namespace
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
+static Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   const TensorImpl& x = detail::operand(a, "matmul", "left");
   const TensorImpl& y = detail::operand(b, "matmul", "right");
   detail::same_device(x, y, "matmul");
@@ -92,6 +93,13 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   describe_batched(y, batch, shapes[1], strides[1], in[1]);
   detail::execute(*backend, device, BP_OP_MATMUL, in, 2, &o);
   return Tensor(std::move(out));
+}
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  Tensor out = matmul_forward(a, b);
+  if (detail::any_requires_grad(a, b)) [[unlikely]]
+    detail::record_matmul(a, b, out);
+  return out;
 }
 
 }  // namespace backplane

@@ -3,6 +3,7 @@
 // copies a strided one first) and, for a reduction, an output with the
 // input's rank and extent 1 on the axis; keepdim=false and all-axes results
 // are reshapes of that output done here.
+#include "autograd.hpp"
 #include "op_common.hpp"
 
 namespace backplane {
@@ -130,16 +131,46 @@ Tensor softmax_like(int32_t op, const Tensor& t, int64_t axis_arg) {
   return Tensor(std::move(out));
 }
 
+// The differentiable ops: the op, then a node when the input requires grad.
+Tensor tracked_reduce(int32_t op, const Tensor& t, int64_t axis, bool keepdim) {
+  Tensor out = reduce_axis(op, t, axis, keepdim);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_reduce(op, t, axis, keepdim, out);
+  return out;
+}
+
+Tensor tracked_reduce_all(int32_t op, const Tensor& t) {
+  Tensor out = reduce_all(op, t);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_reduce_all(op, t, out);
+  return out;
+}
+
+Tensor tracked_softmax(int32_t op, const Tensor& t, int64_t axis) {
+  Tensor out = softmax_like(op, t, axis);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_softmax(op, t, axis, out);
+  return out;
+}
+
 }  // namespace
 
-Tensor sum(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_SUM, t, axis, keepdim); }
-Tensor sum(const Tensor& t) { return reduce_all(BP_OP_SUM, t); }
-Tensor mean(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_MEAN, t, axis, keepdim); }
-Tensor mean(const Tensor& t) { return reduce_all(BP_OP_MEAN, t); }
-Tensor max(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_MAX, t, axis, keepdim); }
-Tensor max(const Tensor& t) { return reduce_all(BP_OP_MAX, t); }
-Tensor min(const Tensor& t, int64_t axis, bool keepdim) { return reduce_axis(BP_OP_MIN, t, axis, keepdim); }
-Tensor min(const Tensor& t) { return reduce_all(BP_OP_MIN, t); }
+Tensor sum(const Tensor& t, int64_t axis, bool keepdim) {
+  return tracked_reduce(BP_OP_SUM, t, axis, keepdim);
+}
+Tensor sum(const Tensor& t) { return tracked_reduce_all(BP_OP_SUM, t); }
+Tensor mean(const Tensor& t, int64_t axis, bool keepdim) {
+  return tracked_reduce(BP_OP_MEAN, t, axis, keepdim);
+}
+Tensor mean(const Tensor& t) { return tracked_reduce_all(BP_OP_MEAN, t); }
+Tensor max(const Tensor& t, int64_t axis, bool keepdim) {
+  return tracked_reduce(BP_OP_MAX, t, axis, keepdim);
+}
+Tensor max(const Tensor& t) { return tracked_reduce_all(BP_OP_MAX, t); }
+Tensor min(const Tensor& t, int64_t axis, bool keepdim) {
+  return tracked_reduce(BP_OP_MIN, t, axis, keepdim);
+}
+Tensor min(const Tensor& t) { return tracked_reduce_all(BP_OP_MIN, t); }
 Tensor argmax(const Tensor& t, int64_t axis, bool keepdim) {
   return reduce_axis(BP_OP_ARGMAX, t, axis, keepdim);
 }
@@ -149,7 +180,7 @@ Tensor argmin(const Tensor& t, int64_t axis, bool keepdim) {
 }
 Tensor argmin(const Tensor& t) { return reduce_all(BP_OP_ARGMIN, t); }
 
-Tensor softmax(const Tensor& t, int64_t axis) { return softmax_like(BP_OP_SOFTMAX, t, axis); }
-Tensor log_softmax(const Tensor& t, int64_t axis) { return softmax_like(BP_OP_LOG_SOFTMAX, t, axis); }
+Tensor softmax(const Tensor& t, int64_t axis) { return tracked_softmax(BP_OP_SOFTMAX, t, axis); }
+Tensor log_softmax(const Tensor& t, int64_t axis) { return tracked_softmax(BP_OP_LOG_SOFTMAX, t, axis); }
 
 }  // namespace backplane

@@ -1,6 +1,7 @@
 // Shape ops and placement: reshape, permute, transpose and slice as views
 // sharing the buffer; cat (one strided COPY per input into the output);
 // index_select and gather; contiguous; to(device) across backends.
+#include "autograd.hpp"
 #include "op_common.hpp"
 
 #include <algorithm>
@@ -19,7 +20,7 @@ const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t, const char* api) {
 
 }  // namespace
 
-Tensor reshape(const Tensor& t, const std::vector<int64_t>& shape) {
+static Tensor reshape_forward(const Tensor& t, const std::vector<int64_t>& shape) {
   const auto& x = impl_of(t, "reshape");
   if (shape.size() > static_cast<std::size_t>(Shape::kMaxRank)) {
     throw Error(Errc::invalid_argument, "reshape: target shape " + detail::list_to_string(shape) +
@@ -74,7 +75,7 @@ Tensor reshape(const Tensor& t, const std::vector<int64_t>& shape) {
   return Tensor(std::move(copy));
 }
 
-Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
+static Tensor permute_forward(const Tensor& t, const std::vector<int64_t>& dims) {
   const auto& x = impl_of(t, "permute");
   const int rank = x->shape.rank();
   if (dims.size() != static_cast<std::size_t>(rank)) {
@@ -98,7 +99,7 @@ Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
   return Tensor(detail::make_view(x, shape, strides, x->byte_offset));
 }
 
-Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
+static Tensor transpose_forward(const Tensor& t, int64_t dim0, int64_t dim1) {
   const auto& x = impl_of(t, "transpose");
   const int rank = x->shape.rank();
   const int d0 = detail::normalize_axis(dim0, rank, "transpose", "dim0");
@@ -109,7 +110,7 @@ Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
   return Tensor(detail::make_view(x, shape, strides, x->byte_offset));
 }
 
-Tensor slice(const Tensor& t, int64_t axis_arg, int64_t start, int64_t end, int64_t step) {
+static Tensor slice_forward(const Tensor& t, int64_t axis_arg, int64_t start, int64_t end, int64_t step) {
   const auto& x = impl_of(t, "slice");
   const int axis = detail::normalize_axis(axis_arg, x->shape.rank(), "slice");
   if (step <= 0) {
@@ -133,7 +134,7 @@ Tensor slice(const Tensor& t, int64_t axis_arg, int64_t start, int64_t end, int6
   return Tensor(detail::make_view(x, shape, strides, offset));
 }
 
-Tensor cat(const std::vector<Tensor>& tensors, int64_t axis_arg) {
+static Tensor cat_forward(const std::vector<Tensor>& tensors, int64_t axis_arg) {
   if (tensors.empty())
     throw Error(Errc::invalid_argument, "cat: the list of tensors is empty; pass at least one");
   const TensorImpl& first = detail::operand(tensors[0], "cat", "the first");
@@ -178,7 +179,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t axis_arg) {
   return Tensor(std::move(out));
 }
 
-Tensor index_select(const Tensor& t, int64_t axis_arg, const Tensor& index) {
+static Tensor index_select_forward(const Tensor& t, int64_t axis_arg, const Tensor& index) {
   const TensorImpl& x0 = detail::operand(t, "index_select", "the");
   const TensorImpl& i0 = detail::operand(index, "index_select", "the index");
   detail::same_device(x0, i0, "index_select");
@@ -205,7 +206,7 @@ Tensor index_select(const Tensor& t, int64_t axis_arg, const Tensor& index) {
   return Tensor(std::move(out));
 }
 
-Tensor gather(const Tensor& t, int64_t axis_arg, const Tensor& index) {
+static Tensor gather_forward(const Tensor& t, int64_t axis_arg, const Tensor& index) {
   const TensorImpl& x0 = detail::operand(t, "gather", "the");
   const TensorImpl& i0 = detail::operand(index, "gather", "the index");
   detail::same_device(x0, i0, "gather");
@@ -236,11 +237,51 @@ Tensor gather(const Tensor& t, int64_t axis_arg, const Tensor& index) {
   return Tensor(std::move(out));
 }
 
-Tensor contiguous(const Tensor& t) {
+static Tensor contiguous_forward(const Tensor& t) {
   return Tensor(detail::copy_contiguous(detail::operand(t, "contiguous", "the"), "contiguous"));
 }
 
-Tensor to(const Tensor& t, const Device& device) {
+namespace detail {
+
+void copy_dense(const TensorImpl& x, const TensorImpl& out, const std::string& what) {
+  const uint64_t bytes = static_cast<uint64_t>(x.shape.numel()) * dtype_size(x.dtype);
+  if (bytes == 0) return;
+  BackendImpl& sb = *x.storage->backend;
+  BackendImpl& db = *out.storage->backend;
+  const int32_t src_device = x.storage->device;
+  const int32_t dst_device = out.storage->device;
+  // Host pointers only on host_visible devices; the core never touches other plugin memory.
+  auto host_ptr = [](BackendImpl& b, int32_t dev, bp_buffer* buf) -> std::byte* {
+    if (!b.devices[static_cast<std::size_t>(dev)].capabilities.has(Capability::host_visible)) return nullptr;
+    if (b.api.buffer_host_ptr == nullptr) return nullptr;
+    return static_cast<std::byte*>(b.api.buffer_host_ptr(b.plugin, buf));
+  };
+  std::byte* src = host_ptr(sb, src_device, x.storage->buffer);
+  std::byte* dst = host_ptr(db, dst_device, out.storage->buffer);
+  if (src != nullptr && sb.api.synchronize != nullptr)  // work queued on the source must land first
+    sb.check(sb.api.synchronize(sb.plugin, src_device), what + ": synchronize " + sb.device_id(src_device));
+  if (dst != nullptr && db.api.synchronize != nullptr)  // and work still reading the destination
+    db.check(db.api.synchronize(db.plugin, dst_device), what + ": synchronize " + db.device_id(dst_device));
+  if (src != nullptr && dst != nullptr) {
+    std::memmove(dst + out.byte_offset, src + x.byte_offset, static_cast<std::size_t>(bytes));  // views may overlap
+  } else if (src != nullptr) {
+    db.check(db.api.buffer_write(db.plugin, out.storage->buffer, out.byte_offset, src + x.byte_offset, bytes),
+             what + ": buffer_write");
+  } else if (dst != nullptr) {
+    sb.check(sb.api.buffer_read(sb.plugin, x.storage->buffer, x.byte_offset, dst + out.byte_offset, bytes),
+             what + ": buffer_read from " + sb.device_id(src_device));
+  } else {
+    std::vector<std::byte> staging(static_cast<std::size_t>(bytes));
+    sb.check(sb.api.buffer_read(sb.plugin, x.storage->buffer, x.byte_offset, staging.data(), bytes),
+             what + ": buffer_read from " + sb.device_id(src_device));
+    db.check(db.api.buffer_write(db.plugin, out.storage->buffer, out.byte_offset, staging.data(), bytes),
+             what + ": buffer_write");
+  }
+}
+
+}  // namespace detail
+
+static Tensor to_forward(const Tensor& t, const Device& device) {
   const TensorImpl& x0 = detail::operand(t, "to", "the");
   const auto& dst_backend = detail::usable(device, "to");
   const int32_t dst_device = device.index();
@@ -252,37 +293,95 @@ Tensor to(const Tensor& t, const Device& device) {
   if (bytes == 0) return Tensor(std::move(out));
   // Dense bytes on the source first (a COPY on the source device when strided).
   const auto x = detail::as_contiguous(t.impl(), "to");
-  detail::BackendImpl& sb = *src_backend;
-  detail::BackendImpl& db = *dst_backend;
-  const int32_t src_device = x->storage->device;
-  const std::string what = "to(" + db.device_id(dst_device) + ")";
-  // Host pointers only on host_visible devices; the core never touches other plugin memory.
-  auto host_ptr = [](detail::BackendImpl& b, int32_t dev, bp_buffer* buf) -> std::byte* {
-    if (!b.devices[static_cast<std::size_t>(dev)].capabilities.has(Capability::host_visible)) return nullptr;
-    if (b.api.buffer_host_ptr == nullptr) return nullptr;
-    return static_cast<std::byte*>(b.api.buffer_host_ptr(b.plugin, buf));
-  };
-  std::byte* src = host_ptr(sb, src_device, x->storage->buffer);
-  std::byte* dst = host_ptr(db, dst_device, out->storage->buffer);
-  if (src != nullptr && sb.api.synchronize != nullptr)  // work queued on the source must land first
-    sb.check(sb.api.synchronize(sb.plugin, src_device), what + ": synchronize " + sb.device_id(src_device));
-  if (src != nullptr && dst != nullptr) {
-    std::memcpy(dst + out->byte_offset, src + x->byte_offset, static_cast<std::size_t>(bytes));
-  } else if (src != nullptr) {
-    db.check(
-        db.api.buffer_write(db.plugin, out->storage->buffer, out->byte_offset, src + x->byte_offset, bytes),
-        what + ": buffer_write");
-  } else if (dst != nullptr) {
-    sb.check(sb.api.buffer_read(sb.plugin, x->storage->buffer, x->byte_offset, dst + out->byte_offset, bytes),
-             what + ": buffer_read from " + sb.device_id(src_device));
-  } else {
-    std::vector<std::byte> staging(static_cast<std::size_t>(bytes));
-    sb.check(sb.api.buffer_read(sb.plugin, x->storage->buffer, x->byte_offset, staging.data(), bytes),
-             what + ": buffer_read from " + sb.device_id(src_device));
-    db.check(db.api.buffer_write(db.plugin, out->storage->buffer, out->byte_offset, staging.data(), bytes),
-             what + ": buffer_write");
-  }
+  detail::copy_dense(*x, *out, "to(" + dst_backend->device_id(dst_device) + ")");
   return Tensor(std::move(out));
+}
+
+// ---- autodiff: each op, then its node when an input requires grad ------------
+
+Tensor reshape(const Tensor& t, const std::vector<int64_t>& shape) {
+  Tensor out = reshape_forward(t, shape);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_reshape(t, out);
+  return out;
+}
+
+Tensor permute(const Tensor& t, const std::vector<int64_t>& dims) {
+  Tensor out = permute_forward(t, dims);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_permute(t, dims, out);
+  return out;
+}
+
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
+  Tensor out = transpose_forward(t, dim0, dim1);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_transpose(t, dim0, dim1, out);
+  return out;
+}
+
+Tensor slice(const Tensor& t, int64_t axis, int64_t start, int64_t end, int64_t step) {
+  Tensor out = slice_forward(t, axis, start, end, step);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_slice(t, axis, start, end, step, out);
+  return out;
+}
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t axis) {
+  Tensor out = cat_forward(tensors, axis);
+  for (const Tensor& t : tensors) {
+    if (detail::any_requires_grad(t)) [[unlikely]] {
+      detail::record_cat(tensors, axis, out);
+      break;
+    }
+  }
+  return out;
+}
+
+Tensor index_select(const Tensor& t, int64_t axis, const Tensor& index) {
+  Tensor out = index_select_forward(t, axis, index);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_index_select(t, axis, index, out);
+  return out;
+}
+
+Tensor gather(const Tensor& t, int64_t axis, const Tensor& index) {
+  Tensor out = gather_forward(t, axis, index);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_gather(t, axis, index, out);
+  return out;
+}
+
+Tensor contiguous(const Tensor& t) {
+  Tensor out = contiguous_forward(t);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_contiguous(t, out);
+  return out;
+}
+
+const Tensor& Tensor::copy_(const Tensor& src) const {
+  const TensorImpl& dst = detail::operand(*this, "Tensor::copy_", "the destination");
+  const TensorImpl& s0 = detail::operand(src, "Tensor::copy_", "the source");
+  if (!(dst.shape == s0.shape))
+    throw Error(Errc::shape_mismatch, "Tensor::copy_: the source has shape " + s0.shape.to_string() +
+                                          " but the destination has shape " + dst.shape.to_string());
+  if (dst.dtype != s0.dtype)
+    throw Error(Errc::dtype_mismatch, "Tensor::copy_: the source is " + std::string(backplane::to_string(s0.dtype)) +
+                                          " but the destination is " + std::string(backplane::to_string(dst.dtype)) +
+                                          "; cast it first");
+  if (!detail::is_contiguous(dst))
+    throw Error(Errc::invalid_argument, "Tensor::copy_: the destination must be contiguous (it is a strided view)");
+  if (&dst == &s0) return *this;
+  const auto x = detail::as_contiguous(src.impl(), "Tensor::copy_");
+  detail::copy_dense(*x, dst, "Tensor::copy_ into " + dst.storage->backend->device_id(dst.storage->device));
+  return *this;
+}
+
+Tensor to(const Tensor& t, const Device& device) {
+  Tensor out = to_forward(t, device);
+  if (detail::any_requires_grad(t)) [[unlikely]]
+    detail::record_to(t, out);
+  return out;
 }
 
 }  // namespace backplane

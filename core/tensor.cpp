@@ -163,7 +163,7 @@ void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {
   }
   if (count == 0) return;
   if (!is_contiguous()) {
-    contiguous(*this).read_into(dtype, dst, count);
+    Tensor(detail::copy_contiguous(t, "Tensor::to_vector")).read_into(dtype, dst, count);  // records no graph
     return;
   }
   const auto& s = *t.storage;

@@ -25,6 +25,8 @@ namespace backplane {
 namespace detail {
 struct TensorImpl;
 }
+class Gradients;         // <backplane/autograd.hpp>
+struct BackwardOptions;  // <backplane/autograd.hpp>
 
 class BACKPLANE_API Tensor {
  public:
@@ -69,6 +71,32 @@ class BACKPLANE_API Tensor {
 
   // "Tensor(shape=[2, 3], dtype=f32, device=cpu:0)"
   std::string to_string() const;
+
+  // Overwrites this tensor's elements with src's, in place (src may live on
+  // any device): every view of the same storage sees the new values. Same
+  // shape and dtype (Errc::shape_mismatch / dtype_mismatch), and this tensor
+  // must be contiguous (Errc::invalid_argument). For optimizer updates of
+  // parameters; not recorded by autodiff, so a graph that saved this tensor
+  // must have run backward first. Synchronises both devices.
+  const Tensor& copy_(const Tensor& src) const;
+
+  // ---- autodiff (the contract is in <backplane/autograd.hpp>) ----
+  // Marks this tensor (and every copy of the handle) as a leaf whose gradient
+  // backward() computes; returns it. f32/f64 only (Errc::dtype_mismatch
+  // otherwise). A tensor that already requires grad is left as it is.
+  Tensor require_grad() const;
+  // True for a leaf marked with require_grad() and for the output of an op
+  // recorded from one; false for an undefined tensor.
+  bool requires_grad() const noexcept;
+  // The same data, outside any graph: does not require grad.
+  Tensor detach() const;
+  // Gradients of this tensor (the root) with respect to every leaf it
+  // depends on. Errc::invalid_argument when it does not require grad or its
+  // graph was freed by an earlier backward(); Errc::shape_mismatch for a
+  // root of more than one element without options.gradient, and
+  // shape/dtype/device_mismatch for a gradient that does not match it.
+  Gradients backward() const;
+  Gradients backward(const BackwardOptions& options) const;
 
   // For the core.
   explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
