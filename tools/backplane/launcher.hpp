@@ -1,0 +1,77 @@
+// The process supervisor behind `backplane launch`: starts N local ranks of one
+// command, relays their output line by line with a "[rank K] " prefix, and
+// stops the whole job when one rank fails or the launcher is signalled.
+// Not thread-safe: one launch per process, run from the main thread.
+#ifndef BACKPLANE_TOOLS_LAUNCHER_HPP_
+#define BACKPLANE_TOOLS_LAUNCHER_HPP_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace backplane::cli {
+
+struct LaunchSpec {
+  std::string program;                    // the file to execute: a path (contains '/'), already resolved
+  std::vector<std::string> argv;          // argv[0] as the user wrote it, then the arguments
+  int32_t nproc = 1;                      // ranks to start: RANK 0 .. nproc-1
+  std::string master_addr;                // MASTER_ADDR
+  uint16_t master_port = 0;               // MASTER_PORT
+  std::optional<int64_t> timeout;         // BACKPLANE_TIMEOUT (seconds) when set; else inherited
+  std::chrono::milliseconds grace{5000};  // between the stop signal and SIGKILL
+  bool prefix = true;                     // "[rank K] " before each relayed line
+  // Rank 0 writes straight to the launcher's stdout and stderr instead of
+  // being relayed: a terminal stays a terminal (progress bars, colours), no
+  // prefix. Its lines may then mix with the other ranks' relayed lines.
+  bool rank0_passthrough = false;
+};
+
+// Runs the job to its end and returns the launcher's exit code: 0 when every
+// rank exited 0; the first failing rank's exit code (128 + signal for a rank
+// killed by a signal); 128 + signal when the launcher itself was stopped by
+// SIGINT, SIGTERM or SIGHUP. Throws CommandError with kExitNotExecutable (127)
+// when a rank cannot be executed, and kExitFailed when the system refuses a
+// pipe or a process; ranks already started are killed first.
+int run_ranks(const LaunchSpec& spec);
+
+// The file to execute for `command`, resolved before anything starts: as
+// given when it contains '/', else the first executable match in PATH.
+// Throws CommandError(kExitNotExecutable) saying what is wrong (missing, a
+// directory, not executable) and CommandError(kExitUsage) for "".
+std::string resolve_program(const std::string& command);
+
+// A TCP port that is free on every local interface now (bind to port 0).
+// Another process may still take it before rank 0 binds it; pass
+// --master-port for a fixed port.
+uint16_t choose_free_port();
+
+// Splits one rank stream into lines and prefixes each one. A line longer than
+// kMaxLine bytes is emitted in pieces of at most kMaxLine bytes, cut before a
+// UTF-8 lead byte where possible, so no multibyte character is split.
+class LineFramer {
+ public:
+  static constexpr std::size_t kMaxLine = 64 * 1024;
+
+  explicit LineFramer(std::string prefix) : prefix_(std::move(prefix)) {}
+
+  // Appends every complete line of `data` (prefixed, '\n'-terminated) to `out`
+  // and keeps the unterminated rest for the next call.
+  void feed(std::string_view data, std::string& out);
+  // Appends the kept partial line, if any, with a '\n' added.
+  void finish(std::string& out);
+
+ private:
+  void emit(std::string_view line, std::string& out) const;
+
+  std::string prefix_;
+  std::string partial_;
+};
+
+}  // namespace backplane::cli
+
+#endif  // BACKPLANE_TOOLS_LAUNCHER_HPP_
