@@ -1,0 +1,138 @@
+// The training toolkit (nn.hpp): every piece is a handful of public ops.
+#include <backplane/error.hpp>
+#include <backplane/nn.hpp>
+#include <backplane/ops.hpp>
+
+#include <cmath>
+#include <string>
+
+namespace backplane::nn {
+
+namespace {
+
+// A 0-d tensor that broadcasts against `like`.
+Tensor scalar(const Tensor& like, double value) { return full(like.device(), Shape{}, value, like.dtype()); }
+
+void check_param(const Tensor& p, const char* who) {
+  if (!p.defined()) throw Error(Errc::invalid_argument, std::string(who) + ": an undefined parameter");
+  if (!p.requires_grad())
+    throw Error(Errc::invalid_argument, std::string(who) + ": parameter " + p.to_string() +
+                                            " does not require grad; call require_grad() on it first");
+  if (!p.is_contiguous())
+    throw Error(Errc::invalid_argument,
+                std::string(who) + ": parameter " + p.to_string() + " is a strided view; it is updated in place");
+}
+
+void check_rate(double v, const char* who, const char* what, bool allow_zero = true) {
+  if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
+    throw Error(Errc::invalid_argument, std::string(who) + ": " + what + " must be a finite number " +
+                                            (allow_zero ? ">= 0" : "> 0") + ", got " + std::to_string(v));
+}
+
+}  // namespace
+
+Linear::Linear(const Device& device, int64_t in_features, int64_t out_features, uint64_t seed, DType dtype) {
+  if (in_features <= 0 || out_features <= 0)
+    throw Error(Errc::invalid_argument, "nn::Linear: features must be positive, got in " +
+                                            std::to_string(in_features) + ", out " + std::to_string(out_features));
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
+  // Two streams from one seed, so weight and bias are independent.
+  weight_ = rand_uniform(device, {in_features, out_features}, seed * 2 + 0, -bound, bound, dtype).require_grad();
+  bias_ = rand_uniform(device, {out_features}, seed * 2 + 1, -bound, bound, dtype).require_grad();
+}
+
+Tensor Linear::operator()(const Tensor& x) const { return add(matmul(x, weight_), bias_); }
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
+  if (!logits.defined() || !labels.defined())
+    throw Error(Errc::invalid_argument, "nn::cross_entropy: undefined logits or labels");
+  if (logits.rank() != 2)
+    throw Error(Errc::shape_mismatch, "nn::cross_entropy: logits must be [batch, classes], got " +
+                                          logits.shape().to_string());
+  if (labels.rank() != 1 || labels.shape()[0] != logits.shape()[0])
+    throw Error(Errc::shape_mismatch, "nn::cross_entropy: labels must be [" + std::to_string(logits.shape()[0]) +
+                                          "] to match logits " + logits.shape().to_string() + ", got " +
+                                          labels.shape().to_string());
+  if (labels.dtype() != DType::i64)
+    throw Error(Errc::dtype_mismatch, "nn::cross_entropy: labels must be i64 class indices, got " +
+                                          std::string(to_string(labels.dtype())));
+  const Tensor picked = gather(log_softmax(logits, 1), 1, reshape(labels, {labels.shape()[0], 1}));
+  return neg(mean(picked));
+}
+
+double accuracy(const Tensor& logits, const Tensor& labels) {
+  NoGradGuard no_grad;
+  if (logits.rank() != 2 || labels.rank() != 1 || labels.shape()[0] != logits.shape()[0])
+    throw Error(Errc::shape_mismatch, "nn::accuracy: expected logits [N, C] and labels [N], got " +
+                                          logits.shape().to_string() + " and " + labels.shape().to_string());
+  if (labels.numel() == 0) return 0.0;
+  const Tensor hits = cast(eq(argmax(logits, 1), labels), DType::f64);
+  return sum(hits).to_vector<double>()[0] / static_cast<double>(labels.numel());
+}
+
+Optimizer::~Optimizer() = default;
+
+Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
+  for (const Tensor& p : params_) check_param(p, "nn::Optimizer");
+}
+
+SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_decay)
+    : Optimizer(std::move(params)), lr_(lr), momentum_(momentum), weight_decay_(weight_decay) {
+  check_rate(lr, "nn::SGD", "lr", false);
+  check_rate(momentum, "nn::SGD", "momentum");
+  check_rate(weight_decay, "nn::SGD", "weight_decay");
+  velocity_.resize(params_.size());
+}
+
+void SGD::step(const Gradients& gradients) {
+  NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    std::optional<Tensor> g0 = gradients.get(p);
+    if (!g0) continue;
+    Tensor g = *g0;
+    if (weight_decay_ != 0) g = add(g, mul(scalar(p, weight_decay_), p));
+    if (momentum_ != 0) {
+      Tensor& v = velocity_[i];
+      v = v.defined() ? add(mul(v, scalar(p, momentum_)), g) : contiguous(g);
+      g = v;
+    }
+    p.copy_(sub(p, mul(g, scalar(p, lr_))));
+  }
+}
+
+Adam::Adam(std::vector<Tensor> params, double lr, double beta1, double beta2, double eps)
+    : Optimizer(std::move(params)), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps) {
+  check_rate(lr, "nn::Adam", "lr", false);
+  check_rate(eps, "nn::Adam", "eps", false);
+  for (double b : {beta1, beta2})
+    if (!(b >= 0 && b < 1))
+      throw Error(Errc::invalid_argument, "nn::Adam: betas must lie in [0, 1), got " + std::to_string(b));
+  m_.resize(params_.size());
+  v_.resize(params_.size());
+  t_.assign(params_.size(), 0);
+}
+
+void Adam::step(const Gradients& gradients) {
+  NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& p = params_[i];
+    std::optional<Tensor> g0 = gradients.get(p);
+    if (!g0) continue;
+    const Tensor& g = *g0;
+    if (!m_[i].defined()) {
+      m_[i] = zeros(p.device(), p.shape(), p.dtype());
+      v_[i] = zeros(p.device(), p.shape(), p.dtype());
+    }
+    const int64_t t = ++t_[i];
+    m_[i] = add(mul(m_[i], scalar(p, beta1_)), mul(g, scalar(p, 1 - beta1_)));
+    v_[i] = add(mul(v_[i], scalar(p, beta2_)), mul(mul(g, g), scalar(p, 1 - beta2_)));
+    const double c1 = 1 - std::pow(beta1_, static_cast<double>(t));
+    const double c2 = 1 - std::pow(beta2_, static_cast<double>(t));
+    // p -= lr / c1 * m / (sqrt(v / c2) + eps)
+    const Tensor denom = add(sqrt(div(v_[i], scalar(p, c2))), scalar(p, eps_));
+    p.copy_(sub(p, mul(div(m_[i], denom), scalar(p, lr_ / c1))));
+  }
+}
+
+}  // namespace backplane::nn
