@@ -26,6 +26,8 @@ enum ExitCode : int {
   kExitConfig = 2,     // the config cannot be found, read, parsed or validated
   kExitUsage = 64,     // bad command line
   kExitInternal = 70,  // an unexpected error: a bug
+  // launch: the command cannot be found or executed (the shell's code for it)
+  kExitNotExecutable = 127,
 };
 
 // Thrown by a subcommand to stop with "backplane: error: <message>" and `code`.
@@ -48,6 +50,8 @@ struct Command {
 Command add_list_command(CLI::App& parent);
 Command add_check_command(CLI::App& parent);
 Command add_conformance_command(CLI::App& parent);
+Command add_launch_command(CLI::App& parent);
+Command add_train_command(CLI::App& parent);
 
 // The config a subcommand reads: `flag` (--config) when not empty, else
 // Registry::default_config_path() (BACKPLANE_CONFIG, ./backends.json, the

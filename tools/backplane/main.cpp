@@ -26,7 +26,9 @@ constexpr const char* kFooter =
     "  1   a required backend failed to load (check), or the command failed\n"
     "  2   the config cannot be found, read, parsed or validated\n"
     "  64  bad command line\n"
-    "  70  unexpected internal error (a bug; please report it)";
+    "  70  unexpected internal error (a bug; please report it)\n"
+    "  127 launch: the command cannot be found or executed\n"
+    "launch exits with the code of its first failing rank (see 'backplane launch --help').";
 
 std::string version_text() {
   return std::string("backplane ") + kVersion + " (plugin ABI " + std::to_string(kAbiMajor) + "." +
@@ -46,6 +48,8 @@ int run(int argc, char** argv) {
       add_list_command(app),
       add_check_command(app),
       add_conformance_command(app),
+      add_launch_command(app),
+      add_train_command(app),
   };
 
   try {

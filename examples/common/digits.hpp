@@ -1,0 +1,109 @@
+// The digits data set (data/digits.csv.gz: 8x8 images of handwritten digits,
+// 64 pixels 0..16 then the label 0..9 per row; see data/README.md for its
+// source and license): reading, checking and a seeded train/test split.
+// Header-only; needs zlib. Shared by `backplane train` and
+// examples/ddp_host_app.
+#ifndef BACKPLANE_EXAMPLES_DIGITS_HPP_
+#define BACKPLANE_EXAMPLES_DIGITS_HPP_
+
+#include <zlib.h>
+
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace digits {
+
+inline constexpr int kFeatures = 64;
+inline constexpr int kClasses = 10;
+
+struct Dataset {
+  std::vector<float> x;      // rows * 64, scaled to [0, 1]
+  std::vector<int64_t> y;    // rows labels
+  int64_t rows() const { return static_cast<int64_t>(y.size()); }
+};
+
+// Reads a gzip'd (or plain) CSV. Throws std::runtime_error naming the file,
+// line and column of the first malformed value.
+inline Dataset load(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");
+  if (f == nullptr)
+    throw std::runtime_error(path + ": cannot open (pass the digits CSV with --data; the repository ships "
+                                    "data/digits.csv.gz)");
+  std::string text;
+  char buf[1 << 16];
+  int n = 0;
+  while ((n = gzread(f, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
+  int err = 0;
+  const char* msg = n < 0 ? gzerror(f, &err) : nullptr;
+  const std::string gz_error = msg != nullptr ? msg : "";
+  gzclose(f);
+  if (n < 0) throw std::runtime_error(path + ": read error: " + gz_error);
+
+  Dataset d;
+  std::size_t pos = 0;
+  int64_t line = 0;
+  while (pos < text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string row = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++line;
+    if (!row.empty() && row.back() == '\r') row.pop_back();
+    if (row.empty()) continue;
+    std::size_t p = 0;
+    for (int col = 0; col <= kFeatures; ++col) {
+      const std::size_t comma = row.find(',', p);
+      const std::string cell = row.substr(p, comma == std::string::npos ? std::string::npos : comma - p);
+      const std::string where = path + ":" + std::to_string(line) + ": column " + std::to_string(col + 1);
+      if ((comma == std::string::npos) != (col == kFeatures))
+        throw std::runtime_error(where + ": expected " + std::to_string(kFeatures + 1) + " comma-separated values");
+      std::size_t used = 0;
+      long v = 0;
+      try {
+        v = std::stol(cell, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != cell.size())
+        throw std::runtime_error(where + ": \"" + cell + "\" is not an integer");
+      if (col < kFeatures) {
+        if (v < 0 || v > 16) throw std::runtime_error(where + ": pixel " + cell + " is outside 0..16");
+        d.x.push_back(static_cast<float>(v) / 16.0f);
+      } else {
+        if (v < 0 || v >= kClasses) throw std::runtime_error(where + ": label " + cell + " is outside 0..9");
+        d.y.push_back(v);
+      }
+      p = comma + 1;
+    }
+  }
+  if (d.y.empty()) throw std::runtime_error(path + ": no rows");
+  return d;
+}
+
+// A shuffled split: the first round(train_fraction * rows) rows of the
+// permutation train, the rest test. Fisher-Yates over std::mt19937_64 (whose
+// sequence the standard fixes), so the split is the same everywhere.
+inline std::pair<Dataset, Dataset> split(const Dataset& all, double train_fraction, uint64_t seed) {
+  std::vector<int64_t> order(static_cast<std::size_t>(all.rows()));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed);
+  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+  const auto n_train = static_cast<std::size_t>(train_fraction * static_cast<double>(order.size()) + 0.5);
+  std::pair<Dataset, Dataset> out;
+  for (std::size_t k = 0; k < order.size(); ++k) {
+    Dataset& d = k < n_train ? out.first : out.second;
+    const auto r = static_cast<std::size_t>(order[k]);
+    d.x.insert(d.x.end(), all.x.begin() + static_cast<std::ptrdiff_t>(r * kFeatures),
+               all.x.begin() + static_cast<std::ptrdiff_t>((r + 1) * kFeatures));
+    d.y.push_back(all.y[r]);
+  }
+  return out;
+}
+
+}  // namespace digits
+
+#endif  // BACKPLANE_EXAMPLES_DIGITS_HPP_

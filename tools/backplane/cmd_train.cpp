@@ -1,0 +1,325 @@
+// `backplane train`: data-parallel training of an MLP (64-128-10) on the
+// digits data, the main job. Without RANK in the environment and with
+// --nproc > 1 it starts itself --nproc times through the launcher (rank 0
+// keeps the terminal for its progress bar); each rank trains on its shard of
+// every global batch, and backward all-reduces the gradients of the
+// registered parameters.
+#include "cli.hpp"
+#include "launcher.hpp"
+#include "svg_plot.hpp"
+
+#include "../../examples/common/digits.hpp"
+
+#include <backplane/backplane.hpp>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <numeric>
+#include <random>
+#include <thread>
+
+namespace backplane::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct TrainOptions {
+  int nproc = 2;
+  int epochs = 20;
+  int batch_size = 32;
+  double lr = 0.1;
+  double momentum = 0.9;
+  std::string optimizer = "sgd";
+  uint64_t seed = 0;
+  std::string backend;
+  std::string config;
+  std::string data;
+  std::string metrics_out;
+  std::string plot;
+  double bucket_mb = 25;
+  double train_fraction = 0.8;
+  std::vector<std::string> raw_args;  // as given, to start the ranks with
+};
+
+bool in_a_job() {
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
+    if (std::getenv(v) != nullptr) return true;
+  return false;
+}
+
+fs::path find_data(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  std::vector<fs::path> candidates{fs::path("data") / "digits.csv.gz"};
+  std::error_code ec;
+  const fs::path exe = fs::canonical("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(exe.parent_path().parent_path() / "share" / "backplane" / "digits.csv.gz");
+  for (const fs::path& p : candidates)
+    if (fs::is_regular_file(p, ec)) return p;
+  throw CommandError(kExitFailed, "cannot find the digits data (looked for data/digits.csv.gz in the current "
+                                  "folder and in the installed share/backplane); pass --data FILE");
+}
+
+// Each rank's rows of one epoch, like PyTorch's DistributedSampler: one
+// permutation shared by all ranks (seeded by seed and epoch), padded by
+// wrapping to a multiple of the world size, then every world-th row.
+std::vector<int64_t> shard(int64_t rows, int rank, int world, uint64_t seed, int epoch) {
+  std::vector<int64_t> order(static_cast<std::size_t>(rows));
+  std::iota(order.begin(), order.end(), 0);
+  std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(epoch));
+  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+  const std::size_t total = (order.size() + world - 1) / world * world;
+  for (std::size_t i = 0; order.size() < total; ++i) order.push_back(order[i]);
+  std::vector<int64_t> mine;
+  for (std::size_t i = static_cast<std::size_t>(rank); i < total; i += static_cast<std::size_t>(world))
+    mine.push_back(order[i]);
+  return mine;
+}
+
+struct Batch {
+  Tensor x, y;
+};
+
+Batch make_batch(const Device& d, const digits::Dataset& data, const std::vector<int64_t>& rows, std::size_t begin,
+                 std::size_t end) {
+  std::vector<float> x;
+  std::vector<int64_t> y;
+  x.reserve((end - begin) * digits::kFeatures);
+  for (std::size_t i = begin; i < end; ++i) {
+    const auto r = static_cast<std::size_t>(rows[i]);
+    x.insert(x.end(), data.x.begin() + static_cast<std::ptrdiff_t>(r * digits::kFeatures),
+             data.x.begin() + static_cast<std::ptrdiff_t>((r + 1) * digits::kFeatures));
+    y.push_back(data.y[r]);
+  }
+  const auto n = static_cast<int64_t>(end - begin);
+  return {Tensor::from_vector<float>(d, {n, digits::kFeatures}, x), Tensor::from_vector<int64_t>(d, {n}, y)};
+}
+
+void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t steps, double loss, double rate,
+              bool done) {
+  if (tty) {
+    constexpr int kWidth = 28;
+    const int filled = static_cast<int>(kWidth * static_cast<double>(step) / static_cast<double>(steps));
+    std::string bar(static_cast<std::size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    std::printf("\repoch %2d/%d [%s] %3zu/%zu  loss %.4f  %8.0f samples/s%s", epoch, epochs, bar.c_str(), step,
+                steps, loss, rate, done ? "\n" : "");
+    std::fflush(stdout);
+  } else if (done) {
+    std::printf("epoch %d/%d: %zu steps, loss %.4f, %.0f samples/s\n", epoch, epochs, steps, loss, rate);
+    std::fflush(stdout);
+  }
+}
+
+int train_rank(const TrainOptions& o) {
+  const bool single = !in_a_job();
+  Rendezvous rdzv = single ? Rendezvous::single_process() : Rendezvous::from_env();
+  const int rank = rdzv.rank();
+  const int world = rdzv.world_size();
+  const bool lead = rank == 0;
+
+  const fs::path config = choose_config(o.config);
+  Registry registry = Registry::from_config(config);
+  Backend backend = registry.backend(o.backend.empty() ? registry.default_backend().name() : o.backend);
+  if (backend.status() != Backend::Status::loaded)
+    throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" failed to load: " + backend.error());
+  Device device = backend.device(0);
+
+  GradSyncOptions sync;
+  sync.bucket_bytes = static_cast<std::size_t>(std::max(1.0, o.bucket_mb * 1024 * 1024));
+  init_distributed(rdzv, sync);
+
+  const digits::Dataset all = digits::load(find_data(o.data).string());
+  const auto [train, test] = digits::split(all, o.train_fraction, o.seed);
+
+  nn::Linear l1(device, digits::kFeatures, 128, o.seed * 2 + 1);
+  nn::Linear l2(device, 128, digits::kClasses, o.seed * 2 + 2);
+  std::vector<Tensor> params = l1.parameters();
+  for (const Tensor& p : l2.parameters()) params.push_back(p);
+  // The capability decides here: a device without 'collective' follows its
+  // backend's collective_fallback (an error names the remedy).
+  for (std::size_t i = 0; i < params.size(); ++i) set_distributed_params(params[i], DistributedParamId{i});
+  std::unique_ptr<nn::Optimizer> opt;
+  if (o.optimizer == "sgd") opt = std::make_unique<nn::SGD>(params, o.lr, o.momentum);
+  else opt = std::make_unique<nn::Adam>(params, o.lr);
+  auto forward = [&](const Tensor& x) { return l2(relu(l1(x))); };
+
+  const bool tty = lead && ::isatty(STDOUT_FILENO) != 0;
+  if (lead)
+    std::printf("backplane train: MLP 64-128-10 on %s (%lld train / %lld test rows), %d rank%s on %s, batch %d "
+                "per rank, %s lr %g, %d epochs, seed %llu\n",
+                find_data(o.data).string().c_str(), static_cast<long long>(train.rows()),
+                static_cast<long long>(test.rows()), world, world == 1 ? "" : "s", device.id().c_str(), o.batch_size,
+                o.optimizer.c_str(), o.lr, o.epochs, static_cast<unsigned long long>(o.seed));
+
+  std::vector<double> epoch_loss, step_loss;
+  int64_t steps = 0;
+  double train_seconds = 0;
+  reset_grad_sync_stats();
+  ProcessGroup group = distributed_group(device);
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    const std::vector<int64_t> rows = shard(train.rows(), rank, world, o.seed, epoch);
+    const std::size_t n_steps = (rows.size() + o.batch_size - 1) / static_cast<std::size_t>(o.batch_size);
+    double loss_sum = 0;
+    const auto t_epoch = Clock::now();
+    for (std::size_t s = 0; s < n_steps; ++s) {
+      const std::size_t b = s * static_cast<std::size_t>(o.batch_size);
+      const auto t0 = Clock::now();
+      Batch batch = make_batch(device, train, rows, b, std::min(rows.size(), b + o.batch_size));
+      Tensor loss = nn::cross_entropy(forward(batch.x), batch.y);
+      Gradients grads = loss.backward();
+      opt->step(grads);
+      const double l = loss.to_vector<float>()[0];
+      train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+      ++steps;
+      loss_sum += l;
+      step_loss.push_back(l);
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+      if (tty && (s % 4 == 0 || s + 1 == n_steps))
+        progress(true, epoch, o.epochs, s + 1, n_steps, loss_sum / static_cast<double>(s + 1),
+                 static_cast<double>((s + 1) * o.batch_size * world) / std::max(elapsed, 1e-9), false);
+    }
+    // The epoch's loss over every rank's shard.
+    Tensor mean_loss = group.all_reduce(Tensor::from_vector<double>(device, {1}, {loss_sum / n_steps}),
+                                        ReduceOp::mean);
+    epoch_loss.push_back(mean_loss.to_vector<double>()[0]);
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+    if (lead)
+      progress(tty, epoch, o.epochs, n_steps, n_steps, epoch_loss.back(),
+               static_cast<double>(rows.size() * world) / std::max(elapsed, 1e-9), true);
+  }
+  const GradSyncStats stats = grad_sync_stats();
+
+  double test_accuracy = 0;
+  {
+    NoGradGuard no_grad;
+    std::vector<int64_t> all_rows(static_cast<std::size_t>(test.rows()));
+    std::iota(all_rows.begin(), all_rows.end(), 0);
+    Batch t = make_batch(device, test, all_rows, 0, all_rows.size());
+    test_accuracy = nn::accuracy(forward(t.x), t.y);
+  }
+  const double per_step = train_seconds / static_cast<double>(std::max<int64_t>(steps, 1));
+  const double sync_fraction = train_seconds > 0 ? stats.seconds / train_seconds : 0;
+  if (lead) {
+    std::printf("test accuracy %.4f | %lld steps | %.1f steps/s | %.3f ms/step | all_reduce %.0f%% of step time "
+                "(%lld collectives, %.1f KiB each)\n",
+                test_accuracy, static_cast<long long>(steps), 1.0 / per_step, per_step * 1e3, sync_fraction * 100,
+                static_cast<long long>(stats.collectives),
+                stats.collectives > 0 ? static_cast<double>(stats.bytes) / stats.collectives / 1024 : 0.0);
+    if (!o.metrics_out.empty()) {
+      nlohmann::json m{{"test_accuracy", test_accuracy},
+                       {"steps", steps},
+                       {"seconds_per_step", per_step},
+                       {"steps_per_second", 1.0 / per_step},
+                       {"allreduce_fraction", sync_fraction},
+                       {"epochs", o.epochs},
+                       {"nproc", world},
+                       {"batch_size_per_rank", o.batch_size},
+                       {"optimizer", o.optimizer},
+                       {"lr", o.lr},
+                       {"seed", o.seed},
+                       {"backend", backend.name()},
+                       {"device", device.id()},
+                       {"epoch_loss", epoch_loss}};
+      std::ofstream out(o.metrics_out);
+      out << m.dump(2) << "\n";
+      if (!out) throw CommandError(kExitFailed, "cannot write --metrics-out " + o.metrics_out);
+    }
+    if (!o.plot.empty()) {
+      std::vector<double> ex(epoch_loss.size()), sx(step_loss.size());
+      for (std::size_t i = 0; i < ex.size(); ++i) ex[i] = static_cast<double>(i + 1);
+      const double steps_per_epoch = static_cast<double>(step_loss.size()) / std::max(1, o.epochs);
+      for (std::size_t i = 0; i < sx.size(); ++i) sx[i] = static_cast<double>(i + 1) / steps_per_epoch;
+      const std::string svg = svg_line_chart(
+          "backplane train: MLP 64-128-10 on digits, " + std::to_string(world) + " rank(s)", "epoch",
+          "cross-entropy loss",
+          {Series{"rank 0 step loss", sx, step_loss, "#9ecae1"}, Series{"epoch mean over ranks", ex, epoch_loss, "#d62728"}});
+      std::ofstream out(o.plot);
+      out << svg;
+      if (!out) throw CommandError(kExitFailed, "cannot write --plot " + o.plot);
+    }
+  }
+  group.barrier();
+  shutdown_distributed();
+  return kExitOk;
+}
+
+int run_train(TrainOptions o) {
+  if (o.optimizer != "sgd" && o.optimizer != "adam")
+    throw CommandError(kExitUsage, "--optimizer must be sgd or adam, got " + o.optimizer);
+  if (!o.plot.empty() && fs::path(o.plot).extension() != ".svg")
+    throw CommandError(kExitUsage, "--plot writes SVG: name the file *.svg (got " + o.plot + ")");
+  if (in_a_job() || o.nproc == 1) return train_rank(o);
+
+  // Start the ranks: this program again, with the same arguments, under the
+  // launcher. One OpenMP/BLAS thread per core share, as torchrun does.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(o.nproc)));
+  for (const char* v : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"})
+    if (std::getenv(v) == nullptr) ::setenv(v, threads.c_str(), 1);
+  LaunchSpec spec;
+  spec.program = fs::canonical("/proc/self/exe").string();
+  spec.argv = {spec.program, "train"};
+  spec.argv.insert(spec.argv.end(), o.raw_args.begin(), o.raw_args.end());
+  spec.nproc = o.nproc;
+  spec.master_addr = "127.0.0.1";
+  spec.master_port = choose_free_port();
+  spec.rank0_passthrough = true;
+  return run_ranks(spec);
+}
+
+}  // namespace
+
+Command add_train_command(CLI::App& parent) {
+  auto o = std::make_shared<TrainOptions>();
+  CLI::App* app = parent.add_subcommand(
+      "train", "Train an MLP (64-128-10) on the digits data with data-parallel ranks (the main job)");
+  app->add_option("--nproc", o->nproc, "Ranks, started through the launcher (default 2)")
+      ->check(CLI::Range(1, 256));
+  app->add_option("--epochs", o->epochs, "Epochs (default 20)")->check(CLI::Range(1, 100000));
+  app->add_option("--batch-size", o->batch_size, "Rows per rank per step (default 32)")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--lr", o->lr, "Learning rate (default 0.1)")->check(CLI::PositiveNumber);
+  app->add_option("--momentum", o->momentum, "SGD momentum (default 0.9)")->check(CLI::Range(0.0, 1.0));
+  app->add_option("--optimizer", o->optimizer, "sgd (default) or adam");
+  app->add_option("--seed", o->seed, "Seed of the split, the shuffles and the initialisation (default 0)");
+  app->add_option("--backend", o->backend, "Backend to train on (default: the config's default_backend)");
+  app->add_option("--config", o->config, "backends.json to use");
+  app->add_option("--data", o->data, "The digits CSV (default data/digits.csv.gz)");
+  app->add_option("--metrics-out", o->metrics_out, "Write a JSON summary here");
+  app->add_option("--plot", o->plot, "Write the loss curve here (SVG)");
+  app->add_option("--bucket-mb", o->bucket_mb, "Gradient bucket size in MiB (default 25)")
+      ->check(CLI::PositiveNumber);
+  Command c;
+  c.app = app;
+  c.run = [o, app] {
+    // The ranks get exactly the options this process was given.
+    for (const CLI::Option* opt : app->get_options()) {
+      if (opt->get_name() == "--help" || opt->get_name() == "--nproc" || opt->count() == 0) continue;
+      for (const std::string& v : opt->results()) {
+        o->raw_args.push_back(opt->get_name());
+        o->raw_args.push_back(v);
+      }
+    }
+    try {
+      return run_train(*o);
+    } catch (const CommandError&) {
+      throw;
+    } catch (const std::runtime_error& e) {  // e.g. a malformed data file
+      throw CommandError(kExitFailed, e.what());
+    }
+  };
+  return c;
+}
+
+}  // namespace backplane::cli
