@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build g++ pkg-config python3 git
   libboost-dev nlohmann-json3-dev doctest-dev libcli11-dev
-  libopenblas-dev libdlpack-dev
+  libopenblas-dev libdlpack-dev libgloo-dev
+  libopenmpi-dev openmpi-bin zlib1g-dev
 )
 
 missing=()

@@ -2,14 +2,18 @@
 #ifndef BACKPLANE_BACKPLANE_HPP_
 #define BACKPLANE_BACKPLANE_HPP_
 
+#include <backplane/autograd.hpp>
 #include <backplane/capability.hpp>
 #include <backplane/distributed.hpp>
 #include <backplane/dlpack.hpp>
 #include <backplane/dtype.hpp>
 #include <backplane/error.hpp>
 #include <backplane/log.hpp>
+#include <backplane/nn.hpp>
 #include <backplane/ops.hpp>
+#include <backplane/process_group.hpp>
 #include <backplane/registry.hpp>
+#include <backplane/rendezvous.hpp>
 #include <backplane/shape.hpp>
 #include <backplane/tensor.hpp>
 #include <backplane/version.hpp>

@@ -61,7 +61,7 @@ if [[ -n "$sanitize" ]]; then
                -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=$sanitize")
 fi
 
-for example in host_app plugin; do
+for example in host_app plugin ddp_host_app; do
   step "build examples/$example against the installed package"
   run_logged cmake -S "$source_dir/examples/$example" -B "$tmp/$example" "${cmake_args[@]}"
   run_logged cmake --build "$tmp/$example" --config "$config"
@@ -99,9 +99,16 @@ expect() {  # expect <output> <line or pattern> <what>
 expect "$host_out" '^a \+ row \[2, 3\]: 11 22 33 14 25 36$' "the broadcast add"
 expect "$host_out" '^a \* a \[2, 3\]: 1 4 9 16 25 36$' "the elementwise product"
 expect "$host_out" '^a @ w \[2, 2\]: 4 5 10 11$' "the matmul"
-expect "$host_out" '^set_distributed_params: error capability_missing: .*collective' \
+expect "$host_out" '^set_distributed_params on cpu:0: registered' "registration on cpu (Gloo collectives)"
+expect "$host_out" '^set_distributed_params on example:0: error capability_missing: .*collective' \
   "the typed capability_missing error naming 'collective'"
 expect "$host_out" '^backend example: loaded' "the example backend to load"
+
+step "run examples/ddp_host_app with 2 ranks through the installed launcher"
+ddp_out="$("$prefix/bin/backplane" launch -n 2 --timeout 60 -- "$tmp/ddp_host_app/ddp_host_app" "$config_file" \
+  "$prefix/share/backplane/digits.csv.gz" 1 2>&1)" || { echo "$ddp_out" >&2; fail "ddp_host_app failed"; }
+echo "$ddp_out"
+expect "$ddp_out" '^\[rank 0\] test accuracy 0\.' "ddp_host_app's test accuracy from rank 0"
 
 json_check() {  # json_check <json text>: both backends loaded; prints a summary
   python3 -c '

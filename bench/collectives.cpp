@@ -1,0 +1,190 @@
+// all_reduce across 2 ranks on loopback: backplane (cpu plugin, Gloo) against
+// PyTorch's gloo process group and the loopback TCP floor, all in the same run.
+//
+//   bench_collectives [iterations]     (default 15)
+//
+// Runs `backplane launch -n 2` twice: once on this program in worker mode,
+// once on a PyTorch script (skipped with a note when python3-torch is
+// missing). The floor is the time to move the buffer both ways at once over
+// one loopback TCP connection: a 2-rank ring all_reduce moves exactly that
+// much per rank (half in reduce-scatter, half in all-gather).
+#include "bench_util.hpp"
+
+#include <backplane/backplane.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr int64_t kLargeElems = 16 * 1024 * 1024;  // 64 MiB of f32
+constexpr int64_t kSmallElems = 1024;              // 4 KiB of f32
+
+// ---- worker: one rank -------------------------------------------------------
+
+int worker(int iters) {
+  using namespace backplane;
+  const std::string config = std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_BENCH_PLUGIN_DIR +
+                             R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})";
+  Registry reg = Registry::from_json(config, fs::current_path(), "bench_collectives");
+  Rendezvous rdzv = Rendezvous::from_env();
+  ProcessGroup pg = ProcessGroup::create(reg.backend("cpu").device(0), rdzv);
+  Device d = pg.device();
+
+  Tensor big = randn(d, {kLargeElems}, 1 + static_cast<uint64_t>(pg.rank()));
+  std::vector<double> large_ms;
+  for (int i = 0; i < iters + 2; ++i) {
+    pg.barrier();
+    const double t0 = bench::now_ns();
+    pg.all_reduce_(big, ReduceOp::sum);
+    if (i >= 2) large_ms.push_back((bench::now_ns() - t0) / 1e6);
+  }
+
+  Tensor small = randn(d, {kSmallElems}, 7);
+  for (int i = 0; i < 50; ++i) pg.all_reduce_(small, ReduceOp::sum);
+  pg.barrier();
+  const double small_us = bench::ns_per_call([&] { pg.all_reduce_(small, ReduceOp::sum); }, 100, 9) / 1e3;
+
+  if (pg.rank() == 0)
+    std::cout << "RESULT large_ms " << bench::median(large_ms) << " small_us " << small_us << std::endl;
+  return 0;
+}
+
+// ---- driver -----------------------------------------------------------------
+
+const char* kTorchScript = R"(import os, time, statistics, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+iters = int(os.environ["BP_BENCH_ITERS"])
+x = torch.randn(16 * 1024 * 1024)
+times = []
+for i in range(iters + 2):
+    dist.barrier()
+    t0 = time.perf_counter()
+    dist.all_reduce(x)
+    if i >= 2:
+        times.append((time.perf_counter() - t0) * 1e3)
+s = torch.randn(1024)
+for _ in range(50):
+    dist.all_reduce(s)
+dist.barrier()
+per = []
+for b in range(9):
+    t0 = time.perf_counter()
+    for _ in range(100):
+        dist.all_reduce(s)
+    per.append((time.perf_counter() - t0) / 100 * 1e6)
+if dist.get_rank() == 0:
+    print("RESULT large_ms %f small_us %f" % (statistics.median(times), statistics.median(per)), flush=True)
+dist.destroy_process_group()
+)";
+
+// Runs cmd, returns "large_ms"/"small_us" from its RESULT line (empty on failure).
+std::map<std::string, double> run_job(const std::string& cmd) {
+  std::map<std::string, double> out;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), &pclose);
+  if (!pipe) return out;
+  char line[4096];
+  std::string transcript;
+  while (std::fgets(line, sizeof line, pipe.get()) != nullptr) {
+    transcript += line;
+    const char* r = std::strstr(line, "RESULT ");
+    if (r == nullptr) continue;
+    std::istringstream s(r + 7);
+    std::string key;
+    double v = 0;
+    while (s >> key >> v) out[key] = v;
+  }
+  if (out.empty()) std::cerr << "bench_collectives: `" << cmd << "` gave no result:\n" << transcript;
+  return out;
+}
+
+// Both directions at once over one loopback connection; returns ms.
+double loopback_floor_ms(std::size_t bytes, int iters) {
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(lfd, 1) != 0) return -1;
+  socklen_t len = sizeof addr;
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int a = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (::connect(a, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  const int b = ::accept(lfd, nullptr, nullptr);
+  ::close(lfd);
+  std::vector<char> sa(bytes, 1), sb(bytes, 2), ra(bytes), rb(bytes);
+  auto send_all = [](int fd, const char* p, std::size_t n) {
+    while (n > 0) {
+      const ssize_t k = ::send(fd, p, n, 0);
+      if (k <= 0) return;
+      p += k;
+      n -= static_cast<std::size_t>(k);
+    }
+  };
+  auto recv_all = [](int fd, char* p, std::size_t n) {
+    while (n > 0) {
+      const ssize_t k = ::recv(fd, p, n, 0);
+      if (k <= 0) return;
+      p += k;
+      n -= static_cast<std::size_t>(k);
+    }
+  };
+  std::vector<double> ms;
+  for (int i = 0; i < iters + 1; ++i) {
+    const double t0 = bench::now_ns();
+    std::thread t1([&] { send_all(a, sa.data(), bytes); });
+    std::thread t2([&] { send_all(b, sb.data(), bytes); });
+    std::thread t3([&] { recv_all(b, rb.data(), bytes); });
+    recv_all(a, ra.data(), bytes);
+    t1.join();
+    t2.join();
+    t3.join();
+    if (i > 0) ms.push_back((bench::now_ns() - t0) / 1e6);
+  }
+  ::close(a);
+  ::close(b);
+  return bench::median(ms);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::string(argv[1]) == "--worker") return worker(argc >= 3 ? std::atoi(argv[2]) : 15);
+  const int iters = argc >= 2 ? std::max(3, std::atoi(argv[1])) : 15;
+  const std::string self = fs::canonical("/proc/self/exe").string();
+
+  std::cout << "all_reduce f32, 2 ranks on loopback, median of " << iters << " (64 MiB) / 9x100 (4 KiB)\n";
+  const double floor_ms = loopback_floor_ms(static_cast<std::size_t>(kLargeElems) * 4, 5);
+  auto ours = run_job(std::string(BP_BENCH_CLI) + " launch -n 2 -- " + self + " --worker " + std::to_string(iters));
+  const fs::path script = fs::temp_directory_path() / ("bp_bench_allreduce_" + std::to_string(::getpid()) + ".py");
+  { std::ofstream(script) << kTorchScript; }
+  auto torch = run_job("BP_BENCH_ITERS=" + std::to_string(iters) + " " + BP_BENCH_CLI +
+                       " launch -n 2 -- /usr/bin/python3 " + script.string());
+  fs::remove(script);
+
+  if (ours.empty()) return 1;
+  std::printf("%-34s %12s %12s\n", "", "64 MiB (ms)", "4 KiB (us)");
+  std::printf("%-34s %12.1f %12.1f\n", "backplane (cpu plugin, Gloo)", ours["large_ms"], ours["small_us"]);
+  if (!torch.empty())
+    std::printf("%-34s %12.1f %12.1f\n", "PyTorch gloo (same run)", torch["large_ms"], torch["small_us"]);
+  else
+    std::printf("%-34s %12s %12s\n", "PyTorch gloo", "n/a", "n/a");
+  std::printf("%-34s %12.1f %12s\n", "loopback floor (64 MiB each way)", floor_ms, "");
+  if (!torch.empty()) {
+    std::printf("ratio 64 MiB backplane / PyTorch: %.2f (target <= 1)\n", ours["large_ms"] / torch["large_ms"]);
+    std::printf("ratio 4 KiB  backplane / PyTorch: %.2f (target <= 1)\n", ours["small_us"] / torch["small_us"]);
+  }
+  if (floor_ms > 0) std::printf("ratio 64 MiB backplane / floor:   %.2f (target <= 2)\n", ours["large_ms"] / floor_ms);
+  return 0;
+}

@@ -1,0 +1,41 @@
+# Runs `backplane train` twice with the same seed and checks the JSON summary,
+# the plot and that the two runs agree exactly (determinism for a fixed seed
+# and nproc). Variables: CLI, CONFIG, DATA, OUT.
+file(REMOVE_RECURSE ${OUT})
+file(MAKE_DIRECTORY ${OUT})
+foreach(run a b)
+  execute_process(
+    COMMAND ${CLI} train --nproc 2 --epochs 3 --seed 7 --config ${CONFIG} --data ${DATA}
+            --metrics-out ${OUT}/metrics_${run}.json --plot ${OUT}/loss_${run}.svg
+    RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  message("${out}${err}")
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "backplane train exited with ${rc}")
+  endif()
+  if(NOT out MATCHES "test accuracy 0\\.[0-9]+ \\| [0-9]+ steps")
+    message(FATAL_ERROR "no final report line in the output")
+  endif()
+  file(READ ${OUT}/metrics_${run}.json metrics_${run})
+  file(READ ${OUT}/loss_${run}.svg svg)
+  if(NOT svg MATCHES "^<svg .*<polyline")
+    message(FATAL_ERROR "the plot is not an SVG line chart")
+  endif()
+endforeach()
+
+string(JSON accuracy GET "${metrics_a}" test_accuracy)
+string(JSON steps GET "${metrics_a}" steps)
+string(JSON per_step GET "${metrics_a}" seconds_per_step)
+string(JSON nproc GET "${metrics_a}" nproc)
+if(accuracy LESS 0.8)
+  message(FATAL_ERROR "test accuracy ${accuracy} after 3 epochs (expected at least 0.8)")
+endif()
+if(NOT steps GREATER 0 OR NOT per_step GREATER 0 OR NOT nproc EQUAL 2)
+  message(FATAL_ERROR "bad metrics: steps ${steps}, seconds_per_step ${per_step}, nproc ${nproc}")
+endif()
+string(JSON loss_a GET "${metrics_a}" epoch_loss)
+string(JSON loss_b GET "${metrics_b}" epoch_loss)
+string(JSON acc_b GET "${metrics_b}" test_accuracy)
+if(NOT loss_a STREQUAL loss_b OR NOT accuracy STREQUAL acc_b)
+  message(FATAL_ERROR "two runs with the same seed differ:\n${loss_a} (accuracy ${accuracy})\n${loss_b} (accuracy ${acc_b})")
+endif()
+message("ok: accuracy ${accuracy}, ${steps} steps, ${per_step} s/step, identical across two runs")
