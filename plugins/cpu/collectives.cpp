@@ -13,6 +13,7 @@
 //    segments of kSegmentBytes with kRecvDepth receives in flight, so that
 //    reducing one segment overlaps the transfer of the next.
 #include "collectives.hpp"
+#include "dtypes.hpp"
 
 #include <gloo/common/error.h>
 #include <gloo/common/logging.h>
@@ -74,50 +75,7 @@ constexpr uint64_t kScratchKeepBytes = uint64_t{64} << 20;
 constexpr uint64_t kCommLiveMagic = 0x636f6d6d6c697665ULL;  // arbitrary, non-zero
 constexpr uint64_t kCommDeadMagic = 0x636f6d6d64656164ULL;
 
-std::string dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case BP_DTYPE_F32:
-      return "f32";
-    case BP_DTYPE_F64:
-      return "f64";
-    case BP_DTYPE_I32:
-      return "i32";
-    case BP_DTYPE_I64:
-      return "i64";
-    case BP_DTYPE_BOOL:
-      return "bool";
-    case BP_DTYPE_F16:
-      return "f16";
-    case BP_DTYPE_BF16:
-      return "bf16";
-    case BP_DTYPE_U8:
-      return "u8";
-    case BP_DTYPE_I8:
-      return "i8";
-    default:
-      return "dtype " + std::to_string(dtype);
-  }
-}
 
-int element_size(int32_t dtype) noexcept {
-  switch (dtype) {
-    case BP_DTYPE_F64:
-    case BP_DTYPE_I64:
-      return 8;
-    case BP_DTYPE_F32:
-    case BP_DTYPE_I32:
-      return 4;
-    case BP_DTYPE_F16:
-    case BP_DTYPE_BF16:
-      return 2;
-    case BP_DTYPE_BOOL:
-    case BP_DTYPE_U8:
-    case BP_DTYPE_I8:
-      return 1;
-    default:
-      return 0;
-  }
-}
 
 const char* reduce_op_name(int32_t op) noexcept {
   switch (op) {

@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "collectives.hpp"
+#include "dtypes.hpp"
 #include "elementwise_ops.hpp"
 #include "gemm.hpp"
 #include "host_buffer.hpp"
@@ -30,31 +31,6 @@ using plugin::fail;
 
 // Upper bound of the "threads" option: more would only exhaust the process's threads.
 constexpr int64_t kMaxThreadsOption = 1024;
-
-std::string dtype_name(int32_t dtype) {
-  switch (dtype) {
-    case BP_DTYPE_F32:
-      return "f32";
-    case BP_DTYPE_F64:
-      return "f64";
-    case BP_DTYPE_I32:
-      return "i32";
-    case BP_DTYPE_I64:
-      return "i64";
-    case BP_DTYPE_BOOL:
-      return "bool";
-    case BP_DTYPE_F16:
-      return "f16";
-    case BP_DTYPE_BF16:
-      return "bf16";
-    case BP_DTYPE_U8:
-      return "u8";
-    case BP_DTYPE_I8:
-      return "i8";
-    default:
-      return "dtype " + std::to_string(dtype);
-  }
-}
 
 std::string op_name(int32_t op) {
   if (const char* name = elementwise_op_name(op)) return name;
@@ -96,26 +72,6 @@ std::string op_name(int32_t op) {
   }
 }
 
-// Bytes per element; 0 for a dtype this plugin does not know.
-int element_size(int32_t dtype) noexcept {
-  switch (dtype) {
-    case BP_DTYPE_F64:
-    case BP_DTYPE_I64:
-      return 8;
-    case BP_DTYPE_F32:
-    case BP_DTYPE_I32:
-      return 4;
-    case BP_DTYPE_F16:
-    case BP_DTYPE_BF16:
-      return 2;
-    case BP_DTYPE_BOOL:
-    case BP_DTYPE_U8:
-    case BP_DTYPE_I8:
-      return 1;
-    default:
-      return 0;
-  }
-}
 
 bool is_arithmetic_dtype(int32_t dtype) noexcept {
   return dtype == BP_DTYPE_F32 || dtype == BP_DTYPE_F64 || dtype == BP_DTYPE_I32 || dtype == BP_DTYPE_I64;

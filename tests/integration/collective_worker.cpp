@@ -17,6 +17,8 @@
 // Every failure prints "rank R: FAIL ..." and exits 1.
 #include <backplane/backplane.hpp>
 
+#include "worker_support.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <csignal>
@@ -29,15 +31,10 @@
 #include <vector>
 
 using namespace backplane;
+using worker::fail;
+using worker::g_rank;
 
 namespace {
-
-int g_rank = -1;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::cout << "rank " << g_rank << ": FAIL " << what << std::endl;
-  std::exit(1);
-}
 
 // Small integers, exact in every dtype and under every reduce op for the
 // world sizes tested (products stay far below 2^24).
@@ -141,23 +138,12 @@ std::vector<Shape> test_shapes(bool large) {
   return s;
 }
 
-std::string arg_value(int argc, char** argv, const std::string& name, const std::string& fallback = "") {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (argv[i] == name) return argv[i + 1];
-  return fallback;
-}
-bool has_flag(int argc, char** argv, const std::string& name) {
-  for (int i = 1; i < argc; ++i)
-    if (argv[i] == name) return true;
-  return false;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string config = arg_value(argc, argv, "--config");
-  const std::string backend = arg_value(argc, argv, "--backend", "cpu");
-  const std::string mode = arg_value(argc, argv, "--mode", "all");
+  const std::string config = worker::arg(argc, argv, "--config");
+  const std::string backend = worker::arg(argc, argv, "--backend", "cpu");
+  const std::string mode = worker::arg(argc, argv, "--mode", "all");
   if (config.empty()) {
     std::cerr << "usage: collective_worker --config FILE [--backend NAME] --mode all|die|staged [--large]\n";
     return 64;
@@ -173,7 +159,7 @@ int main(int argc, char** argv) {
 
     if (mode == "all" || mode == "staged") {
       if (mode == "staged" && pg.collective_device() == device) fail("expected a staged group");
-      const bool large = has_flag(argc, argv, "--large");
+      const bool large = worker::has_flag(argc, argv, "--large");
       int checks = run_dtype<float>(pg, device, test_shapes(large));
       if (mode == "all") {
         checks += run_dtype<double>(pg, device, test_shapes(false));
@@ -185,7 +171,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "die") {
-      const int die_rank = std::stoi(arg_value(argc, argv, "--die-rank", "1"));
+      const int die_rank = std::stoi(worker::arg(argc, argv, "--die-rank", "1"));
       Tensor x = make<float>(device, Shape{1024}, pg.rank());
       for (int round = 0; round < 1000; ++round) {
         try {

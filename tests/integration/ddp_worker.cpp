@@ -16,27 +16,19 @@
 // Prints "rank R: ok ..." and exits 0, or "rank R: FAIL ..." and exits 1.
 #include <backplane/backplane.hpp>
 
+#include "worker_support.hpp"
+
 #include <cmath>
 #include <iostream>
 #include <string>
 #include <vector>
 
 using namespace backplane;
+using worker::arg;
+using worker::fail;
+using worker::g_rank;
 
 namespace {
-
-int g_rank = -1;
-
-[[noreturn]] void fail(const std::string& what) {
-  std::cout << "rank " << g_rank << ": FAIL " << what << std::endl;
-  std::exit(1);
-}
-
-std::string arg(int argc, char** argv, const std::string& name, const std::string& fallback = "") {
-  for (int i = 1; i + 1 < argc; ++i)
-    if (argv[i] == name) return argv[i + 1];
-  return fallback;
-}
 
 struct Model {
   std::vector<Tensor> params;  // w1 [8,16], b1 [16], w2 [16,4], b2 [4]

@@ -2,6 +2,7 @@
 // no core): ranks are threads of this process, each with its own communicator,
 // all sharing an in-memory key-value store. Every rank checks its own results
 // against values computed here; the main thread asserts on what they report.
+#include "cpu/dtypes.hpp"
 #include <backplane/abi.h>
 #include <dlfcn.h>
 #include <doctest/doctest.h>
@@ -107,21 +108,9 @@ class Tensor {
   Tensor(const Tensor&) = delete;
   Tensor& operator=(const Tensor&) = delete;
 
-  static int esize(int32_t dtype) {
-    switch (dtype) {
-      case BP_DTYPE_F64:
-      case BP_DTYPE_I64:
-        return 8;
-      case BP_DTYPE_F32:
-      case BP_DTYPE_I32:
-        return 4;
-      case BP_DTYPE_F16:
-      case BP_DTYPE_BF16:
-        return 2;
-      default:
-        return 1;
-    }
-  }
+  // Unknown dtypes (for the refusal tests) still get one byte per element.
+  static int esize(int32_t dtype) { return std::max(1, backplane::cpu::element_size(dtype)); }
+
   const bp_tensor* desc() {
     desc_.shape = &shape_;
     desc_.strides = &stride_;
