@@ -11,18 +11,27 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
+#include <set>
 
 namespace backplane {
 
 namespace {
 
 struct Job {
+  // Guards rendezvous, options and stats; never held while waiting on peers.
   std::mutex mutex;
   std::optional<Rendezvous> rendezvous;
   GradSyncOptions options;
-  // One group per device, in creation order (the same on every rank).
-  std::vector<std::pair<Device, ProcessGroup>> groups;
   GradSyncStats stats;
+  // Guards groups. Held while a group is made (which waits for every rank),
+  // so groups are made one at a time and in the same order on every rank.
+  std::mutex groups_mutex;
+  std::vector<std::pair<Device, ProcessGroup>> groups;  // in creation order
+  // Held by a backward that synchronises gradients, for its whole sweep: the
+  // bucket collectives of two backwards must not interleave on one group.
+  std::mutex backward_mutex;
+  // Bucket layouts (hash of ids, sizes, dtype) every rank agreed on.
+  std::set<uint64_t> verified_layouts;
 };
 
 Job& job() {
@@ -62,22 +71,30 @@ void shutdown_distributed() {
   Job& j = job();
   std::vector<std::pair<Device, ProcessGroup>> groups;
   {
+    std::lock_guard groups_lock(j.groups_mutex);
     std::lock_guard lock(j.mutex);
     groups.swap(j.groups);
     j.rendezvous.reset();
+    j.verified_layouts.clear();
   }
-  // The groups close here, outside the lock.
+  // The groups close here, outside the locks.
 }
 
 ProcessGroup distributed_group(const Device& device) {
   if (!device.valid()) throw Error(Errc::invalid_argument, "distributed_group: an invalid Device");
   Job& j = job();
-  std::lock_guard lock(j.mutex);
-  if (!j.rendezvous) not_initialised("distributed_group(" + device.id() + ")");
+  std::lock_guard groups_lock(j.groups_mutex);
   for (const auto& [d, g] : j.groups)
     if (d == device) return g;
-  // Blocks until every rank makes its group for this device.
-  ProcessGroup g = ProcessGroup::create(device, *j.rendezvous);
+  std::optional<Rendezvous> rendezvous;
+  {
+    std::lock_guard lock(j.mutex);
+    rendezvous = j.rendezvous;
+  }
+  if (!rendezvous) not_initialised("distributed_group(" + device.id() + ")");
+  // Blocks until every rank makes its group for this device (only group
+  // creation waits on this lock; stats and the rest do not).
+  ProcessGroup g = ProcessGroup::create(device, *rendezvous);
   j.groups.emplace_back(device, g);
   return g;
 }
@@ -106,6 +123,7 @@ void GradSync::add(const Tensor& param, const Tensor& gradient) {
                       param.to_string() + ") is registered with set_distributed_params, but");
     bucket_bytes = j.options.bucket_bytes;
   }
+  if (!backward_lock_.owns_lock()) backward_lock_ = std::unique_lock(job().backward_mutex);
   const Device device = gradient.device();
   Bucket* bucket = nullptr;
   for (Bucket& b : open_)
@@ -128,6 +146,7 @@ void GradSync::flush(Bucket& bucket) {
   const auto t0 = std::chrono::steady_clock::now();
   // A fresh flat buffer: gradients may share storage with each other (add
   // hands one tensor to both operands), so none is reduced in place.
+  verify_layout(bucket);
   std::vector<Tensor> flat_parts;
   flat_parts.reserve(bucket.items.size());
   for (const auto& [param, grad] : bucket.items) flat_parts.push_back(reshape(grad, {grad.numel()}));
@@ -152,6 +171,49 @@ void GradSync::flush(Bucket& bucket) {
   }
   bucket.items.clear();
   bucket.bytes = 0;
+}
+
+// Ranks that reach different parameters (a data-dependent branch, a
+// parameter unused on one rank) would average unrelated gradients whenever
+// the byte counts happen to match. The first time a bucket layout is seen,
+// every rank compares a hash of its parameter ids, sizes and dtype: two tiny
+// collectives once per layout, none in the steady state.
+void GradSync::verify_layout(Bucket& bucket) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a over (id, numel) pairs and the dtype
+  auto mix = [&h](uint64_t v) {
+    for (int i = 0; i < 8; ++i) {
+      h ^= (v >> (8 * i)) & 0xff;
+      h *= 1099511628211ULL;
+    }
+  };
+  mix(static_cast<uint64_t>(bucket.dtype));
+  for (const auto& [param, grad] : bucket.items) {
+    mix(distributed_params(param)->param_id.value);
+    mix(static_cast<uint64_t>(grad.numel()));
+  }
+  Job& j = job();
+  {
+    std::lock_guard lock(j.mutex);
+    if (j.verified_layouts.count(h) != 0) return;
+  }
+  // max(h) and max(-h) over ranks: equal hashes give max == min.
+  const auto signed_h = static_cast<int64_t>(h >> 1);
+  Tensor probe = Tensor::from_vector<int64_t>(bucket.group.device(), {2}, {signed_h, -signed_h});
+  const std::vector<int64_t> r = bucket.group.all_reduce(probe, ReduceOp::max).to_vector<int64_t>();
+  if (r[0] != -r[1]) {
+    std::string ids;
+    for (const auto& [param, grad] : bucket.items)
+      ids += (ids.empty() ? "" : ", ") + std::to_string(distributed_params(param)->param_id.value) + " (" +
+             std::to_string(grad.numel()) + " elements)";
+    throw Error(Errc::collective_error,
+                "backward: the ranks disagree on which parameters' gradients to reduce together; this rank (" +
+                    std::to_string(bucket.group.rank()) + " of " + std::to_string(bucket.group.world_size()) +
+                    ") has, in order: " + ids +
+                    ". Every rank must run the same graph (the same parameters, used in the same order); a "
+                    "parameter that only some ranks use cannot be registered with set_distributed_params");
+  }
+  std::lock_guard lock(j.mutex);
+  j.verified_layouts.insert(h);
 }
 
 void GradSync::finish(Gradients& grads) {

@@ -11,12 +11,15 @@
 #include <backplane/tensor.hpp>
 
 #include <cstddef>
+#include <mutex>
 #include <utility>
 #include <vector>
 
 namespace backplane::detail {
 
 // One per backward(). Not thread-safe (a backward runs on one thread).
+// From its first gradient on it holds the job's backward lock, so backwards
+// that synchronise gradients run one at a time per process.
 class GradSync {
  public:
   // `param` is registered (is_distributed); `gradient` is final and has the
@@ -33,7 +36,9 @@ class GradSync {
     std::size_t bytes = 0;
   };
   void flush(Bucket& bucket);
+  void verify_layout(Bucket& bucket);
 
+  std::unique_lock<std::mutex> backward_lock_;  // the job's backward_mutex, from the first gradient on
   std::vector<Bucket> open_;
   std::vector<std::pair<Tensor, Tensor>> reduced_;  // (param, reduced gradient)
 };

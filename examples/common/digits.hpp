@@ -37,11 +37,14 @@ inline Dataset load(const std::string& path) {
   char buf[1 << 16];
   int n = 0;
   while ((n = gzread(f, buf, sizeof buf)) > 0) text.append(buf, static_cast<std::size_t>(n));
-  int err = 0;
-  const char* msg = n < 0 ? gzerror(f, &err) : nullptr;
+  // A truncated .gz ends with partial data and Z_BUF_ERROR, not a negative count.
+  int err = Z_OK;
+  const char* msg = gzerror(f, &err);
   const std::string gz_error = msg != nullptr ? msg : "";
   gzclose(f);
-  if (n < 0) throw std::runtime_error(path + ": read error: " + gz_error);
+  if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
+    throw std::runtime_error(path + ": read error: " + (gz_error.empty() ? "truncated or corrupt" : gz_error) +
+                             " (is the file complete?)");
 
   Dataset d;
   std::size_t pos = 0;

@@ -32,7 +32,11 @@ struct DistributedParams {
 // - otherwise, per the backend's collective_fallback:
 //   "error" (default): throws Errc::capability_missing naming backend,
 //     device, capability and the remedy;
-//   "local": returns the tensor unregistered and logs a warning once per backend.
+//   "local": returns the tensor unregistered and logs a warning once per backend;
+//   "host:<backend>": registers the tensor; its gradient is staged through
+//     that backend's device 0, which must have 'collective' (otherwise
+//     throws Errc::backend_unavailable when it failed to load, or
+//     Errc::capability_missing; both name the two backends).
 // Throws Errc::invalid_argument for an undefined tensor.
 // Copies of a tensor share its registration (as they share its data). Like
 // setting requires_grad in PyTorch, register parameters before other threads
@@ -58,7 +62,13 @@ BACKPLANE_API bool is_distributed(const Tensor& tensor);
 // BackwardOptions::on_gradient_final sees the local gradient;
 // on_backward_end and the returned Gradients hold the reduced ones.
 // Without init_distributed, backward() reaching a registered parameter throws
-// Errc::invalid_argument saying so.
+// Errc::invalid_argument saying so. The first time a bucket's layout (its
+// parameter ids, sizes and dtype) is seen, the ranks check that they agree
+// (two tiny collectives); ranks whose graphs differ get
+// Errc::collective_error listing this rank's parameters instead of silently
+// averaging unrelated gradients. Backwards that synchronise gradients run one
+// at a time per process (a process-wide lock), so their collectives never
+// interleave.
 struct GradSyncOptions {
   std::size_t bucket_bytes = std::size_t{25} << 20;  // 25 MiB, as PyTorch DDP
 };

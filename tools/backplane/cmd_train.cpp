@@ -18,6 +18,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +29,7 @@
 #include <fstream>
 #include <iostream>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -39,7 +43,7 @@ struct TrainOptions {
   int nproc = 2;
   int epochs = 20;
   int batch_size = 32;
-  double lr = 0.1;
+  double lr = 0;  // 0: the optimizer's default (sgd 0.1, adam 0.001)
   double momentum = 0.9;
   std::string optimizer = "sgd";
   uint64_t seed = 0;
@@ -50,6 +54,7 @@ struct TrainOptions {
   std::string plot;
   double bucket_mb = 25;
   double train_fraction = 0.8;
+  bool nproc_given = false;
   std::vector<std::string> raw_args;  // as given, to start the ranks with
 };
 
@@ -122,6 +127,47 @@ void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t ste
   }
 }
 
+// The config's backend, loaded, or a CommandError with the exit code the
+// README documents (2 for a config problem, 1 for a backend that failed).
+Backend chosen_backend(const Registry& registry, const std::string& name, const fs::path& config) {
+  std::optional<Backend> found;
+  try {
+    found.emplace(name.empty() ? registry.default_backend() : registry.backend(name));
+  } catch (const Error& e) {
+    throw CommandError(kExitFailed, e.message());
+  }
+  Backend backend = *found;
+  if (backend.status() != Backend::Status::loaded)
+    throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" failed to load: " + backend.error() +
+                                        "\n" + failure_hint(backend, config));
+  if (backend.devices().empty()) throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" has no devices");
+  return backend;
+}
+
+std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o) {
+  const fs::path path = find_data(o.data);
+  auto [train, test] = digits::split(digits::load(path.string()), o.train_fraction, o.seed);
+  if (train.rows() == 0 || test.rows() == 0)
+    throw CommandError(kExitFailed, path.string() + ": " + std::to_string(train.rows() + test.rows()) +
+                                        " rows are too few for a train/test split (need at least 2)");
+  return {std::move(train), std::move(test)};
+}
+
+// Creates (truncates) an output file now, so a bad path fails before training.
+void check_writable(const std::string& path, const char* flag) {
+  if (path.empty()) return;
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) throw CommandError(kExitFailed, std::string("cannot write ") + flag + " " + path + ": " + std::strerror(errno));
+}
+
+// Ends the job's groups on every path out of a rank.
+struct DistributedScope {
+  DistributedScope(const Rendezvous& r, const GradSyncOptions& o) { init_distributed(r, o); }
+  ~DistributedScope() { shutdown_distributed(); }
+  DistributedScope(const DistributedScope&) = delete;
+  DistributedScope& operator=(const DistributedScope&) = delete;
+};
+
 int train_rank(const TrainOptions& o) {
   const bool single = !in_a_job();
   Rendezvous rdzv = single ? Rendezvous::single_process() : Rendezvous::from_env();
@@ -129,19 +175,22 @@ int train_rank(const TrainOptions& o) {
   const int world = rdzv.world_size();
   const bool lead = rank == 0;
 
+  if (!single && o.nproc_given && o.nproc != world && lead)
+    print_warning("--nproc " + std::to_string(o.nproc) + " is ignored: this process is rank " +
+                  std::to_string(rank) + " of a job of " + std::to_string(world) + " started by a launcher");
+
   const fs::path config = choose_config(o.config);
-  Registry registry = Registry::from_config(config);
-  Backend backend = registry.backend(o.backend.empty() ? registry.default_backend().name() : o.backend);
-  if (backend.status() != Backend::Status::loaded)
-    throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" failed to load: " + backend.error());
-  Device device = backend.device(0);
+  Registry registry = load_for_report(config);
+  Backend backend = chosen_backend(registry, o.backend, config);
+  // One device per local rank, round robin (all on device 0 with one device).
+  const std::size_t n_devices = backend.devices().size();
+  Device device = backend.device(static_cast<int32_t>(static_cast<std::size_t>(rdzv.local_rank()) % n_devices));
 
   GradSyncOptions sync;
-  sync.bucket_bytes = static_cast<std::size_t>(std::max(1.0, o.bucket_mb * 1024 * 1024));
-  init_distributed(rdzv, sync);
+  sync.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * 1024 * 1024);
+  DistributedScope job(rdzv, sync);
 
-  const digits::Dataset all = digits::load(find_data(o.data).string());
-  const auto [train, test] = digits::split(all, o.train_fraction, o.seed);
+  const auto [train, test] = load_split(o);
 
   nn::Linear l1(device, digits::kFeatures, 128, o.seed * 2 + 1);
   nn::Linear l2(device, 128, digits::kClasses, o.seed * 2 + 2);
@@ -152,7 +201,7 @@ int train_rank(const TrainOptions& o) {
   for (std::size_t i = 0; i < params.size(); ++i) set_distributed_params(params[i], DistributedParamId{i});
   std::unique_ptr<nn::Optimizer> opt;
   if (o.optimizer == "sgd") opt = std::make_unique<nn::SGD>(params, o.lr, o.momentum);
-  else opt = std::make_unique<nn::Adam>(params, o.lr);
+  else opt = std::make_unique<nn::Adam>(params, o.lr);  // --momentum does not apply
   auto forward = [&](const Tensor& x) { return l2(relu(l1(x))); };
 
   const bool tty = lead && ::isatty(STDOUT_FILENO) != 0;
@@ -188,12 +237,14 @@ int train_rank(const TrainOptions& o) {
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
       if (tty && (s % 4 == 0 || s + 1 == n_steps))
         progress(true, epoch, o.epochs, s + 1, n_steps, loss_sum / static_cast<double>(s + 1),
-                 static_cast<double>((s + 1) * o.batch_size * world) / std::max(elapsed, 1e-9), false);
+                 static_cast<double>(std::min(rows.size(), (s + 1) * o.batch_size) * world) /
+                     std::max(elapsed, 1e-9),
+                 false);
     }
     // The epoch's loss over every rank's shard.
-    Tensor mean_loss = group.all_reduce(Tensor::from_vector<double>(device, {1}, {loss_sum / n_steps}),
-                                        ReduceOp::mean);
-    epoch_loss.push_back(mean_loss.to_vector<double>()[0]);
+    const float local_loss = static_cast<float>(loss_sum / static_cast<double>(n_steps));
+    Tensor mean_loss = group.all_reduce(Tensor::from_vector<float>(device, {1}, {local_loss}), ReduceOp::mean);
+    epoch_loss.push_back(mean_loss.to_vector<float>()[0]);
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     if (lead)
       progress(tty, epoch, o.epochs, n_steps, n_steps, epoch_loss.back(),
@@ -228,6 +279,8 @@ int train_rank(const TrainOptions& o) {
                        {"batch_size_per_rank", o.batch_size},
                        {"optimizer", o.optimizer},
                        {"lr", o.lr},
+                       {"momentum", o.optimizer == "sgd" ? o.momentum : 0.0},
+                       {"bucket_mb", o.bucket_mb},
                        {"seed", o.seed},
                        {"backend", backend.name()},
                        {"device", device.id()},
@@ -251,16 +304,35 @@ int train_rank(const TrainOptions& o) {
     }
   }
   group.barrier();
-  shutdown_distributed();
   return kExitOk;
 }
 
 int run_train(TrainOptions o) {
   if (o.optimizer != "sgd" && o.optimizer != "adam")
     throw CommandError(kExitUsage, "--optimizer must be sgd or adam, got " + o.optimizer);
-  if (!o.plot.empty() && fs::path(o.plot).extension() != ".svg")
+  std::string ext = fs::path(o.plot).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (!o.plot.empty() && ext != ".svg")
     throw CommandError(kExitUsage, "--plot writes SVG: name the file *.svg (got " + o.plot + ")");
-  if (in_a_job() || o.nproc == 1) return train_rank(o);
+  if (o.lr == 0) o.lr = o.optimizer == "adam" ? 1e-3 : 0.1;
+  if (in_a_job() || o.nproc == 1) {
+    if (!in_a_job() || std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) == "0") {
+      check_writable(o.metrics_out, "--metrics-out");
+      check_writable(o.plot, "--plot");
+    }
+    return train_rank(o);
+  }
+
+  // Everything that can be checked once is checked here, before any rank
+  // starts: a bad config, backend, data file or output path fails once.
+  {
+    const fs::path config = choose_config(o.config);
+    Registry registry = load_for_report(config);
+    chosen_backend(registry, o.backend, config);
+    load_split(o);
+    check_writable(o.metrics_out, "--metrics-out");
+    check_writable(o.plot, "--plot");
+  }
 
   // Start the ranks: this program again, with the same arguments, under the
   // launcher. One OpenMP/BLAS thread per core share, as torchrun does.
@@ -289,7 +361,8 @@ Command add_train_command(CLI::App& parent) {
       ->check(CLI::Range(1, 256));
   app->add_option("--epochs", o->epochs, "Epochs (default 20)")->check(CLI::Range(1, 100000));
   app->add_option("--batch-size", o->batch_size, "Rows per rank per step (default 32)")->check(CLI::Range(1, 1 << 20));
-  app->add_option("--lr", o->lr, "Learning rate (default 0.1)")->check(CLI::PositiveNumber);
+  app->add_option("--lr", o->lr, "Learning rate (default 0.1 for sgd, 0.001 for adam)")
+      ->check(CLI::Range(1e-12, 1e6));
   app->add_option("--momentum", o->momentum, "SGD momentum (default 0.9)")->check(CLI::Range(0.0, 1.0));
   app->add_option("--optimizer", o->optimizer, "sgd (default) or adam");
   app->add_option("--seed", o->seed, "Seed of the split, the shuffles and the initialisation (default 0)");
@@ -299,10 +372,11 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--metrics-out", o->metrics_out, "Write a JSON summary here");
   app->add_option("--plot", o->plot, "Write the loss curve here (SVG)");
   app->add_option("--bucket-mb", o->bucket_mb, "Gradient bucket size in MiB (default 25)")
-      ->check(CLI::PositiveNumber);
+      ->check(CLI::Range(1.0 / 1024, 1024.0 * 1024));
   Command c;
   c.app = app;
   c.run = [o, app] {
+    o->nproc_given = app->get_option("--nproc")->count() > 0;
     // The ranks get exactly the options this process was given.
     for (const CLI::Option* opt : app->get_options()) {
       if (opt->get_name() == "--help" || opt->get_name() == "--nproc" || opt->count() == 0) continue;
