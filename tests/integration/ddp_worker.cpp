@@ -12,7 +12,9 @@
 //   local   they equal this rank's shard gradients (collective_fallback
 //           "local": nothing is synchronised);
 //   error   set_distributed_params throws Errc::capability_missing naming
-//           the backend, the capability and the remedy.
+//           the backend, the capability and the remedy;
+//   mismatch rank 1 registers other parameter ids: backward fails on every
+//           rank with Errc::collective_error instead of mixing gradients.
 // Prints "rank R: ok ..." and exits 0, or "rank R: FAIL ..." and exits 1.
 #include <backplane/backplane.hpp>
 
@@ -110,8 +112,11 @@ int main(int argc, char** argv) {
     Model model = make_model(d);
     const Model reference = detached(model);
     try {
+      // "mismatch": rank 1 numbers its parameters differently, as a rank
+      // whose graph differs would.
+      const uint64_t shift = expect == "mismatch" && g_rank == 1 ? 100 : 0;
       for (std::size_t i = 0; i < model.params.size(); ++i)
-        set_distributed_params(model.params[i], DistributedParamId{i});
+        set_distributed_params(model.params[i], DistributedParamId{i + shift});
     } catch (const Error& e) {
       if (expect != "error") fail(std::string("set_distributed_params: ") + to_string(e.code()) + ": " + e.message());
       const std::string m = e.message();
@@ -124,6 +129,17 @@ int main(int argc, char** argv) {
     if (expect == "error") fail("set_distributed_params did not throw");
 
     reset_grad_sync_stats();
+    if (expect == "mismatch") {
+      try {
+        grads_of(model, x_mine, y_mine);
+      } catch (const Error& e) {
+        if (e.code() != Errc::collective_error || e.message().find("disagree") == std::string::npos)
+          fail("unexpected error: " + std::string(to_string(e.code())) + ": " + e.message());
+        std::cout << "rank " << g_rank << ": ok mismatch: " << e.message() << std::endl;
+        return 0;
+      }
+      fail("ranks with different parameters reduced their gradients together without an error");
+    }
     const std::vector<Tensor> synced = grads_of(model, x_mine, y_mine);
     const GradSyncStats stats = grad_sync_stats();
     if (expect == "synced") {
