@@ -343,9 +343,18 @@ ListenAddress choose_listen_address(const NetworkOptions& network) {
     out.attr.hostname = network.hostname;
     out.description = "hostname " + network.hostname + " (cpu option \"hostname\")";
   } else {
-    char name[256] = {};
-    const bool named = gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0';
-    if (named && resolves_to_usable_address(name)) {
+    // Resolved once per process: with no entry in /etc/hosts the lookup goes
+    // to DNS, which can take seconds, and every communicator would pay it
+    // inside its rendezvous timeout.
+    static char name[256] = {};
+    static bool named = false;
+    static bool usable = false;
+    static std::once_flag resolved;
+    std::call_once(resolved, [] {
+      named = gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0';
+      usable = named && resolves_to_usable_address(name);
+    });
+    if (usable) {
       out.attr.hostname = name;
       out.description = std::string("hostname ") + name + " (this machine's name)";
     } else {
