@@ -37,8 +37,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <string_view>
@@ -487,6 +489,11 @@ struct Communicator::Impl {
   // must go first.
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
+  // Buffers of collectives that failed. Gloo's I/O thread may still be
+  // signalling them (it reports a peer's failure to every pending buffer), so
+  // they live until the context and device are gone; a failed comm is
+  // poisoned, so this only ever holds one collective's buffers.
+  std::vector<std::shared_ptr<UnboundBuffer>> failed_buffers;
   // Gloo names a peer by its socket address ("[ip]:port"): the address each
   // peer listened on and the one each connection has at the peer's end.
   std::map<std::string, int32_t> rank_of_address;
@@ -585,9 +592,19 @@ class Run {
   // The slot family of one phase; send and recv add the message length.
   uint64_t slot(uint64_t phase) const noexcept { return hash_with(signature_, phase); }
 
-  std::unique_ptr<UnboundBuffer> buffer(void* data, uint64_t bytes) {
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+  ~Run() {
+    // Leaving by an exception: Gloo may still touch this run's buffers.
+    if (std::uncaught_exceptions() > exceptions_at_start_)
+      for (auto& b : buffers_) c_.failed_buffers.push_back(std::move(b));
+  }
+
+  std::shared_ptr<UnboundBuffer> buffer(void* data, uint64_t bytes) {
     try {
-      return c_.context->createUnboundBuffer(data, bytes);
+      std::shared_ptr<UnboundBuffer> b = c_.context->createUnboundBuffer(data, bytes);
+      buffers_.push_back(b);
+      return b;
     } catch (const std::exception& e) {
       throw translate(e, -1, Direction::send);
     }
@@ -661,6 +678,8 @@ class Run {
   }
 
   Communicator::Impl& c_;
+  const int exceptions_at_start_ = std::uncaught_exceptions();
+  std::vector<std::shared_ptr<UnboundBuffer>> buffers_;
   const char* op_;
   const Clock::time_point deadline_;
   uint64_t signature_;
@@ -832,6 +851,7 @@ Communicator::~Communicator() {
         block;  // closing flushes nothing, but a racing write on the loop thread may still fail
     impl_->context.reset();
     impl_->device.reset();
+    impl_->failed_buffers.clear();
   }
 }
 
@@ -1136,7 +1156,7 @@ void Communicator::all_reduce(const bp_tensor& input, const bp_tensor& output, i
     const Chunks ch = Chunks::balanced(out.count, n, esize);
     unsigned char* recv_area = c.scratch_bytes(kRecvDepth * ch.max_segment_bytes());
     auto out_buffer = run.buffer(out.data, out.bytes);
-    std::unique_ptr<UnboundBuffer> in_buffer;
+    std::shared_ptr<UnboundBuffer> in_buffer;
     if (in.data != out.data) in_buffer = run.buffer(in.data, in.bytes);
     UnboundBuffer* in_ub = in_buffer != nullptr ? in_buffer.get() : out_buffer.get();
     auto local = [&](int k) { return Place{in_ub, ch.begin(k) * esize, in.data + ch.begin(k) * esize}; };
@@ -1286,9 +1306,9 @@ void Communicator::reduce_scatter(const bp_tensor& input, const bp_tensor& outpu
     const uint64_t partials = static_cast<uint64_t>(n - 2) + (staged ? 1 : 0);
     unsigned char* area = c.scratch_bytes(recv_bytes + partials * block);
     unsigned char* partial = area + recv_bytes;
-    std::unique_ptr<UnboundBuffer> partial_buffer;
+    std::shared_ptr<UnboundBuffer> partial_buffer;
     if (partials > 0) partial_buffer = run.buffer(partial, partials * block);
-    std::unique_ptr<UnboundBuffer> out_buffer;
+    std::shared_ptr<UnboundBuffer> out_buffer;
     if (!staged) out_buffer = run.buffer(out.data, out.bytes);
     auto local = [&](int k) { return Place{in_buffer.get(), k * block, in.data + k * block}; };
     auto dst = [&](int k) {
