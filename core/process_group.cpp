@@ -183,6 +183,22 @@ struct ProcessGroup::Impl {
   }
 
   void check(bp_status* status, const char* op) const { coll().check(status, where(op)); }
+
+  // The out-of-place collectives: `tensor` (dense, on the collective device)
+  // in, a fresh `out_shape` tensor out, back on the caller's device.
+  // call(plugin, comm, in, out) is the plugin entry with its extra arguments.
+  template <class Call>
+  Tensor out_of_place(const Tensor& tensor, const Shape& out_shape, const std::string& name, Call&& call) {
+    auto in = on_collective_device(tensor, ("ProcessGroup::" + name).c_str());
+    auto out = allocate(out_shape, in->dtype);
+    const bp_tensor di = detail::describe(*in);
+    const bp_tensor dout = detail::describe(*out);
+    {
+      std::lock_guard lock(mutex);
+      check(call(coll().plugin, comm, &di, &dout), name.c_str());
+    }
+    return result(std::move(out));
+  }
 };
 
 ProcessGroup ProcessGroup::create(const Device& device, const Rendezvous& rendezvous,
@@ -249,16 +265,10 @@ Tensor ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   const TensorImpl& x0 = g.operand(tensor, "all_reduce");
   const int32_t rop = abi_reduce_op(op);
   if (g.local()) return Tensor(detail::copy_contiguous(x0, "ProcessGroup::all_reduce"));
-  auto in = g.on_collective_device(tensor, "ProcessGroup::all_reduce");
-  auto out = g.allocate(x0.shape, x0.dtype);
-  const bp_tensor di = detail::describe(*in);
-  const bp_tensor dout = detail::describe(*out);
-  {
-    std::lock_guard lock(g.mutex);
-    g.check(g.coll().api.all_reduce(g.coll().plugin, g.comm, &di, &dout, rop),
-            (std::string("all_reduce(") + to_string(op) + ")").c_str());
-  }
-  return g.result(std::move(out));
+  return g.out_of_place(tensor, x0.shape, std::string("all_reduce(") + to_string(op) + ")",
+                        [&](bp_plugin* p, bp_comm* c, const bp_tensor* in, const bp_tensor* out) {
+                          return g.coll().api.all_reduce(p, c, in, out, rop);
+                        });
 }
 
 void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
@@ -311,15 +321,10 @@ Tensor ProcessGroup::all_gather(const Tensor& tensor) {
                                           std::to_string(Shape::kMaxRank) + "; reshape the tensor first");
   const Shape out_shape(dims);
   if (g.local()) return reshape(Tensor(detail::copy_contiguous(x0, "ProcessGroup::all_gather")), dims);
-  auto in = g.on_collective_device(tensor, "ProcessGroup::all_gather");
-  auto out = g.allocate(out_shape, x0.dtype);
-  const bp_tensor di = detail::describe(*in);
-  const bp_tensor dout = detail::describe(*out);
-  {
-    std::lock_guard lock(g.mutex);
-    g.check(g.coll().api.all_gather(g.coll().plugin, g.comm, &di, &dout), "all_gather");
-  }
-  return g.result(std::move(out));
+  return g.out_of_place(tensor, out_shape, "all_gather",
+                        [&](bp_plugin* p, bp_comm* c, const bp_tensor* in, const bp_tensor* out) {
+                          return g.coll().api.all_gather(p, c, in, out);
+                        });
 }
 
 Tensor ProcessGroup::reduce_scatter(const Tensor& tensor, ReduceOp op) {
@@ -334,16 +339,10 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& tensor, ReduceOp op) {
   for (int i = 1; i < x0.shape.rank(); ++i) dims.push_back(x0.shape[i]);
   const Shape out_shape(dims);
   if (g.local()) return reshape(Tensor(detail::copy_contiguous(x0, "ProcessGroup::reduce_scatter")), dims);
-  auto in = g.on_collective_device(tensor, "ProcessGroup::reduce_scatter");
-  auto out = g.allocate(out_shape, x0.dtype);
-  const bp_tensor di = detail::describe(*in);
-  const bp_tensor dout = detail::describe(*out);
-  {
-    std::lock_guard lock(g.mutex);
-    g.check(g.coll().api.reduce_scatter(g.coll().plugin, g.comm, &di, &dout, rop),
-            (std::string("reduce_scatter(") + to_string(op) + ")").c_str());
-  }
-  return g.result(std::move(out));
+  return g.out_of_place(tensor, out_shape, std::string("reduce_scatter(") + to_string(op) + ")",
+                        [&](bp_plugin* p, bp_comm* c, const bp_tensor* in, const bp_tensor* out) {
+                          return g.coll().api.reduce_scatter(p, c, in, out, rop);
+                        });
 }
 
 void ProcessGroup::barrier() {

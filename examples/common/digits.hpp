@@ -87,24 +87,36 @@ inline Dataset load(const std::string& path) {
   return d;
 }
 
-// A shuffled split: the first round(train_fraction * rows) rows of the
-// permutation train, the rest test. Fisher-Yates over std::mt19937_64 (whose
-// sequence the standard fixes), so the split is the same everywhere.
-inline std::pair<Dataset, Dataset> split(const Dataset& all, double train_fraction, uint64_t seed) {
-  std::vector<int64_t> order(static_cast<std::size_t>(all.rows()));
+// 0..n-1 in an order fixed by `seed`: Fisher-Yates over std::mt19937_64
+// (whose sequence the standard fixes), so it is the same everywhere.
+inline std::vector<int64_t> permutation(int64_t n, uint64_t seed) {
+  std::vector<int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   std::mt19937_64 rng(seed);
   for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
-  const auto n_train = static_cast<std::size_t>(train_fraction * static_cast<double>(order.size()) + 0.5);
-  std::pair<Dataset, Dataset> out;
-  for (std::size_t k = 0; k < order.size(); ++k) {
-    Dataset& d = k < n_train ? out.first : out.second;
-    const auto r = static_cast<std::size_t>(order[k]);
-    d.x.insert(d.x.end(), all.x.begin() + static_cast<std::ptrdiff_t>(r * kFeatures),
-               all.x.begin() + static_cast<std::ptrdiff_t>((r + 1) * kFeatures));
-    d.y.push_back(all.y[r]);
+  return order;
+}
+
+// The rows idx[begin, end) of `d`, in that order.
+inline Dataset rows(const Dataset& d, const std::vector<int64_t>& idx, std::size_t begin, std::size_t end) {
+  Dataset out;
+  out.x.reserve((end - begin) * kFeatures);
+  out.y.reserve(end - begin);
+  for (std::size_t k = begin; k < end; ++k) {
+    const auto r = static_cast<std::size_t>(idx[k]);
+    out.x.insert(out.x.end(), d.x.begin() + static_cast<std::ptrdiff_t>(r * kFeatures),
+                 d.x.begin() + static_cast<std::ptrdiff_t>((r + 1) * kFeatures));
+    out.y.push_back(d.y[r]);
   }
   return out;
+}
+
+// A shuffled split: the first round(train_fraction * rows) rows of the
+// seeded permutation train, the rest test.
+inline std::pair<Dataset, Dataset> split(const Dataset& all, double train_fraction, uint64_t seed) {
+  const std::vector<int64_t> order = permutation(all.rows(), seed);
+  const auto n_train = static_cast<std::size_t>(train_fraction * static_cast<double>(order.size()) + 0.5);
+  return {rows(all, order, 0, n_train), rows(all, order, n_train, order.size())};
 }
 
 }  // namespace digits

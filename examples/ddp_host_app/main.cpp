@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -39,22 +38,13 @@ int main(int argc, char** argv) try {
 
   // 3. Data: an 80/20 split; rank r takes rows r, r+world, ... of each epoch's order.
   const auto [train, test] = digits::split(digits::load(data), 0.8, /*seed=*/0);
-  auto rows_of = [&](const digits::Dataset& d, const std::vector<int64_t>& idx) {
-    std::vector<float> x;
-    std::vector<int64_t> y;
-    for (int64_t r : idx) {
-      x.insert(x.end(), d.x.begin() + r * 64, d.x.begin() + (r + 1) * 64);
-      y.push_back(d.y[static_cast<std::size_t>(r)]);
-    }
-    const auto n = static_cast<int64_t>(idx.size());
-    return std::pair{bp::Tensor::from_vector<float>(device, {n, 64}, x), bp::Tensor::from_vector<int64_t>(device, {n}, y)};
+  auto tensors = [&](const digits::Dataset& d) {
+    return std::pair{bp::Tensor::from_vector<float>(device, {d.rows(), 64}, d.x),
+                     bp::Tensor::from_vector<int64_t>(device, {d.rows()}, d.y)};
   };
 
   for (int epoch = 0; epoch < epochs; ++epoch) {
-    std::vector<int64_t> order(static_cast<std::size_t>(train.rows()));
-    std::mt19937_64 rng(static_cast<uint64_t>(epoch));
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
-    for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+    const std::vector<int64_t> order = digits::permutation(train.rows(), static_cast<uint64_t>(epoch));
     std::vector<int64_t> mine;  // every rank the same number of rows (wrap around)
     const std::size_t per_rank = (order.size() + job.world_size() - 1) / job.world_size();
     for (std::size_t k = 0; k < per_rank; ++k)
@@ -63,8 +53,7 @@ int main(int argc, char** argv) try {
     double loss_sum = 0;
     int steps = 0;
     for (std::size_t b = 0; b < mine.size(); b += kBatch, ++steps) {
-      std::vector<int64_t> idx(mine.begin() + b, mine.begin() + std::min(mine.size(), b + kBatch));
-      auto [x, y] = rows_of(train, idx);
+      auto [x, y] = tensors(digits::rows(train, mine, b, std::min(mine.size(), b + kBatch)));
       bp::Tensor loss = bp::nn::cross_entropy(model(x), y);
       bp::Gradients grads = loss.backward();  // all-reduced (mean) across ranks
       sgd.step(grads);
@@ -74,9 +63,7 @@ int main(int argc, char** argv) try {
   }
 
   // 4. Every rank holds the same parameters; rank 0 reports.
-  std::vector<int64_t> all(static_cast<std::size_t>(test.rows()));
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int64_t>(i);
-  auto [x, y] = rows_of(test, all);
+  auto [x, y] = tensors(test);
   bp::NoGradGuard no_grad;
   if (job.rank() == 0) std::printf("test accuracy %.4f\n", bp::nn::accuracy(model(x), y));
   bp::shutdown_distributed();

@@ -80,10 +80,7 @@ fs::path find_data(const std::string& flag) {
 // permutation shared by all ranks (seeded by seed and epoch), padded by
 // wrapping to a multiple of the world size, then every world-th row.
 std::vector<int64_t> shard(int64_t rows, int rank, int world, uint64_t seed, int epoch) {
-  std::vector<int64_t> order(static_cast<std::size_t>(rows));
-  std::iota(order.begin(), order.end(), 0);
-  std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(epoch));
-  for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng() % i]);
+  std::vector<int64_t> order = digits::permutation(rows, seed * 1000003 + static_cast<uint64_t>(epoch));
   const std::size_t total = (order.size() + world - 1) / world * world;
   for (std::size_t i = 0; order.size() < total; ++i) order.push_back(order[i]);
   std::vector<int64_t> mine;
@@ -98,17 +95,8 @@ struct Batch {
 
 Batch make_batch(const Device& d, const digits::Dataset& data, const std::vector<int64_t>& rows, std::size_t begin,
                  std::size_t end) {
-  std::vector<float> x;
-  std::vector<int64_t> y;
-  x.reserve((end - begin) * digits::kFeatures);
-  for (std::size_t i = begin; i < end; ++i) {
-    const auto r = static_cast<std::size_t>(rows[i]);
-    x.insert(x.end(), data.x.begin() + static_cast<std::ptrdiff_t>(r * digits::kFeatures),
-             data.x.begin() + static_cast<std::ptrdiff_t>((r + 1) * digits::kFeatures));
-    y.push_back(data.y[r]);
-  }
-  const auto n = static_cast<int64_t>(end - begin);
-  return {Tensor::from_vector<float>(d, {n, digits::kFeatures}, x), Tensor::from_vector<int64_t>(d, {n}, y)};
+  const digits::Dataset b = digits::rows(data, rows, begin, end);
+  return {Tensor::from_vector<float>(d, {b.rows(), digits::kFeatures}, b.x), Tensor::from_vector<int64_t>(d, {b.rows()}, b.y)};
 }
 
 void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t steps, double loss, double rate,
@@ -144,8 +132,7 @@ Backend chosen_backend(const Registry& registry, const std::string& name, const 
   return backend;
 }
 
-std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o) {
-  const fs::path path = find_data(o.data);
+std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o, const fs::path& path) {
   auto [train, test] = digits::split(digits::load(path.string()), o.train_fraction, o.seed);
   if (train.rows() == 0 || test.rows() == 0)
     throw CommandError(kExitFailed, path.string() + ": " + std::to_string(train.rows() + test.rows()) +
@@ -190,7 +177,8 @@ int train_rank(const TrainOptions& o) {
   sync.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * 1024 * 1024);
   DistributedScope job(rdzv, sync);
 
-  const auto [train, test] = load_split(o);
+  const fs::path data_path = find_data(o.data);
+  const auto [train, test] = load_split(o, data_path);
 
   nn::Linear l1(device, digits::kFeatures, 128, o.seed * 2 + 1);
   nn::Linear l2(device, 128, digits::kClasses, o.seed * 2 + 2);
@@ -208,7 +196,7 @@ int train_rank(const TrainOptions& o) {
   if (lead)
     std::printf("backplane train: MLP 64-128-10 on %s (%lld train / %lld test rows), %d rank%s on %s, batch %d "
                 "per rank, %s lr %g, %d epochs, seed %llu\n",
-                find_data(o.data).string().c_str(), static_cast<long long>(train.rows()),
+                data_path.string().c_str(), static_cast<long long>(train.rows()),
                 static_cast<long long>(test.rows()), world, world == 1 ? "" : "s", device.id().c_str(), o.batch_size,
                 o.optimizer.c_str(), o.lr, o.epochs, static_cast<unsigned long long>(o.seed));
 
@@ -255,10 +243,8 @@ int train_rank(const TrainOptions& o) {
   double test_accuracy = 0;
   {
     NoGradGuard no_grad;
-    std::vector<int64_t> all_rows(static_cast<std::size_t>(test.rows()));
-    std::iota(all_rows.begin(), all_rows.end(), 0);
-    Batch t = make_batch(device, test, all_rows, 0, all_rows.size());
-    test_accuracy = nn::accuracy(forward(t.x), t.y);
+    const Tensor x = Tensor::from_vector<float>(device, {test.rows(), digits::kFeatures}, test.x);
+    test_accuracy = nn::accuracy(forward(x), Tensor::from_vector<int64_t>(device, {test.rows()}, test.y));
   }
   const double per_step = train_seconds / static_cast<double>(std::max<int64_t>(steps, 1));
   const double sync_fraction = train_seconds > 0 ? stats.seconds / train_seconds : 0;
@@ -329,7 +315,7 @@ int run_train(TrainOptions o) {
     const fs::path config = choose_config(o.config);
     Registry registry = load_for_report(config);
     chosen_backend(registry, o.backend, config);
-    load_split(o);
+    load_split(o, find_data(o.data));
     check_writable(o.metrics_out, "--metrics-out");
     check_writable(o.plot, "--plot");
   }
