@@ -1,5 +1,21 @@
 /* backplane plugin ABI: the only contract between the core (libbackplane)
- * and a backend plugin. Plain C99; no C++ type, exception or allocator crosses it.
+ * and a backend plugin. Plain C99; no C++ type, exception or allocator
+ * crosses it. Rules below are tagged with the in-tree plugin that needs them:
+ * [cpu] host memory, synchronous, Gloo; [cuda] device memory, streams, NCCL;
+ * [remote] every call crosses a network to `backplane serve`.
+ *
+ * ---------------------------------------------------------------------------
+ * History
+ * ---------------------------------------------------------------------------
+ *  1.0  first release: positional entries, cpu plugin only.
+ *  1.1  the full op set (ops 7-42), buffer_wrap_host.
+ *  2.0  argument structs for every entry that can grow, statuses everywhere
+ *       (the key-value store too), the execution model and the trust
+ *       contract written down, DLPack export/import of device memory,
+ *       free/total memory, comm_abort, dtype capability flags the host
+ *       enforces (renumbered: bits 16+dtype; BP_CAP_INT64 became BP_CAP_I64),
+ *       name tables here. A major bump was right: no plugin outside
+ *       backplane's own tree had been built against 1.x.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -7,83 +23,171 @@
  *  - A plugin exports exactly one symbol, BP_PLUGIN_ENTRY_SYMBOL
  *    ("bp_plugin_entry"), of type bp_plugin_entry_fn. It returns a pointer to
  *    a static bp_plugin_api table (or NULL on failure; the host reports it).
+ *    It returns its table even to a host of another major, so that the host
+ *    can name both versions when it refuses the plugin.
  *  - Every table and argument struct begins with `struct_size`, set by its
  *    producer to sizeof() of the struct it was compiled against.
  *  - BP_ABI_MAJOR changes only when an existing field changes meaning, type or
- *    position. The host refuses a plugin whose major differs from its own.
+ *    position. The host refuses a plugin whose major differs from its own and
+ *    names both majors.
  *  - BP_ABI_MINOR grows when fields are appended. Structs are append-only:
  *    a field, once released, keeps its offset and meaning forever.
  *  - Each side reads only the fields that lie inside the other side's
  *    struct_size (BP_HAS_FIELD). A field outside it reads as zero / NULL.
+ *    A plugin table covers at least every entry up to `execute` (the last
+ *    required one); entries beyond its struct_size are NULL.
  *    So a plugin built against an older minor keeps working, and a plugin
  *    built against a newer minor works with an older host as long as it does
  *    not depend on what that host lacks.
+ *  - Every entry that can grow takes one argument struct (the PJRT pattern):
+ *    inputs first, then outputs the callee fills. Only status_code,
+ *    status_message, status_free, destroy and bp_host_api.log are positional.
  *  - A NULL function pointer means "not supported" and is never called.
  *    Entries marked (required) must be non-NULL; the host rejects the plugin
- *    otherwise.
- *  - A capability flag implies the entries it needs are non-NULL
- *    (BP_CAP_COLLECTIVE -> every bp_plugin_api.comm_* and collective entry;
- *    BP_CAP_ASYNC -> synchronize; BP_CAP_HOST_VISIBLE -> buffer_host_ptr).
+ *    otherwise, naming them.
+ *
+ * ---------------------------------------------------------------------------
+ * Errors: one convention
+ * ---------------------------------------------------------------------------
+ *  - Every call that can fail returns bp_status*: NULL means success. A
+ *    non-NULL status is owned by the caller, who reads it with status_code /
+ *    status_message and frees it with status_free of the table that made it
+ *    (the plugin's table for plugin entries, the bp_kv_store for the host's
+ *    store callbacks). The message lives until the status is freed.
+ *  - Messages say what failed, where and what to do; the host prefixes the
+ *    backend, device and op, so a plugin need not repeat them.
+ *
+ * ---------------------------------------------------------------------------
+ * Capabilities
+ * ---------------------------------------------------------------------------
+ *  - Each device declares a uint64 flag set in device_info. Flags are
+ *    constant for the life of a plugin instance [remote: fixed at connect].
+ *  - Every flag decides something in the host:
+ *      collective    ProcessGroup / set_distributed_params run collectives
+ *                    through comm_*; without it the backend's
+ *                    collective_fallback decides.                [cpu, cuda, remote]
+ *      async         the host calls synchronize before it reads memory
+ *                    through a pointer; errors may arrive late.  [cuda, remote]
+ *      host_visible  buffer_pointer gives a host pointer (DLPack kDLCPU); the
+ *                    host reads and writes tensors through it without
+ *                    buffer_read/buffer_write.                   [cpu]
+ *      remote        memory lives on another machine: the host refuses DLPack
+ *                    export of it and never offers it imported memory. [remote]
+ *      matmul        the device runs MATMUL; without it the host refuses
+ *                    matmul with capability_missing before asking
+ *                    supports_op.                                [cpu, cuda]
+ *      dtype flags   BP_CAP_DTYPE(d): the device holds tensors of dtype d.
+ *                    The host refuses to create, import or move a tensor of
+ *                    a dtype whose flag the device lacks (capability_missing
+ *                    naming flag, backend and device). supports_op then
+ *                    answers per (op, dtype).                    [all]
+ *  - A flag implies the entries it needs are non-NULL (BP_CAP_COLLECTIVE ->
+ *    comm_create, comm_destroy, comm_abort and the five collectives;
+ *    BP_CAP_ASYNC -> synchronize; BP_CAP_HOST_VISIBLE -> buffer_pointer).
  *    The host checks this at load time and rejects a plugin that lies.
  *    Unknown flag bits are ignored.
  *
  * ---------------------------------------------------------------------------
- * Ownership
+ * Trust contract
  * ---------------------------------------------------------------------------
- *  - Functions that can fail return bp_status*: NULL means success. A
- *    non-NULL status is owned by the caller, who reads it with
- *    status_code/status_message and frees it with status_free of the same
- *    plugin table. The message string lives until the status is freed.
- *  - Strings and arrays a plugin returns inside info structs (names,
- *    attributes) are owned by the plugin and stay valid until destroy().
- *  - bp_buffer is an opaque handle owned by the caller of buffer_alloc, who
- *    frees it exactly once with buffer_free. The host never dereferences a
- *    buffer; it may read buffer_host_ptr only when the device declares
- *    BP_CAP_HOST_VISIBLE. A buffer may be device memory, or an id into
- *    memory that lives on another machine.
- *  - bp_tensor descriptors, shape/stride arrays and attribute structs passed
- *    to a plugin are borrowed for the duration of the call only.
- *  - Host callbacks (bp_host_api, bp_kv_store) stay valid while the plugin
- *    instance (or communicator) that received them lives.
+ *  - The host validates every request before it crosses the ABI: devices in
+ *    range, known dtypes and ops that supports_op accepted, shapes and
+ *    broadcasting, axes, views that lie inside their buffer, offsets and
+ *    sizes of reads and writes inside the buffer, roots and ranks. It never
+ *    passes an output that overlaps an input or another output (COPY's
+ *    output is a view that never overlaps itself). The one exception is
+ *    stated where it applies: all_reduce's input and output may be the very
+ *    same view, and broadcast works in place; they never overlap partially.
+ *    An in-process plugin may rely on all of this and need not check it
+ *    again. [cpu, cuda]
+ *  - What the host cannot know is the plugin's to check: data-dependent
+ *    errors (an index out of range, an integer POW with a negative exponent)
+ *    and everything a peer or a device reports.
+ *  - A network server is a different boundary: it validates every field of
+ *    everything it receives, as if from an attacker. [remote]
  *
  * ---------------------------------------------------------------------------
  * Execution model
  * ---------------------------------------------------------------------------
- *  - The host validates every request (shapes, dtypes, broadcasting, axes)
- *    before it crosses the ABI. A plugin sees only well-formed requests; it
- *    still returns a status rather than crash on one it cannot serve.
- *  - A device with BP_CAP_ASYNC may return from execute before the work is
- *    done. An error discovered later is returned by the next synchronising
- *    call on that device: synchronize, buffer_read, or a collective. Its
- *    message should name the op that failed.
- *  - Entries may be called concurrently from several host threads on
- *    distinct buffers; a plugin serialises internally where it must.
- *  - Tensor descriptors: byte_offset is a multiple of the element size;
- *    outputs the host allocates for an op are contiguous row-major; the host
- *    does not pass an output that overlaps an input (a plugin that gets one
- *    anyway must still produce the result as if inputs were read first).
- *  - Input strides per op: elementwise binary, comparisons, WHERE, unary,
- *    CLAMP, CAST and COPY accept any strides (0 on broadcast dims); the
- *    reductions, SOFTMAX/LOG_SOFTMAX, INDEX_SELECT and GATHER get contiguous
- *    row-major inputs (the host copies a strided one first); MATMUL: 2-D
- *    operands any strides; batched ones stride 0 on broadcast batch dims and
- *    any strides on the last two. Outputs are contiguous, except COPY's,
- *    which may be a strided view of a larger buffer (how the host builds cat).
- *  - The host never calls execute for an op whose output has no elements
- *    (a reduction over an empty axis still runs: its output is not empty).
- *  - supports_op is asked with the dtype of the data operand: inputs[0]
- *    (WHERE: inputs[1], not the BOOL cond; comparisons: the inputs, not the
- *    BOOL output; ARGMAX/ARGMIN, INDEX_SELECT, GATHER: x, not the I64
- *    output or index); creation ops: the output's. CAST is asked for the
- *    source and for the target dtype, and runs only when both answer yes.
+ *  - Each device behaves as one in-order queue. buffer_alloc, buffer_write,
+ *    execute, the collectives, buffer_read and buffer_free on one device take
+ *    effect in the order the host calls them (calls from several host threads
+ *    are ordered as they enter the plugin). A plugin may overlap work
+ *    internally (a copy stream, a communication stream, a network pipeline)
+ *    only in ways that preserve that order as the host observes it.
+ *  - A device without BP_CAP_ASYNC finishes each call before it returns. [cpu]
+ *  - A device with BP_CAP_ASYNC may return from buffer_write (once src has
+ *    been consumed), execute, the collectives and buffer_free before the work
+ *    is done. buffer_read, synchronize and buffer_pointer's data are the
+ *    synchronising points: they return after every earlier call on the
+ *    device has taken effect. buffer_free must not reuse memory that queued
+ *    work still reads (stream-ordered free). [cuda, remote]
+ *  - An error from asynchronous work is sticky on its device: the next
+ *    synchronising call returns it, naming the op that failed, and clears it.
+ *    A device that can no longer work (a CUDA fault that poisons its
+ *    context) returns BP_STATUS_DEVICE from every later call instead. [cuda, remote]
+ *  - Collectives are ordered in the device's queue like execute [cuda: on a
+ *    communication stream that waits on the compute stream]. So the host may
+ *    issue a bucket's all_reduce while backward still enqueues ops.
  *
  * ---------------------------------------------------------------------------
- * Lifetime of a library
+ * Threads (per entry; "any" = any thread, concurrently with any other call)
  * ---------------------------------------------------------------------------
+ *  - status_*: any. bp_plugin_entry: once per library, before anything else.
+ *  - create: any (each call makes an independent instance). destroy: never
+ *    concurrent with another call on that instance; the host has freed every
+ *    buffer and communicator first.
+ *  - device_count, device_info, supports_op, device_memory: any.
+ *  - buffer_alloc, buffer_free, buffer_write, buffer_read, buffer_pointer,
+ *    buffer_import, execute, synchronize: any, from several threads at once;
+ *    the host never writes one buffer from two threads at once, nor frees a
+ *    buffer another call is using. The plugin serialises internally where it
+ *    must.
+ *  - comm_create: any; it blocks until every rank joined or timeout_ms.
+ *    Collectives on one communicator: one thread at a time (the host
+ *    serialises per communicator); different communicators: any.
+ *    comm_abort: any, at any time, including while another thread is inside
+ *    a collective on the same communicator. comm_destroy: never concurrent
+ *    with another call on that communicator.
+ *  - Host callbacks (log, the bp_kv_store entries): any.
+ *
+ * ---------------------------------------------------------------------------
+ * Ownership and lifetime
+ * ---------------------------------------------------------------------------
+ *  - Strings and arrays a plugin returns inside out-fields (names, attributes)
+ *    are owned by the plugin and stay valid until destroy().
+ *  - bp_buffer is an opaque handle owned by whoever called buffer_alloc or
+ *    buffer_import, who frees it exactly once with buffer_free. The host
+ *    never dereferences a buffer handle. It may be device memory, or an id
+ *    into memory on another machine.
+ *  - bp_tensor descriptors, shape/stride arrays, argument structs and the
+ *    memory behind src/dst pointers are borrowed for the duration of the
+ *    call only.
+ *  - Host callbacks (bp_host_api, bp_kv_store) stay valid while the plugin
+ *    instance (or communicator) that received them lives.
  *  - The host loads each library once (RTLD_NOW | RTLD_LOCAL) and never
  *    unmaps it (RTLD_NODELETE): runtimes a plugin links, such as OpenMP or
  *    CUDA, keep threads inside their code after the last handle closes.
  *    destroy() is still called for every instance create() made.
+ *
+ * ---------------------------------------------------------------------------
+ * When a plugin may block, touch a driver or the network
+ * ---------------------------------------------------------------------------
+ *  - bp_plugin_entry and create: cheap and local. Parse options, nothing
+ *    more: no driver call that makes a context, no thread pool, no BLAS or
+ *    communication library initialisation, no connection. [all]
+ *  - device_count is where enumeration happens and may block: a driver query
+ *    [cuda: cudaGetDeviceCount, no context], a connection and handshake
+ *    [remote], bounded by the plugin's own timeout option (remote:
+ *    connect_timeout_ms). When the devices cannot be reached it returns
+ *    BP_STATUS_UNAVAILABLE with the reason ("CUDA driver not found: ...",
+ *    "cannot connect to 10.0.0.2:7070: ..."). The host then keeps the
+ *    backend as `unavailable`: loaded, zero devices, the reason shown by
+ *    `backplane list`; a required backend that is unavailable fails
+ *    Registry::from_config and `backplane check`. Any other failure status
+ *    fails the backend.
+ *  - Thread pools, BLAS, streams and communication libraries start on a
+ *    device's first use (buffer_alloc, execute, comm_create). [cpu, cuda]
  */
 #ifndef BACKPLANE_ABI_H_
 #define BACKPLANE_ABI_H_
@@ -95,8 +199,8 @@
 extern "C" {
 #endif
 
-#define BP_ABI_MAJOR 1
-#define BP_ABI_MINOR 1
+#define BP_ABI_MAJOR 2
+#define BP_ABI_MINOR 0
 
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_plugin_entry"
 
@@ -104,6 +208,12 @@ extern "C" {
 #define BP_EXPORT __declspec(dllexport)
 #else
 #define BP_EXPORT __attribute__((visibility("default")))
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define BP_MAYBE_UNUSED_ __attribute__((unused))
+#else
+#define BP_MAYBE_UNUSED_
 #endif
 
 /* True when `field` of struct type `type` lies inside a struct whose producer
@@ -122,31 +232,18 @@ typedef enum bp_status_code {
   BP_STATUS_OUT_OF_MEMORY = 3,
   BP_STATUS_INTERNAL = 4,         /* a bug or an unexpected exception      */
   BP_STATUS_TIMEOUT = 5,
-  BP_STATUS_COLLECTIVE = 6,       /* a peer failed or vanished             */
+  BP_STATUS_COLLECTIVE = 6,       /* a peer failed or vanished; aborted    */
   BP_STATUS_UNAVAILABLE = 7,      /* device / server / driver not present  */
   BP_STATUS_DEVICE = 8,           /* the device reported a fault           */
-  BP_STATUS_IO = 9                /* file or network I/O failed            */
+  BP_STATUS_IO = 9,               /* file or network I/O failed            */
+  BP_STATUS_COUNT_                /* not a code: one past the last one     */
 } bp_status_code;
 
-/* Opaque; each plugin defines its own. */
+/* Opaque; each producer (a plugin, the host's store) defines its own. */
 typedef struct bp_status bp_status;
 
 /* ------------------------------------------------------------------------ */
-/* Capabilities (per device; uint64 flag set)                                */
-/* ------------------------------------------------------------------------ */
-
-#define BP_CAP_COLLECTIVE   (UINT64_C(1) << 0) /* comm_* + collectives      */
-#define BP_CAP_ASYNC        (UINT64_C(1) << 1) /* execute may return early */
-#define BP_CAP_HOST_VISIBLE (UINT64_C(1) << 2) /* buffers are host pointers */
-#define BP_CAP_F64          (UINT64_C(1) << 3)
-#define BP_CAP_F16          (UINT64_C(1) << 4)
-#define BP_CAP_BF16         (UINT64_C(1) << 5)
-#define BP_CAP_REMOTE       (UINT64_C(1) << 6) /* memory on another machine */
-#define BP_CAP_INT64        (UINT64_C(1) << 7)
-#define BP_CAP_MATMUL       (UINT64_C(1) << 8) /* has a tuned GEMM          */
-
-/* ------------------------------------------------------------------------ */
-/* Data types (values match nothing else; see dtype.hpp for DLPack codes)    */
+/* Data types (values match nothing else; DLPack codes live in the core)     */
 /* ------------------------------------------------------------------------ */
 
 typedef enum bp_dtype {
@@ -159,8 +256,33 @@ typedef enum bp_dtype {
   BP_DTYPE_F16 = 6,
   BP_DTYPE_BF16 = 7,
   BP_DTYPE_U8 = 8,
-  BP_DTYPE_I8 = 9
+  BP_DTYPE_I8 = 9,
+  BP_DTYPE_COUNT_ /* not a dtype: one past the last value this header knows */
 } bp_dtype;
+
+/* ------------------------------------------------------------------------ */
+/* Capabilities (per device; uint64 flag set; see "Capabilities" above)      */
+/* ------------------------------------------------------------------------ */
+
+#define BP_CAP_COLLECTIVE   (UINT64_C(1) << 0)
+#define BP_CAP_ASYNC        (UINT64_C(1) << 1)
+#define BP_CAP_HOST_VISIBLE (UINT64_C(1) << 2)
+#define BP_CAP_REMOTE       (UINT64_C(1) << 3)
+#define BP_CAP_MATMUL       (UINT64_C(1) << 4)
+#define BP_CAP_FEATURE_COUNT_ 5 /* bits 0..4 name features; keep bp_capability_name in step */
+/* Bits 16..16+BP_DTYPE_COUNT_-1: one flag per dtype, at 16 + the dtype's value.
+ * Defined for 0 < d < BP_DTYPE_COUNT_ only (d is a bp_dtype this header names). */
+#define BP_CAP_DTYPE_SHIFT_ 16
+#define BP_CAP_DTYPE(d)     (UINT64_C(1) << (BP_CAP_DTYPE_SHIFT_ + (d)))
+#define BP_CAP_F32          BP_CAP_DTYPE(BP_DTYPE_F32)
+#define BP_CAP_F64          BP_CAP_DTYPE(BP_DTYPE_F64)
+#define BP_CAP_I32          BP_CAP_DTYPE(BP_DTYPE_I32)
+#define BP_CAP_I64          BP_CAP_DTYPE(BP_DTYPE_I64)
+#define BP_CAP_BOOL         BP_CAP_DTYPE(BP_DTYPE_BOOL)
+#define BP_CAP_F16          BP_CAP_DTYPE(BP_DTYPE_F16)
+#define BP_CAP_BF16         BP_CAP_DTYPE(BP_DTYPE_BF16)
+#define BP_CAP_U8           BP_CAP_DTYPE(BP_DTYPE_U8)
+#define BP_CAP_I8           BP_CAP_DTYPE(BP_DTYPE_I8)
 
 /* ------------------------------------------------------------------------ */
 /* Ops (append-only; the host validates shapes and dtypes before execute)    */
@@ -180,10 +302,9 @@ typedef enum bp_op {
   BP_OP_MATMUL = 5,
   /* copy: inputs[0] -> outputs[0], same shape and dtype, any strides on
    * both sides (the output may be a strided view; it never overlaps itself
-   * or the input). The host builds reshape/permute/slice/cat from it. */
+   * or the input). The host builds contiguous, strided to() and cat from it. */
   BP_OP_COPY = 6,
-  /* ---- ABI 1.1 ---------------------------------------------------------
-   * Binary, as ADD: inputs broadcast to the output's shape, one dtype.
+  /* Binary, as ADD: inputs broadcast to the output's shape, one dtype.
    * Integer POW with a negative exponent cannot be refused by the host (it
    * depends on the data): the plugin returns INVALID_ARGUMENT. */
   BP_OP_POW = 7,
@@ -245,21 +366,89 @@ typedef enum bp_op {
   BP_OP_COUNT_ /* not an op: one past the last value this header knows */
 } bp_op;
 
-/* attrs.axis value meaning "no axis" where an op allows it. */
-#define BP_AXIS_NONE INT64_MIN
-
 /* Attributes of an op. Fields an op does not use are ignored. */
 typedef struct bp_op_attrs {
   size_t struct_size;
-  int64_t axis;
-  int32_t keepdim;
+  int64_t axis;         /* reductions, softmax, index_select, gather        */
   int32_t dtype;        /* bp_dtype: target of a cast                       */
-  double scalar0;       /* e.g. clamp low, fill value                       */
-  double scalar1;       /* e.g. clamp high                                  */
-  uint64_t seed;
-  const int64_t *ints;  /* e.g. a permutation, slice bounds                 */
-  int32_t num_ints;
+  int32_t reserved_;    /* zero                                             */
+  double scalar0;       /* clamp low, fill value, arange start, rand low    */
+  double scalar1;       /* clamp high, arange step, rand high / std         */
+  uint64_t seed;        /* rand_uniform, randn                              */
 } bp_op_attrs;
+
+typedef enum bp_reduce_op {
+  BP_REDUCE_SUM = 0,
+  BP_REDUCE_MEAN = 1,
+  BP_REDUCE_MIN = 2,
+  BP_REDUCE_MAX = 3,
+  BP_REDUCE_PROD = 4,
+  BP_REDUCE_COUNT_ /* not a reduce op: one past the last value */
+} bp_reduce_op;
+
+/* ------------------------------------------------------------------------ */
+/* Names and sizes: the one table of each, for core, plugins and tools       */
+/* ------------------------------------------------------------------------ */
+
+/* Bytes per element; 0 for a value this header does not know. */
+static inline BP_MAYBE_UNUSED_ size_t bp_dtype_size(int32_t dtype) {
+  static const unsigned char sizes[BP_DTYPE_COUNT_] = {0, 4, 8, 4, 8, 1, 2, 2, 1, 1};
+  return (dtype > 0 && dtype < BP_DTYPE_COUNT_) ? sizes[dtype] : 0;
+}
+
+/* "f32", "f64", "i32", "i64", "bool", "f16", "bf16", "u8", "i8"; NULL for a
+ * value this header does not know. */
+static inline BP_MAYBE_UNUSED_ const char *bp_dtype_name(int32_t dtype) {
+  static const char *const names[BP_DTYPE_COUNT_] = {NULL, "f32", "f64", "i32", "i64",
+                                                     "bool", "f16", "bf16", "u8",  "i8"};
+  return (dtype > 0 && dtype < BP_DTYPE_COUNT_) ? names[dtype] : NULL;
+}
+
+/* "add", "log_softmax", ...; NULL for a value this header does not know. */
+static inline BP_MAYBE_UNUSED_ const char *bp_op_name(int32_t op) {
+  static const char *const names[BP_OP_COUNT_] = {
+      NULL,
+      "add",          "sub",     "mul",     "div",     "matmul", "copy",
+      "pow",          "maximum", "minimum",
+      "eq",           "ne",      "lt",      "le",      "gt",     "ge",
+      "where",
+      "neg",          "abs",     "exp",     "log",     "sqrt",   "tanh",
+      "sigmoid",      "relu",    "sin",     "cos",     "clamp",
+      "cast",
+      "fill",         "arange",  "rand_uniform", "randn",
+      "sum",          "mean",    "max",     "min",     "argmax", "argmin",
+      "softmax",      "log_softmax",
+      "index_select", "gather"};
+  return (op > 0 && op < BP_OP_COUNT_) ? names[op] : NULL;
+}
+
+/* "sum", "mean", "min", "max", "prod"; NULL for an unknown value. */
+static inline BP_MAYBE_UNUSED_ const char *bp_reduce_op_name(int32_t op) {
+  static const char *const names[BP_REDUCE_COUNT_] = {"sum", "mean", "min", "max", "prod"};
+  return (op >= 0 && op < BP_REDUCE_COUNT_) ? names[op] : NULL;
+}
+
+/* "ok", "invalid_argument", ...; NULL for an unknown value. */
+static inline BP_MAYBE_UNUSED_ const char *bp_status_code_name(int32_t code) {
+  static const char *const names[BP_STATUS_COUNT_] = {
+      "ok", "invalid_argument", "unsupported", "out_of_memory", "internal",
+      "timeout", "collective", "unavailable", "device", "io"};
+  return (code >= 0 && code < BP_STATUS_COUNT_) ? names[code] : NULL;
+}
+
+/* The name of one capability bit: "collective", "async", "host_visible",
+ * "remote", "matmul", or a dtype's name for a dtype flag ("f64"); NULL for a
+ * bit this header does not name (or a value that is not one bit). */
+static inline BP_MAYBE_UNUSED_ const char *bp_capability_name(uint64_t flag) {
+  static const char *const names[BP_CAP_FEATURE_COUNT_] = {"collective", "async", "host_visible", "remote",
+                                                          "matmul"};
+  int bit = 0;
+  if (flag == 0 || (flag & (flag - 1)) != 0) return NULL;
+  while ((flag >> bit) != 1) ++bit;
+  if (bit < BP_CAP_FEATURE_COUNT_) return names[bit];
+  if (bit >= BP_CAP_DTYPE_SHIFT_) return bp_dtype_name(bit - BP_CAP_DTYPE_SHIFT_);
+  return NULL;
+}
 
 /* ------------------------------------------------------------------------ */
 /* Memory and tensors                                                        */
@@ -271,7 +460,8 @@ typedef struct bp_comm bp_comm;     /* a collective communicator           */
 
 /* A view of a buffer, shaped like DLPack's DLTensor. Strides are in
  * elements (never NULL; 0 on a broadcast dimension). byte_offset is where
- * element [0,...,0] lies within the buffer. */
+ * element [0,...,0] lies within the buffer and is a multiple of the element
+ * size. Every element the view can address lies inside the buffer. */
 typedef struct bp_tensor {
   bp_buffer *buffer;
   uint64_t byte_offset;
@@ -282,6 +472,12 @@ typedef struct bp_tensor {
   const int64_t *shape;
   const int64_t *strides;
 } bp_tensor;
+
+/* DLPack device types (DLDeviceType values) used in buffer_pointer and
+ * buffer_import. Others keep DLPack's numbering. */
+#define BP_DL_CPU 1
+#define BP_DL_CUDA 2
+#define BP_DL_CUDA_HOST 3
 
 /* ------------------------------------------------------------------------ */
 /* Host services handed to the plugin                                        */
@@ -299,33 +495,55 @@ typedef struct bp_host_api {
   uint32_t abi_major;
   uint32_t abi_minor;
   void *ctx;
-  /* (required) Log a NUL-terminated message; thread-safe. */
+  /* (required) Log a NUL-terminated message; any thread; never fails. */
   void (*log)(void *ctx, int32_t level, const char *message);
 } bp_host_api;
 
 /* A key-value store shared by all ranks of a group, backed by the host's
- * rendezvous. Keys are NUL-terminated; values are bytes. Every call returns
- * a bp_status_code; on failure last_error() describes it (thread-local,
- * valid until the next call on the same thread). */
-typedef struct bp_kv_bytes {
-  uint8_t *data;
+ * rendezvous store. Every entry returns a status owned by the store (read
+ * and free it with this struct's status_* entries). Keys are NUL-terminated;
+ * values are bytes. [cpu: Gloo's rendezvous; cuda: the NCCL unique id;
+ * remote: the servers' group] */
+typedef struct bp_kv_set_args {
+  size_t struct_size;
+  void *ctx;                /* bp_kv_store.ctx */
+  const char *key;
+  const void *value;
   uint64_t size;
-} bp_kv_bytes;
+} bp_kv_set_args;
+
+typedef struct bp_kv_get_args {
+  size_t struct_size;
+  void *ctx;
+  const char *key;
+  int64_t timeout_ms;       /* blocks until key exists; BP_STATUS_TIMEOUT after */
+  uint8_t *value;           /* out: owned by the caller, freed with free_value */
+  uint64_t size;            /* out */
+} bp_kv_get_args;
+
+typedef struct bp_kv_wait_args {
+  size_t struct_size;
+  void *ctx;
+  const char *const *keys;
+  int32_t num_keys;
+  int32_t reserved_;
+  int64_t timeout_ms;       /* until every key exists; BP_STATUS_TIMEOUT after */
+} bp_kv_wait_args;
 
 typedef struct bp_kv_store {
   size_t struct_size;
   void *ctx;
-  int32_t (*set)(void *ctx, const char *key, const void *value, uint64_t size);
-  /* Blocks until key exists or timeout_ms elapses (BP_STATUS_TIMEOUT).
-   * On success *out is owned by the plugin and freed with free_bytes. */
-  int32_t (*get)(void *ctx, const char *key, int64_t timeout_ms, bp_kv_bytes *out);
-  int32_t (*wait)(void *ctx, const char *const *keys, int32_t num_keys, int64_t timeout_ms);
-  void (*free_bytes)(void *ctx, bp_kv_bytes *bytes);
-  const char *(*last_error)(void *ctx);
+  bp_status *(*set)(bp_kv_set_args *args);
+  bp_status *(*get)(bp_kv_get_args *args);
+  bp_status *(*wait)(bp_kv_wait_args *args);
+  void (*free_value)(void *ctx, uint8_t *value);
+  int32_t (*status_code)(const bp_status *status);
+  const char *(*status_message)(const bp_status *status);
+  void (*status_free)(bp_status *status);
 } bp_kv_store;
 
 /* ------------------------------------------------------------------------ */
-/* Arguments and info structs                                                */
+/* Argument structs (inputs first; "out" fields are filled by the callee)    */
 /* ------------------------------------------------------------------------ */
 
 typedef struct bp_create_args {
@@ -333,44 +551,133 @@ typedef struct bp_create_args {
   const char *backend_name;  /* the name given in backends.json             */
   const char *options_json;  /* the backend's "options" object, as JSON text */
   const bp_host_api *host;   /* the same table the entry received          */
+  bp_plugin *plugin;         /* out */
 } bp_create_args;
+
+typedef struct bp_device_count_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  int32_t num_devices;       /* out: 0..4096 */
+} bp_device_count_args;
 
 typedef struct bp_attribute {
   const char *name;
   const char *value;
 } bp_attribute;
 
-typedef struct bp_device_info {
-  size_t struct_size;       /* set by the host; the plugin fills what fits */
-  const char *name;         /* e.g. "cpu:0", "NVIDIA H200"                 */
-  uint64_t capabilities;    /* BP_CAP_* */
-  const bp_attribute *attributes; /* named attributes (version, limits)     */
-  int32_t num_attributes;
+typedef struct bp_device_info_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  int32_t device;
+  int32_t num_attributes;         /* out */
+  const char *name;               /* out: e.g. "host (2 threads)", "NVIDIA H200" */
+  uint64_t capabilities;          /* out: BP_CAP_*, constant for the instance */
+  const bp_attribute *attributes; /* out: named attributes (versions, limits) */
+} bp_device_info_args;
+
+typedef struct bp_device_memory_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  int32_t device;
   int32_t reserved_;
-  uint64_t memory_bytes;    /* 0 if unknown                                  */
-} bp_device_info;
+  uint64_t free_bytes;      /* out: now; may change at any time */
+  uint64_t total_bytes;     /* out */
+} bp_device_memory_args;
+
+typedef struct bp_supports_op_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  int32_t device;
+  int32_t op;               /* bp_op; may be one this plugin does not know */
+  int32_t dtype;            /* see below */
+  int32_t supported;        /* out: nonzero when the device runs op on dtype */
+} bp_supports_op_args;
+/* supports_op is asked with the dtype of the data operand: inputs[0]
+ * (WHERE: inputs[1], not the BOOL cond; comparisons: the inputs, not the
+ * BOOL output; ARGMAX/ARGMIN, INDEX_SELECT, GATHER: x, not the I64 output
+ * or index); creation ops: the output's. CAST is asked for the source and
+ * for the target dtype, and runs only when both answer yes. The host caches
+ * answers: they must be constant for the instance. */
+
+typedef struct bp_buffer_alloc_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  int32_t device;
+  int32_t reserved_;
+  uint64_t size;            /* bytes; may be 0 */
+  bp_buffer *buffer;        /* out */
+} bp_buffer_alloc_args;
+
+typedef struct bp_buffer_free_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  bp_buffer *buffer;        /* queue-ordered; the host logs a failure */
+} bp_buffer_free_args;
+
+/* buffer_write copies host memory into the buffer, buffer_read the reverse.
+ * [offset, offset + size) lies inside the buffer (host-checked). */
+typedef struct bp_buffer_copy_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  bp_buffer *buffer;
+  uint64_t offset;
+  uint64_t size;
+  const void *src;          /* buffer_write: consumed before the call returns */
+  void *dst;                /* buffer_read: filled before the call returns */
+} bp_buffer_copy_args;
+
+/* buffer_pointer: where a buffer lives, for DLPack export. Synchronising on
+ * an async device: when it returns, earlier work on the buffer is done. */
+typedef struct bp_buffer_pointer_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  bp_buffer *buffer;
+  void *data;               /* out: address of byte 0 of the buffer */
+  int32_t dl_device_type;   /* out: BP_DL_CPU, BP_DL_CUDA, ...            */
+  int32_t dl_device_id;     /* out: e.g. the CUDA ordinal                 */
+} bp_buffer_pointer_args;
+
+/* buffer_import adopts `size` bytes at `data` (DLPack import) without
+ * copying. Ownership of the memory passes to the plugin only on success:
+ * then the plugin calls release(release_ctx) exactly once, when the buffer
+ * is freed. On any failure status the plugin never calls release and the
+ * caller keeps the memory (so it can fall back to copying it), as DLPack
+ * consumers do. It refuses memory it cannot use with BP_STATUS_UNSUPPORTED. */
+typedef struct bp_buffer_import_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  int32_t device;
+  int32_t dl_device_type;   /* where `data` lives: BP_DL_CPU, BP_DL_CUDA, ... */
+  int32_t dl_device_id;
+  int32_t reserved_;
+  void *data;
+  uint64_t size;
+  void (*release)(void *release_ctx);
+  void *release_ctx;
+  bp_buffer *buffer;        /* out */
+} bp_buffer_import_args;
 
 typedef struct bp_execute_args {
   size_t struct_size;
+  bp_plugin *plugin;
   int32_t device;
-  int32_t op;               /* bp_op */
+  int32_t op;               /* bp_op, accepted by supports_op */
   const bp_tensor *inputs;
+  const bp_tensor *outputs; /* allocated by the host; never overlap inputs */
   int32_t num_inputs;
   int32_t num_outputs;
-  const bp_tensor *outputs; /* allocated by the host through buffer_alloc */
   const bp_op_attrs *attrs; /* never NULL */
 } bp_execute_args;
 
-typedef enum bp_reduce_op {
-  BP_REDUCE_SUM = 0,
-  BP_REDUCE_MEAN = 1,
-  BP_REDUCE_MIN = 2,
-  BP_REDUCE_MAX = 3,
-  BP_REDUCE_PROD = 4
-} bp_reduce_op;
+typedef struct bp_synchronize_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  int32_t device;
+} bp_synchronize_args;
 
 typedef struct bp_comm_create_args {
   size_t struct_size;
+  bp_plugin *plugin;
   int32_t device;
   int32_t rank;
   int32_t world_size;
@@ -378,7 +685,34 @@ typedef struct bp_comm_create_args {
   int64_t timeout_ms;       /* every collective on the comm obeys it       */
   const bp_kv_store *store; /* valid until comm_destroy                     */
   const char *key_prefix;   /* namespace for this comm's keys in the store */
+  bp_comm *comm;            /* out */
 } bp_comm_create_args;
+
+/* comm_destroy and comm_abort. After comm_abort every pending and later
+ * collective on the communicator fails promptly (BP_STATUS_COLLECTIVE);
+ * the host still calls comm_destroy. [cuda: ncclCommAbort; cpu: closes the
+ * peers' connections; remote: tells the servers] */
+typedef struct bp_comm_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  bp_comm *comm;
+} bp_comm_args;
+
+/* One struct for the five collectives; fields an entry does not use are
+ * ignored. all_reduce: input -> output (same shape; they may be the same
+ * view). broadcast: output in place from `root`. all_gather: output holds
+ * world_size inputs back to back. reduce_scatter: input holds world_size
+ * outputs back to back. barrier: no tensors. Inputs and outputs are
+ * contiguous. */
+typedef struct bp_collective_args {
+  size_t struct_size;
+  bp_plugin *plugin;
+  bp_comm *comm;
+  const bp_tensor *input;
+  const bp_tensor *output;
+  int32_t reduce_op;        /* bp_reduce_op */
+  int32_t root;
+} bp_collective_args;
 
 /* ------------------------------------------------------------------------ */
 /* The plugin table                                                          */
@@ -389,55 +723,44 @@ typedef struct bp_plugin_api {
   uint32_t abi_major;
   uint32_t abi_minor;
   const char *plugin_name;     /* (required) e.g. "cpu"                        */
-  const char *plugin_version;  /* (required) e.g. "0.1.0"                      */
+  const char *plugin_version;  /* (required) e.g. "0.2.0"                      */
 
   /* status (required) */
   int32_t     (*status_code)   (const bp_status *status);
   const char *(*status_message)(const bp_status *status);
   void        (*status_free)   (bp_status *status);
 
-  /* lifetime (required). create() must be cheap: no device context or
-   * network connection until a device is first used. */
-  bp_status *(*create) (const bp_create_args *args, bp_plugin **out);
+  /* lifetime (required) */
+  bp_status *(*create) (bp_create_args *args);
   void       (*destroy)(bp_plugin *plugin);
 
-  /* devices (required) */
-  bp_status *(*device_count)(bp_plugin *plugin, int32_t *out);
-  bp_status *(*device_info) (bp_plugin *plugin, int32_t device, bp_device_info *out);
-  /* (required) nonzero when the device can run op on dtype */
-  int32_t    (*supports_op) (bp_plugin *plugin, int32_t device, int32_t op, int32_t dtype);
+  /* devices */
+  bp_status *(*device_count) (bp_device_count_args *args);  /* (required) may block: see above */
+  bp_status *(*device_info)  (bp_device_info_args *args);   /* (required) */
+  bp_status *(*supports_op)  (bp_supports_op_args *args);   /* (required) */
+  bp_status *(*device_memory)(bp_device_memory_args *args); /* (optional) free/total bytes */
 
-  /* buffers (required, except buffer_host_ptr) */
-  bp_status *(*buffer_alloc)   (bp_plugin *plugin, int32_t device, uint64_t size, bp_buffer **out);
-  void       (*buffer_free)    (bp_plugin *plugin, bp_buffer *buffer);
-  bp_status *(*buffer_write)   (bp_plugin *plugin, bp_buffer *buffer, uint64_t offset, const void *src, uint64_t size);
-  bp_status *(*buffer_read)    (bp_plugin *plugin, bp_buffer *buffer, uint64_t offset, void *dst, uint64_t size);
-  /* (optional; required with BP_CAP_HOST_VISIBLE) */
-  void      *(*buffer_host_ptr)(bp_plugin *plugin, bp_buffer *buffer);
+  /* buffers */
+  bp_status *(*buffer_alloc)  (bp_buffer_alloc_args *args);   /* (required) */
+  bp_status *(*buffer_free)   (bp_buffer_free_args *args);    /* (required) */
+  bp_status *(*buffer_write)  (bp_buffer_copy_args *args);    /* (required) */
+  bp_status *(*buffer_read)   (bp_buffer_copy_args *args);    /* (required) synchronising */
+  bp_status *(*buffer_pointer)(bp_buffer_pointer_args *args); /* (optional; required with host_visible) */
+  bp_status *(*buffer_import) (bp_buffer_import_args *args);  /* (optional) DLPack import */
 
   /* execution */
-  bp_status *(*execute)    (bp_plugin *plugin, const bp_execute_args *args); /* (required) */
-  bp_status *(*synchronize)(bp_plugin *plugin, int32_t device); /* (optional; required with BP_CAP_ASYNC) */
+  bp_status *(*execute)    (bp_execute_args *args);           /* (required) */
+  bp_status *(*synchronize)(bp_synchronize_args *args);       /* (optional; required with async) */
 
-  /* collectives (all optional; all required with BP_CAP_COLLECTIVE).
-   * Input and output may alias for all_reduce. all_gather's output holds
-   * world_size inputs back to back; reduce_scatter's input holds world_size
-   * outputs back to back. */
-  bp_status *(*comm_create)   (bp_plugin *plugin, const bp_comm_create_args *args, bp_comm **out);
-  void       (*comm_destroy)  (bp_plugin *plugin, bp_comm *comm);
-  bp_status *(*all_reduce)    (bp_plugin *plugin, bp_comm *comm, const bp_tensor *input, const bp_tensor *output, int32_t reduce_op);
-  bp_status *(*broadcast)     (bp_plugin *plugin, bp_comm *comm, const bp_tensor *tensor, int32_t root);
-  bp_status *(*all_gather)    (bp_plugin *plugin, bp_comm *comm, const bp_tensor *input, const bp_tensor *output);
-  bp_status *(*reduce_scatter)(bp_plugin *plugin, bp_comm *comm, const bp_tensor *input, const bp_tensor *output, int32_t reduce_op);
-  bp_status *(*barrier)       (bp_plugin *plugin, bp_comm *comm);
-
-  /* ---- ABI 1.1 ---------------------------------------------------------- */
-  /* (optional; only on BP_CAP_HOST_VISIBLE devices) Adopts `size` bytes of
-   * host memory at `data` as a buffer without copying (DLPack import). The
-   * plugin calls release(release_ctx) exactly once, when the buffer is freed
-   * (or before returning a failure status); it never frees `data` itself. */
-  bp_status *(*buffer_wrap_host)(bp_plugin *plugin, int32_t device, void *data, uint64_t size,
-                                 void (*release)(void *release_ctx), void *release_ctx, bp_buffer **out);
+  /* collectives (all optional; all required with collective) */
+  bp_status *(*comm_create)   (bp_comm_create_args *args);
+  bp_status *(*comm_destroy)  (bp_comm_args *args);
+  bp_status *(*comm_abort)    (bp_comm_args *args);
+  bp_status *(*all_reduce)    (bp_collective_args *args);
+  bp_status *(*broadcast)     (bp_collective_args *args);
+  bp_status *(*all_gather)    (bp_collective_args *args);
+  bp_status *(*reduce_scatter)(bp_collective_args *args);
+  bp_status *(*barrier)       (bp_collective_args *args);
 } bp_plugin_api;
 
 /* The one exported symbol. `host` stays valid for the life of the library.
