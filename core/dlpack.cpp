@@ -1,6 +1,8 @@
 // DLPack export (to_dlpack) and import (from_dlpack); see dlpack.hpp for the
-// contract. Import adopts producer memory through the plugin's
-// buffer_wrap_host, whose release callback runs the producer's deleter.
+// contract. Export shares the buffer where buffer_pointer says it lives;
+// import adopts producer memory through the plugin's buffer_import, whose
+// release callback runs the producer's deleter. The plugin owns the memory
+// only once buffer_import succeeds; after a failure the host still does.
 #include <backplane/dlpack.hpp>
 
 #include <dlpack/dlpack.h>
@@ -138,10 +140,16 @@ class Adopted {
   DLManagedTensor* m_;
 };
 
-// The release callback given to buffer_wrap_host: the producer's deleter, once.
-void release_adopted(void* ctx) noexcept {
+// The release callback given to buffer_import, with the DLManagedTensor as
+// its release_ctx. abi.h passes ownership to the plugin only on success, so
+// release runs only for an imported buffer, once, when the plugin frees it.
+void release_import(void* ctx) noexcept {
   auto* m = static_cast<DLManagedTensor*>(ctx);
   if (m->deleter != nullptr) m->deleter(m);
+}
+
+bool is_host_memory(int32_t type) noexcept {
+  return type == kDLCPU || type == kDLCUDAHost || type == kDLROCMHost;
 }
 
 const std::shared_ptr<detail::BackendImpl>& usable(const Device& device, const char* what) {
@@ -209,7 +217,15 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
   const detail::TensorImpl& impl = *t.impl();
   const detail::Storage& storage = *impl.storage;
   const auto& backend = storage.backend;
-  const Capabilities caps = t.device().capabilities();
+  const int32_t dev = storage.device;
+  // The remote rule of abi.h: its memory is on another machine, so there is
+  // nothing to share in this process.
+  if (backend->has(dev, Capability::remote))
+    throw Error(
+        Errc::invalid_argument,
+        "to_dlpack: " + t.to_string() + " lives on " + backend->device_id(dev) +
+            ", a 'remote' device whose memory is on another machine; DLPack shares memory within this "
+            "process only: copy it to a local device with to() first");
 
   auto ctx = std::make_unique<ExportContext>();
   ctx->dtype = impl.dtype;
@@ -223,20 +239,27 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
   dl.strides = ctx->strides;
   dl.byte_offset = 0;
 
-  if (caps.has(Capability::host_visible) && backend->api.buffer_host_ptr != nullptr) {
-    if (caps.has(Capability::async) && backend->api.synchronize != nullptr)
-      backend->check(backend->api.synchronize(backend->plugin, storage.device),
-                     "synchronize " + backend->device_id(storage.device) + " before to_dlpack");
-    auto* base = static_cast<unsigned char*>(backend->api.buffer_host_ptr(backend->plugin, storage.buffer));
-    if (base == nullptr)
-      throw Error(Errc::device_error,
-                  "to_dlpack: backend \"" + backend->name +
-                      "\" declares host_visible but buffer_host_ptr returned NULL for a live buffer");
+  const std::string what = "to_dlpack of " + t.to_string();
+  if (backend->api.buffer_pointer != nullptr && t.numel() > 0) {
+    // The async rule: the consumer reads the memory directly, so queued work
+    // must have landed (buffer_pointer synchronises too; this says so here).
+    backend->synchronize_if_async(dev, what);
+    bp_buffer_pointer_args where{};
+    where.struct_size = sizeof(where);
+    where.plugin = backend->plugin;
+    where.buffer = storage.buffer;
+    backend->check(backend->api.buffer_pointer(&where),
+                   what + ": buffer_pointer on " + backend->device_id(dev));
+    if (where.data == nullptr)
+      throw Error(Errc::device_error, "to_dlpack: backend \"" + backend->name +
+                                          "\": buffer_pointer returned no address for a live buffer on " +
+                                          backend->device_id(dev) + "; the plugin breaks the ABI");
+    dl.device = {static_cast<DLDeviceType>(where.dl_device_type), where.dl_device_id};
     std::copy(impl.strides.begin(), impl.strides.end(), ctx->strides);
-    dl.data = base + impl.byte_offset;
+    dl.data = static_cast<unsigned char*>(where.data) + impl.byte_offset;
     ctx->keep = t.impl();
   } else {
-    // Not host-addressable: a compact host copy.
+    // Not addressable (or empty): a compact host copy.
     const std::size_t bytes = t.nbytes();
     const std::size_t rounded = (bytes / kHostCopyAlignment + 1) * kHostCopyAlignment;  // never 0
     ctx->copy.reset(std::aligned_alloc(kHostCopyAlignment, rounded));
@@ -271,15 +294,19 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
                 "from_dlpack: dl_tensor.shape is NULL with ndim " + std::to_string(dl.ndim));
   const Shape shape(std::span<const int64_t>(dl.shape, static_cast<std::size_t>(dl.ndim)));
   const int64_t numel = detail::checked_numel(shape, dtype, "from_dlpack: dl_tensor.shape");
-  const DLDeviceType type = dl.device.device_type;
-  if (type != kDLCPU && type != kDLCUDAHost && type != kDLROCMHost)
-    throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.device.device_type is " +
-                                            std::to_string(static_cast<int>(type)) +
-                                            "; only host memory (kDLCPU, kDLCUDAHost, kDLROCMHost) can be "
-                                            "imported: copy it to the host on the producer's side first");
+  const int32_t type = static_cast<int32_t>(dl.device.device_type);
+  const bool host_memory = is_host_memory(type);
+  if (!host_memory && type != kDLCUDA)
+    throw Error(Errc::invalid_argument,
+                "from_dlpack: dl_tensor.device.device_type is " + std::to_string(type) +
+                    "; backplane imports host memory (kDLCPU, kDLCUDAHost, kDLROCMHost) "
+                    "and CUDA memory (kDLCUDA, on a device whose plugin accepts it): "
+                    "copy it to the host on the producer's side first");
+  // The dtype rule of abi.h: refused before anything is shared or copied.
+  backend->require_dtype_capability(dev, dtype, "from_dlpack");
 
   // Nothing to share in an empty tensor: make a fresh one (the deleter runs now).
-  if (numel == 0) return Tensor(detail::allocate_tensor(backend, dev, shape, dtype));
+  if (numel == 0) return Tensor(detail::allocate_tensor(backend, dev, shape, dtype, "from_dlpack"));
 
   if (dl.data == nullptr)
     throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.data is NULL but the tensor has " +
@@ -316,8 +343,13 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
   const bool aligned = element0 % static_cast<uint64_t>(esize) == 0;
   const bool compact_layout = is_compact(shape, strides);
 
-  if (device.capabilities().has(Capability::host_visible) && backend->api.buffer_wrap_host != nullptr &&
-      aligned) {
+  // The remote rule of abi.h: a remote device is never offered imported
+  // memory; host memory is copied to it instead.
+  const bool offer =
+      backend->api.buffer_import != nullptr && !backend->has(dev, Capability::remote) && aligned;
+  const std::string where_from = host_memory ? "host memory" : "CUDA memory (kDLCUDA)";
+  std::string refusal;  // the plugin's reason when it refused the memory as unsupported
+  if (offer) {
     // Everything that can throw before the plugin owns m happens first.
     // A compact layout is the root tensor itself; any other is a view of a
     // root spanning the region.
@@ -330,26 +362,54 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
       root->shape = Shape{region_elems};
       root->strides = Shape{1};
     }
-    const std::string what =
-        "buffer_wrap_host of " + std::to_string(region_bytes) + " bytes on " + backend->device_id(dev);
-    bp_buffer* buffer = nullptr;
-    // The plugin now owns m: it calls release_adopted once, also when it fails.
-    backend->check(
-        backend->api.buffer_wrap_host(backend->plugin, dev, region, static_cast<uint64_t>(region_bytes),
-                                      &release_adopted, owner.release(), &buffer),
-        what);
-    // A plugin that reports success without a buffer broke the ABI; whether it
-    // still calls release is unknowable, so m is left to it.
-    if (buffer == nullptr)
-      throw Error(Errc::device_error, "from_dlpack: backend \"" + backend->name + "\": " + what +
-                                          " succeeded but returned no buffer");
-    root->storage = &root->owned.emplace(backend, dev, buffer, static_cast<uint64_t>(region_bytes));
-    if (compact_layout) return Tensor(std::move(root));
-    return Tensor(detail::make_view(root, shape, strides, below));
+    const std::string what = "buffer_import of " + std::to_string(region_bytes) + " bytes of " + where_from +
+                             " on " + backend->device_id(dev);
+    bp_buffer_import_args args{};
+    args.struct_size = sizeof(args);
+    args.plugin = backend->plugin;
+    args.device = dev;
+    args.dl_device_type = type;
+    args.dl_device_id = dl.device.device_id;
+    args.data = region;
+    args.size = static_cast<uint64_t>(region_bytes);
+    args.release = &release_import;
+    args.release_ctx = m;
+    bp_status* st = backend->api.buffer_import(&args);
+    if (st == nullptr) {
+      // From here the plugin owns m: release runs the deleter when the buffer is freed.
+      owner.release();
+      // A plugin that reports success without a buffer broke the ABI; whether
+      // it still calls release is unknowable, so m is left to it.
+      if (args.buffer == nullptr)
+        throw Error(Errc::device_error, "from_dlpack: backend \"" + backend->name + "\": " + what +
+                                            " succeeded but returned no buffer");
+      root->storage = &root->owned.emplace(backend, dev, args.buffer, static_cast<uint64_t>(region_bytes));
+      if (compact_layout) return Tensor(std::move(root));
+      return Tensor(detail::make_view(root, shape, strides, below));
+    }
+    // Failed: m stays the host's (the plugin never calls release), and
+    // `owner` runs its deleter after the copy below or on the error.
+    // UNSUPPORTED: host memory is copied in below; CUDA memory is refused
+    // with the plugin's reason. Any other failure is the plugin's error.
+    if (backend->api.status_code(st) != BP_STATUS_UNSUPPORTED) backend->check(st, "from_dlpack: " + what);
+    const char* raw = backend->api.status_message(st);
+    refusal = raw != nullptr ? raw : "";
+    backend->api.status_free(st);
   }
+  if (!host_memory)
+    throw Error(
+        Errc::invalid_argument,
+        "from_dlpack: dl_tensor.device is " + where_from + ", which cannot be imported on " +
+            backend->device_id(dev) + ": " +
+            (backend->api.buffer_import == nullptr   ? "its plugin has no buffer_import"
+             : backend->has(dev, Capability::remote) ? "it is a 'remote' device"
+             : !aligned                              ? "data + byte_offset is not aligned to the element size"
+                                                     : "its plugin refused it (" + refusal + ")") +
+            ", and the host cannot copy device memory; import it on the device it lives on, or copy it "
+            "to the host on the producer's side first");
 
   // Copy in: a compact layout straight from the producer, any other gathered first.
-  auto t = detail::allocate_tensor(backend, dev, shape, dtype);
+  auto t = detail::allocate_tensor(backend, dev, shape, dtype, "from_dlpack");
   const auto bytes = static_cast<uint64_t>(numel * esize);
   const auto* const first = reinterpret_cast<const unsigned char*>(element0);
   std::vector<unsigned char> staged;
@@ -357,10 +417,8 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
     staged.resize(static_cast<std::size_t>(bytes));
     gather(first, shape, strides, static_cast<std::size_t>(esize), staged.data());
   }
-  backend->check(
-      backend->api.buffer_write(backend->plugin, t->storage->buffer, 0,
-                                compact_layout ? static_cast<const void*>(first) : staged.data(), bytes),
-      "buffer_write to " + device.id() + " (from_dlpack copy)");
+  backend->write(t->storage->buffer, 0, compact_layout ? static_cast<const void*>(first) : staged.data(),
+                 bytes, "buffer_write to " + device.id() + " (from_dlpack copy)");
   return Tensor(std::move(t));  // `owner` runs the deleter now
 }
 

@@ -196,11 +196,36 @@ void GradSync::verify_layout(Bucket& bucket) {
     std::lock_guard lock(j.mutex);
     if (j.verified_layouts.count(h) != 0) return;
   }
-  // max(h) and max(-h) over ranks: equal hashes give max == min.
-  const auto signed_h = static_cast<int64_t>(h >> 1);
-  Tensor probe = Tensor::from_vector<int64_t>(bucket.group.device(), {2}, {signed_h, -signed_h});
-  const std::vector<int64_t> r = bucket.group.all_reduce(probe, ReduceOp::max).to_vector<int64_t>();
-  if (r[0] != -r[1]) {
+  // max(h) and max(-h) over ranks: equal hashes give max == min. The probe
+  // travels in the bucket's dtype, which the device holds (it need not hold
+  // i64): the hash in 8-bit pieces, exact in f32 and f64.
+  bool agree = true;
+  const Device device = bucket.group.device();
+  if (bucket.dtype == DType::f32 || bucket.dtype == DType::f64) {
+    std::vector<double> pieces(16);
+    for (int i = 0; i < 8; ++i) {
+      pieces[static_cast<std::size_t>(i)] = static_cast<double>((h >> (8 * i)) & 0xff);
+      pieces[static_cast<std::size_t>(i + 8)] = -pieces[static_cast<std::size_t>(i)];
+    }
+    std::vector<double> r;
+    if (bucket.dtype == DType::f32) {
+      const std::vector<float> f(pieces.begin(), pieces.end());
+      const std::vector<float> back =
+          bucket.group.all_reduce(Tensor::from_vector<float>(device, {16}, f), ReduceOp::max)
+              .to_vector<float>();
+      r.assign(back.begin(), back.end());
+    } else {
+      r = bucket.group.all_reduce(Tensor::from_vector<double>(device, {16}, pieces), ReduceOp::max)
+              .to_vector<double>();
+    }
+    for (std::size_t i = 0; i < 8; ++i) agree = agree && r[i] == -r[i + 8];
+  } else {
+    const auto signed_h = static_cast<int64_t>(h >> 1);
+    Tensor probe = Tensor::from_vector<int64_t>(device, {2}, {signed_h, -signed_h});
+    const std::vector<int64_t> r = bucket.group.all_reduce(probe, ReduceOp::max).to_vector<int64_t>();
+    agree = r[0] == -r[1];
+  }
+  if (!agree) {
     std::string ids;
     for (const auto& [param, grad] : bucket.items)
       ids += (ids.empty() ? "" : ", ") + std::to_string(distributed_params(param)->param_id.value) + " (" +

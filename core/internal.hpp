@@ -11,6 +11,7 @@
 #include <backplane/shape.hpp>
 
 #include <atomic>
+#include <cstddef>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -31,11 +32,7 @@ struct DeviceRecord {
   std::string name;
   Capabilities capabilities;
   std::map<std::string, std::string> attributes;
-  uint64_t memory_bytes = 0;
 };
-
-// Number of dtype values this core knows (bp_dtype 0..kDtypeSlots-1).
-inline constexpr int kDtypeSlots = 10;
 
 struct BackendImpl {
   // Declared first so it is destroyed last: the library stays mapped until
@@ -69,7 +66,12 @@ struct BackendImpl {
   Capabilities capabilities;  // union over devices
 
   std::atomic<bool> warned_local_fallback{false};
-  // supports_op answers, cached per (device, op, dtype): 0 unknown, 1 yes, 2 no.
+  // supports_op answers, cached per (device, op, dtype), dtype in
+  // [0, BP_DTYPE_COUNT_): 0 unknown, 1 yes, 2 no (a failing status is a no),
+  // kSupportReady yes and the device also has the op's flags (the matmul and
+  // dtype rules of abi.h): require_support's whole answer in one byte. The
+  // flags never change after loading, so a ready slot never goes stale.
+  static constexpr uint8_t kSupportReady = 3;
   std::unique_ptr<std::atomic<uint8_t>[]> op_support;
 
   BackendImpl() = default;
@@ -78,13 +80,56 @@ struct BackendImpl {
   ~BackendImpl();
 
   bool supports(int32_t device, int32_t op, int32_t dtype);
+  // The cache slot of (device, op, dtype) for a known op and dtype; nullptr
+  // for values outside abi.h's tables (those are never cached).
+  std::atomic<uint8_t>* support_slot(int32_t device, int32_t op, int32_t dtype) const noexcept {
+    if (op <= 0 || op >= BP_OP_COUNT_ || dtype <= 0 || dtype >= BP_DTYPE_COUNT_) return nullptr;
+    return &op_support[(static_cast<std::size_t>(device) * BP_OP_COUNT_ + static_cast<std::size_t>(op)) *
+                           BP_DTYPE_COUNT_ +
+                       static_cast<std::size_t>(dtype)];
+  }
+  // True once require_support has passed for (device, op, dtype): one load.
+  bool support_ready(int32_t device, int32_t op, int32_t dtype) const noexcept {
+    const std::atomic<uint8_t>* slot = support_slot(device, op, dtype);
+    return slot != nullptr && slot->load(std::memory_order_relaxed) == kSupportReady;
+  }
   // "cpu:0"
   std::string device_id(int32_t device) const { return name + ":" + std::to_string(device); }
   // Throws backplane::Error for a non-NULL status, freeing it. `what` says
   // which call failed ("execute add on cpu:0").
   void check(bp_status* status, std::string_view what) const;
-  // Throws Errc::backend_unavailable unless loaded.
+  // Throws Errc::backend_unavailable unless loaded (naming the reason of a
+  // failed or unavailable backend).
   void require_loaded() const;
+
+  // The flags of a device index the caller has already validated.
+  bool has(int32_t device, Capability cap) const {
+    return devices[static_cast<std::size_t>(device)].capabilities.has(cap);
+  }
+  // The dtype rule's flag test, one bit of the device's word (false for a
+  // dtype value abi.h does not name, as capability_for gives no flag then).
+  bool holds(int32_t device, DType dtype) const noexcept {
+    const auto d = static_cast<int32_t>(dtype);
+    return d > 0 && d < BP_DTYPE_COUNT_ &&
+           ((devices[static_cast<std::size_t>(device)].capabilities.bits() >> (BP_CAP_DTYPE_SHIFT_ + d)) & 1) != 0;
+  }
+  // The dtype rule of abi.h: a device holds only tensors of the dtypes it
+  // flags. Errc::capability_missing naming the flag, backend, device and
+  // `api` otherwise.
+  void require_dtype_capability(int32_t device, DType dtype, std::string_view api) const;
+  // The async rule: before the host reads or writes memory through a
+  // pointer, work queued on an async device must have landed. A no-op on a
+  // synchronous device.
+  void synchronize_if_async(int32_t device, std::string_view what) const;
+  // The host address of byte 0 of `buffer` on a host_visible device (DLPack
+  // kDLCPU); nullptr on any other device. Asked afresh each time: nothing
+  // that could go stale is cached. Synchronising on an async device.
+  std::byte* host_pointer(int32_t device, bp_buffer* buffer, std::string_view what) const;
+  // buffer_write / buffer_read through bp_buffer_copy_args.
+  void write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size, std::string_view what) const;
+  void read(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size, std::string_view what) const;
+  // The fields buffer_write and buffer_read share; the caller sets src or dst.
+  bp_buffer_copy_args copy_args(bp_buffer* buffer, uint64_t offset, uint64_t size) const noexcept;
 };
 
 // Where collectives for a device run, per its capability and its backend's
@@ -116,7 +161,7 @@ struct Storage {
 
   Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size);
   // Takes ownership of `adopted`, a buffer the plugin already made (e.g. by
-  // buffer_wrap_host for DLPack import); never allocates, never throws.
+  // buffer_import for DLPack import); never allocates, never throws.
   Storage(std::shared_ptr<BackendImpl> b, int32_t dev, bp_buffer* adopted, uint64_t size) noexcept;
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -129,6 +174,12 @@ struct Storage {
 // of a view points at the root, never at the intermediate view) and
 // `storage` points at the root's storage.
 struct TensorImpl {
+  // User-provided, so make_shared does not zero the whole object first.
+  TensorImpl() noexcept {}
+  // A fresh owner: allocates `bytes` on (backend, device), contiguous strides.
+  TensorImpl(const std::shared_ptr<BackendImpl>& backend, int32_t device, uint64_t bytes, const Shape& shape_,
+             DType dtype_);
+
   std::optional<Storage> owned;
   std::shared_ptr<const TensorImpl> base;  // the root owner of *storage; null for an owner
   Storage* storage = nullptr;              // &*owned, or &*base->owned
@@ -147,11 +198,26 @@ Shape contiguous_strides(const Shape& shape);
 // Validates a user-given shape (non-negative extents, no overflow of the
 // byte size) and returns its element count.
 int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what);
-// Allocates an uninitialised contiguous tensor on (backend, device).
+// Allocates an uninitialised contiguous tensor on (backend, device). Every
+// tensor the core creates on a device (ops, to(), copy-in import) passes
+// here, so this is where the dtype flag is enforced: Errc::capability_missing
+// when the device lacks the dtype's flag. `api` names the caller in errors.
 std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& backend, int32_t device,
-                                            const Shape& shape, DType dtype);
+                                            const Shape& shape, DType dtype,
+                                            std::string_view api = "allocate");
 // A bp_tensor describing `t` (borrows t's shape and strides).
-bp_tensor describe(const TensorImpl& t);
+inline bp_tensor describe(const TensorImpl& t) noexcept {
+  bp_tensor d;
+  d.buffer = t.storage->buffer;
+  d.byte_offset = t.byte_offset;
+  d.device = t.storage->device;
+  d.dtype = static_cast<int32_t>(t.dtype);
+  d.ndim = t.shape.rank();
+  d.reserved_ = 0;
+  d.shape = t.shape.data();
+  d.strides = t.strides.data();
+  return d;
+}
 // True when t's elements lie densely in row-major order from byte_offset
 // (strides of extent-1 dims are ignored; an empty tensor is contiguous).
 bool is_contiguous(const TensorImpl& t) noexcept;

@@ -4,6 +4,7 @@
 #include "loader.hpp"
 
 #include <backplane/log.hpp>
+#include <backplane/version.hpp>
 
 #include <boost/dll/shared_library.hpp>
 
@@ -50,8 +51,19 @@ std::string abi_string(uint32_t major, uint32_t minor) {
   return std::to_string(major) + "." + std::to_string(minor);
 }
 
-// The size of the 1.0 table: every plugin of major 1 provides at least this.
-constexpr std::size_t kMinTableSize = offsetof(bp_plugin_api, barrier) + sizeof(bp_plugin_api::barrier);
+// The smallest table abi.h allows: through `execute`, the last required entry.
+// What lies beyond a table's struct_size reads as NULL.
+constexpr std::size_t kMinTableSize = offsetof(bp_plugin_api, execute) + sizeof(bp_plugin_api::execute);
+
+// "0.2" from "0.2.0": the release whose abi.h a plugin should be rebuilt against.
+std::string release_major_minor() {
+  const std::string v = kVersion;
+  const auto first = v.find('.');
+  const auto second = first == std::string::npos ? std::string::npos : v.find('.', first + 1);
+  return second == std::string::npos ? v : v.substr(0, second);
+}
+
+const void* fn_ptr(auto fn) noexcept { return reinterpret_cast<const void*>(fn); }
 
 // Called from plugin frames: nothing may propagate out of it.
 void host_log(void* /*ctx*/, int32_t level, const char* message) noexcept {
@@ -141,9 +153,9 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   b.abi = {table->abi_major, table->abi_minor};
   if (table->abi_major != BP_ABI_MAJOR) {
     fail(Errc::abi_mismatch, b,
-         "built against plugin ABI " + abi_string(table->abi_major, table->abi_minor) + ", but this backplane speaks ABI " +
-             abi_string(BP_ABI_MAJOR, BP_ABI_MINOR) + "; rebuild the plugin against backplane's abi.h (major " +
-             std::to_string(BP_ABI_MAJOR) + ")");
+         "built for plugin ABI " + abi_string(table->abi_major, table->abi_minor) +
+             ", but this backplane speaks ABI " + abi_string(BP_ABI_MAJOR, BP_ABI_MINOR) +
+             "; rebuild it against backplane " + release_major_minor() + "'s abi.h (the major must match)");
   }
   if (table->struct_size < kMinTableSize) {
     fail(Errc::abi_mismatch, b,
@@ -154,26 +166,26 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   std::memcpy(&b.api, table, std::min<std::size_t>(table->struct_size, sizeof(bp_plugin_api)));
   b.api.struct_size = std::min<std::size_t>(table->struct_size, sizeof(bp_plugin_api));
 
+  // The entries abi.h marks (required), listed by name when NULL.
   const bp_plugin_api& a = b.api;
   std::vector<std::string> missing;
-  auto need = [&](const void* fn, const char* name) {
-    if (fn == nullptr) missing.emplace_back(name);
-  };
-  need(reinterpret_cast<const void*>(a.status_code), "status_code");
-  need(reinterpret_cast<const void*>(a.status_message), "status_message");
-  need(reinterpret_cast<const void*>(a.status_free), "status_free");
-  need(reinterpret_cast<const void*>(a.create), "create");
-  need(reinterpret_cast<const void*>(a.destroy), "destroy");
-  need(reinterpret_cast<const void*>(a.device_count), "device_count");
-  need(reinterpret_cast<const void*>(a.device_info), "device_info");
-  need(reinterpret_cast<const void*>(a.supports_op), "supports_op");
-  need(reinterpret_cast<const void*>(a.buffer_alloc), "buffer_alloc");
-  need(reinterpret_cast<const void*>(a.buffer_free), "buffer_free");
-  need(reinterpret_cast<const void*>(a.buffer_write), "buffer_write");
-  need(reinterpret_cast<const void*>(a.buffer_read), "buffer_read");
-  need(reinterpret_cast<const void*>(a.execute), "execute");
   if (a.plugin_name == nullptr) missing.emplace_back("plugin_name");
   if (a.plugin_version == nullptr) missing.emplace_back("plugin_version");
+  for (const auto& [fn, name] : std::initializer_list<std::pair<const void*, const char*>>{
+           {fn_ptr(a.status_code), "status_code"},
+           {fn_ptr(a.status_message), "status_message"},
+           {fn_ptr(a.status_free), "status_free"},
+           {fn_ptr(a.create), "create"},
+           {fn_ptr(a.destroy), "destroy"},
+           {fn_ptr(a.device_count), "device_count"},
+           {fn_ptr(a.device_info), "device_info"},
+           {fn_ptr(a.supports_op), "supports_op"},
+           {fn_ptr(a.buffer_alloc), "buffer_alloc"},
+           {fn_ptr(a.buffer_free), "buffer_free"},
+           {fn_ptr(a.buffer_write), "buffer_write"},
+           {fn_ptr(a.buffer_read), "buffer_read"},
+           {fn_ptr(a.execute), "execute"}})
+    if (fn == nullptr) missing.emplace_back(name);
   if (!missing.empty()) {
     std::string list;
     for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
@@ -186,33 +198,50 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   args.backend_name = b.name.c_str();
   args.options_json = entry.options_json.c_str();
   args.host = &kHostApi;
-  bp_plugin* instance = nullptr;
-  bp_status* created = a.create(&args, &instance);
-  if (created != nullptr && instance != nullptr) {
-    a.destroy(instance);  // a failing create() should not hand one out; free it if it did
-    instance = nullptr;
+  bp_status* created = a.create(&args);
+  if (created != nullptr && args.plugin != nullptr) {
+    a.destroy(args.plugin);  // a failing create() should not hand one out; free it if it did
+    args.plugin = nullptr;
   }
   try {
     b.check(created, "create");
   } catch (const Error& e) {
     throw Error(Errc::plugin_load_failed, e.message());
   }
-  if (instance == nullptr) fail(Errc::plugin_load_failed, b, "create() succeeded but returned no instance");
-  b.plugin = instance;
+  if (args.plugin == nullptr)
+    fail(Errc::plugin_load_failed, b, "create() succeeded but returned no instance");
+  b.plugin = args.plugin;
 
   try {
-    int32_t count = 0;
-    b.check(a.device_count(b.plugin, &count), "device_count");
-    if (count < 0 || count > 4096)
-      fail(Errc::plugin_load_failed, b, "device_count returned " + std::to_string(count) + " (expected 0..4096)");
-    for (int32_t d = 0; d < count; ++d) {
-      bp_device_info info{};
+    bp_device_count_args count{};
+    count.struct_size = sizeof(count);
+    count.plugin = b.plugin;
+    if (bp_status* st = a.device_count(&count)) {
+      // UNAVAILABLE is an answer, not a failure: the backend is kept, with no
+      // devices and the plugin's reason ("CUDA driver not found: ...").
+      if (a.status_code(st) == BP_STATUS_UNAVAILABLE) {
+        const char* raw = a.status_message(st);
+        std::string reason = raw != nullptr && raw[0] != '\0' ? raw : "(the plugin gave no reason)";
+        a.status_free(st);
+        b.status = Backend::Status::unavailable;
+        b.error = std::move(reason);
+        b.error_code = Errc::backend_unavailable;
+        return;
+      }
+      b.check(st, "device_count");
+    }
+    if (count.num_devices < 0 || count.num_devices > 4096)
+      fail(Errc::plugin_load_failed, b,
+           "device_count returned " + std::to_string(count.num_devices) + " (expected 0..4096)");
+    for (int32_t d = 0; d < count.num_devices; ++d) {
+      bp_device_info_args info{};
       info.struct_size = sizeof(info);
-      b.check(a.device_info(b.plugin, d, &info), "device_info(" + std::to_string(d) + ")");
+      info.plugin = b.plugin;
+      info.device = d;
+      b.check(a.device_info(&info), "device_info(" + std::to_string(d) + ")");
       DeviceRecord rec;
       rec.name = info.name != nullptr ? info.name : b.device_id(d);
       rec.capabilities = Capabilities(info.capabilities);
-      rec.memory_bytes = info.memory_bytes;
       if (info.num_attributes > 0 && info.attributes != nullptr) {
         for (int32_t i = 0; i < info.num_attributes; ++i) {
           const bp_attribute& at = info.attributes[i];
@@ -239,15 +268,16 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
         absent.push_back("declares '" + std::string(to_string(cap)) + "' on device " + std::to_string(d) +
                          " but leaves " + names + " NULL");
     };
-    promise(Capability::collective, {{reinterpret_cast<const void*>(a.comm_create), "comm_create"},
-                                     {reinterpret_cast<const void*>(a.comm_destroy), "comm_destroy"},
-                                     {reinterpret_cast<const void*>(a.all_reduce), "all_reduce"},
-                                     {reinterpret_cast<const void*>(a.broadcast), "broadcast"},
-                                     {reinterpret_cast<const void*>(a.all_gather), "all_gather"},
-                                     {reinterpret_cast<const void*>(a.reduce_scatter), "reduce_scatter"},
-                                     {reinterpret_cast<const void*>(a.barrier), "barrier"}});
-    promise(Capability::async, {{reinterpret_cast<const void*>(a.synchronize), "synchronize"}});
-    promise(Capability::host_visible, {{reinterpret_cast<const void*>(a.buffer_host_ptr), "buffer_host_ptr"}});
+    promise(Capability::collective, {{fn_ptr(a.comm_create), "comm_create"},
+                                     {fn_ptr(a.comm_destroy), "comm_destroy"},
+                                     {fn_ptr(a.comm_abort), "comm_abort"},
+                                     {fn_ptr(a.all_reduce), "all_reduce"},
+                                     {fn_ptr(a.broadcast), "broadcast"},
+                                     {fn_ptr(a.all_gather), "all_gather"},
+                                     {fn_ptr(a.reduce_scatter), "reduce_scatter"},
+                                     {fn_ptr(a.barrier), "barrier"}});
+    promise(Capability::async, {{fn_ptr(a.synchronize), "synchronize"}});
+    promise(Capability::host_visible, {{fn_ptr(a.buffer_pointer), "buffer_pointer"}});
     if (!absent.empty()) {
       std::string msg = "the plugin's capabilities contradict its table: ";
       for (std::size_t i = 0; i < absent.size(); ++i) msg += (i ? "; " : "") + absent[i];
@@ -256,7 +286,7 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
     b.capabilities = Capabilities(b.capabilities.bits() | caps.bits());
   }
 
-  const std::size_t slots = b.devices.size() * BP_OP_COUNT_ * kDtypeSlots;
+  const std::size_t slots = b.devices.size() * BP_OP_COUNT_ * BP_DTYPE_COUNT_;
   b.op_support = std::make_unique<std::atomic<uint8_t>[]>(slots);
   for (std::size_t i = 0; i < slots; ++i) b.op_support[i].store(0, std::memory_order_relaxed);
   b.status = Backend::Status::loaded;

@@ -1,4 +1,4 @@
-// Validation helpers, the op-name table and the execute call of the op front-end.
+// Validation helpers, op names and the execute call of the op front-end.
 #include "op_common.hpp"
 
 #include <array>
@@ -10,46 +10,13 @@ namespace backplane::detail {
 
 namespace {
 
-// Indexed by bp_op; every value below BP_OP_COUNT_ has a name.
-// clang-format off
-constexpr std::array<const char*, BP_OP_COUNT_> kOpNames = {
-    "invalid",                                                                   // 0
-    "add",          "sub",     "mul",     "div",     "matmul", "copy",           // 1-6
-    "pow",          "maximum", "minimum",                                        // 7-9
-    "eq",           "ne",      "lt",      "le",      "gt",     "ge",             // 10-15
-    "where",                                                                     // 16
-    "neg",          "abs",     "exp",     "log",     "sqrt",   "tanh",           // 17-22
-    "sigmoid",      "relu",    "sin",     "cos",     "clamp",                    // 23-27
-    "cast",                                                                      // 28
-    "fill",         "arange",  "rand_uniform", "randn",                          // 29-32
-    "sum",          "mean",    "max",     "min",     "argmax", "argmin",         // 33-38
-    "softmax",      "log_softmax",                                               // 39-40
-    "index_select", "gather",                                                    // 41-42
-};
-// clang-format on
-static_assert(kOpNames.size() == BP_OP_COUNT_);
-constexpr bool all_named() {
-  for (const char* n : kOpNames)
-    if (n == nullptr) return false;
-  return true;
-}
-static_assert(all_named(), "every bp_op needs a name in kOpNames");
-
 std::string dtype_str(DType d) { return std::string(to_string(d)); }
 
 }  // namespace
 
-const char* op_name(int32_t op) noexcept {
-  if (op < 0 || op >= BP_OP_COUNT_) return "unknown op";
-  return kOpNames[static_cast<std::size_t>(op)];
-}
-
-const TensorImpl& operand(const Tensor& t, const char* api, const char* which) {
-  if (!t.defined())
-    throw Error(Errc::invalid_argument,
-                std::string(api) + ": " + which +
-                    " operand is an undefined Tensor (default-constructed or moved-from)");
-  return *t.impl();
+void undefined_operand(const char* api, const char* which) {
+  throw Error(Errc::invalid_argument, std::string(api) + ": " + which +
+                                          " operand is an undefined Tensor (default-constructed or moved-from)");
 }
 
 const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api) {
@@ -59,8 +26,7 @@ const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api
   return device.impl();
 }
 
-void same_device(const TensorImpl& a, const TensorImpl& b, const char* api) {
-  if (a.storage->backend == b.storage->backend && a.storage->device == b.storage->device) return;
+void device_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api) {
   throw Error(Errc::device_mismatch,
               std::string(api) + ": operands are on different devices (" +
                   a.storage->backend->device_id(a.storage->device) + " and " +
@@ -68,15 +34,13 @@ void same_device(const TensorImpl& a, const TensorImpl& b, const char* api) {
                   "); all operands of an op must live on one device (move one with to())");
 }
 
-void same_dtype(const TensorImpl& a, const TensorImpl& b, const char* api) {
-  if (a.dtype == b.dtype) return;
+void dtype_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api) {
   throw Error(Errc::dtype_mismatch, std::string(api) + ": operand dtypes differ (" + dtype_str(a.dtype) +
                                         " and " + dtype_str(b.dtype) +
                                         "); there is no implicit promotion: cast one operand first");
 }
 
-void require_dtype(bool ok, DType d, const char* api, const char* which, const char* allowed) {
-  if (ok) return;
+void dtype_not_accepted(DType d, const char* api, const char* which, const char* allowed) {
   throw Error(Errc::dtype_mismatch,
               std::string(api) + ": dtype " + dtype_str(d) + " of " + which + " is not accepted; " + api +
                   " takes " + allowed +
@@ -89,8 +53,27 @@ void require_known_dtype(DType d, const char* api) {
               std::string(api) + ": unknown dtype value " + std::to_string(static_cast<int32_t>(d)));
 }
 
-void require_support(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api) {
-  if (backend.supports(device, op, static_cast<int32_t>(dtype))) return;
+void require_support_slow(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api) {
+  // The matmul rule of abi.h: a device without 'matmul' is refused here,
+  // before supports_op is asked, so the error names the missing flag.
+  if (op == BP_OP_MATMUL && !backend.has(device, Capability::matmul)) {
+    std::string msg = std::string(api) + ": device " + backend.device_id(device) + " (\"" +
+                      backend.devices[static_cast<std::size_t>(device)].name + "\") of backend \"" +
+                      backend.name + "\" lacks the capability 'matmul'";
+    msg +=
+        "; move the operands to a device with 'matmul' with to() (`backplane list` shows each device's "
+        "capabilities)";
+    throw Error(Errc::capability_missing, std::move(msg));
+  }
+  // The dtype rule: a dtype the device does not hold is a missing flag, not
+  // an unsupported op; supports_op is asked only about dtypes the device has.
+  if (is_known(dtype) && !backend.holds(device, dtype)) backend.require_dtype_capability(device, dtype, api);
+  if (backend.supports(device, op, static_cast<int32_t>(dtype))) {
+    // Every rule passed: later calls for (device, op, dtype) stop at the cached byte.
+    if (std::atomic<uint8_t>* slot = backend.support_slot(device, op, static_cast<int32_t>(dtype)))
+      slot->store(BackendImpl::kSupportReady, std::memory_order_relaxed);
+    return;
+  }
   std::string msg = "backend \"" + backend.name + "\" (" + backend.device_id(device) + ") does not support " +
                     op_name(op) + " on " + dtype_str(dtype);
   if (std::string_view(api) != op_name(op)) msg += std::string(" (needed by ") + api + ")";
@@ -133,21 +116,9 @@ Shape broadcast_strides(const TensorImpl& t, const Shape& out) {
   return s;
 }
 
-void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs, int32_t num_inputs,
-             const bp_tensor* output, const bp_op_attrs* attrs) {
-  static constexpr bp_op_attrs kNoAttrs = make_attrs();
-  bp_execute_args args{};
-  args.struct_size = sizeof(args);
-  args.device = device;
-  args.op = op;
-  args.inputs = inputs;
-  args.num_inputs = num_inputs;
-  args.num_outputs = 1;
-  args.outputs = output;
-  args.attrs = attrs != nullptr ? attrs : &kNoAttrs;
-  bp_status* st = backend.api.execute(backend.plugin, &args);
-  if (st != nullptr)
-    backend.check(st, std::string("execute ") + op_name(op) + " on " + backend.device_id(device));
+void execute_failed(BackendImpl& backend, int32_t device, int32_t op, bp_status* st) {
+  // Returns for a status object whose code is OK (check frees it); throws otherwise.
+  backend.check(st, std::string("execute ") + op_name(op) + " on " + backend.device_id(device));
 }
 
 std::shared_ptr<TensorImpl> copy_contiguous(const TensorImpl& x, const char* api) {

@@ -16,9 +16,12 @@
 
 namespace backplane::detail {
 
-// The name of every bp_op this core knows ("add", "log_softmax", ...);
-// "unknown op" for any other value.
-const char* op_name(int32_t op) noexcept;
+// abi.h's name of a bp_op ("add", "log_softmax", ...); "unknown op" for any
+// other value.
+inline const char* op_name(int32_t op) noexcept {
+  const char* name = bp_op_name(op);  // abi.h's table: the one name of each op
+  return name != nullptr ? name : "unknown op";
+}
 
 // The dtype classes of ops.hpp.
 inline bool is_float(DType d) noexcept { return d == DType::f32 || d == DType::f64; }
@@ -27,23 +30,55 @@ inline bool is_arithmetic(DType d) noexcept {
 }
 inline bool is_known(DType d) noexcept { return dtype_size(d) != 0; }
 
+// The throwing halves of the checks below: cold, out of line, so the checks
+// inline into every op as a compare and a branch.
+[[noreturn, gnu::cold]] void undefined_operand(const char* api, const char* which);
+[[noreturn, gnu::cold]] void device_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api);
+[[noreturn, gnu::cold]] void dtype_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api);
+[[noreturn, gnu::cold]] void dtype_not_accepted(DType d, const char* api, const char* which, const char* allowed);
+[[gnu::cold]] void require_support_slow(BackendImpl& backend, int32_t device, int32_t op, DType dtype,
+                                        const char* api);
+
 // The impl of an operand; Errc::invalid_argument when it is undefined.
 // `api` is the public function's name, `which` names the operand ("left").
-const TensorImpl& operand(const Tensor& t, const char* api, const char* which);
+inline const TensorImpl& operand(const Tensor& t, const char* api, const char* which) {
+  if (!t.defined()) [[unlikely]]
+    undefined_operand(api, which);
+  return *t.impl();
+}
 // The loaded backend behind `device`; throws for an invalid device or a
 // backend that failed to load.
 const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api);
 
 // Errc::device_mismatch naming both devices.
-void same_device(const TensorImpl& a, const TensorImpl& b, const char* api);
+inline void same_device(const TensorImpl& a, const TensorImpl& b, const char* api) {
+  if (a.storage->backend == b.storage->backend && a.storage->device == b.storage->device) [[likely]]
+    return;
+  device_mismatch(a, b, api);
+}
 // Errc::dtype_mismatch naming both dtypes.
-void same_dtype(const TensorImpl& a, const TensorImpl& b, const char* api);
+inline void same_dtype(const TensorImpl& a, const TensorImpl& b, const char* api) {
+  if (a.dtype == b.dtype) [[likely]]
+    return;
+  dtype_mismatch(a, b, api);
+}
 // Errc::dtype_mismatch unless `ok`: "<api>: dtype <d> of <which> is not accepted; <api> takes <allowed> ...".
-void require_dtype(bool ok, DType d, const char* api, const char* which, const char* allowed);
+inline void require_dtype(bool ok, DType d, const char* api, const char* which, const char* allowed) {
+  if (ok) [[likely]]
+    return;
+  dtype_not_accepted(d, api, which, allowed);
+}
 // Errc::invalid_argument for a dtype value this core does not know.
 void require_known_dtype(DType d, const char* api);
-// Errc::unsupported_op naming op, dtype and backend unless the device runs op on dtype.
-void require_support(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api);
+// Errc::unsupported_op naming op, dtype and backend unless the device runs op
+// on dtype; Errc::capability_missing for MATMUL on a device without 'matmul'
+// and for a dtype the device lacks. Once passed for (device, op, dtype), the
+// answer is one cached byte (BackendImpl::support_ready).
+inline void require_support(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api) {
+  if (backend.support_ready(device, op, static_cast<int32_t>(dtype))) [[likely]]
+    return;
+  require_support_slow(backend, device, op, dtype, api);
+}
 
 // Axis in [-rank, rank) -> [0, rank); Errc::invalid_argument naming the axis,
 // the rank and the valid range otherwise.
@@ -61,10 +96,27 @@ constexpr bp_op_attrs make_attrs() noexcept {
   a.struct_size = sizeof(bp_op_attrs);
   return a;
 }
+// A non-NULL execute status: throws unless its code is OK.
+[[gnu::cold]] void execute_failed(BackendImpl& backend, int32_t device, int32_t op, bp_status* st);
 // Runs one op with one output; a failure status becomes backplane::Error
 // naming the op and device. attrs may be null (no attributes).
-void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs, int32_t num_inputs,
-             const bp_tensor* output, const bp_op_attrs* attrs = nullptr);
+inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs, int32_t num_inputs,
+                    const bp_tensor* output, const bp_op_attrs* attrs = nullptr) {
+  static constexpr bp_op_attrs kNoAttrs = make_attrs();
+  bp_execute_args args{};
+  args.struct_size = sizeof(args);
+  args.device = device;
+  args.op = op;
+  args.inputs = inputs;
+  args.num_inputs = num_inputs;
+  args.num_outputs = 1;
+  args.outputs = output;
+  args.attrs = attrs != nullptr ? attrs : &kNoAttrs;
+  args.plugin = backend.plugin;
+  bp_status* st = backend.api.execute(&args);
+  if (st != nullptr) [[unlikely]]
+    execute_failed(backend, device, op, st);
+}
 
 // A contiguous copy of x on its device (BP_OP_COPY); `api` names the caller
 // for an unsupported_op error.

@@ -23,7 +23,7 @@ Tensor create(const Device& device, const Shape& shape, DType dtype, int32_t op,
   const auto& backend = detail::usable(device, api);
   detail::checked_numel(shape, dtype, api);
   detail::require_support(*backend, device.index(), op, dtype, api);
-  auto out = detail::allocate_tensor(backend, device.index(), shape, dtype);
+  auto out = detail::allocate_tensor(backend, device.index(), shape, dtype, api);
   if (shape.numel() == 0) return Tensor(std::move(out));
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device.index(), op, nullptr, 0, &o, &attrs);

@@ -13,18 +13,12 @@ namespace {
 
 using detail::TensorImpl;
 
-// The per-op hot path (a 16-element add should cost < 100 ns over the
-// kernel): no allocation besides the output, no string unless it throws.
-Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
-  const char* api = detail::op_name(op);
-  const TensorImpl& x = detail::operand(a, api, "left");
-  const TensorImpl& y = detail::operand(b, api, "right");
-  detail::same_device(x, y, api);
-  detail::same_dtype(x, y, api);
-  if (!comparison)
-    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the operands",
-                          "f32, f64, i32 or i64");
-  const Shape out_shape = x.shape == y.shape ? x.shape : detail::broadcast_for(api, x.shape, y.shape);
+// binary() for operands of different shapes: the NumPy broadcast of both,
+// the operands described as broadcast views (stride 0), never materialised.
+// Out of line, so the same-shape path builds no Shape at all.
+[[gnu::noinline]] Tensor binary_broadcast(int32_t op, const TensorImpl& x, const TensorImpl& y, bool comparison,
+                                          const char* api) {
+  const Shape out_shape = detail::broadcast_for(api, x.shape, y.shape);
   const auto& backend = x.storage->backend;
   const int32_t device = x.storage->device;
   detail::require_support(*backend, device, op, x.dtype, api);
@@ -32,9 +26,7 @@ Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
   auto out = detail::allocate_tensor(backend, device, out_shape, comparison ? DType::bool_ : x.dtype);
   if (out_shape.numel() == 0) return Tensor(std::move(out));
   bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
-  // Operands already of the output's shape pass their own strides; others
-  // are described as broadcast views (stride 0), never materialised.
-  // (optional: a same-shape add constructs no Shape here at all.)
+  // Operands already of the output's shape pass their own strides.
   std::optional<Shape> xs, ys;
   if (!(x.shape == out_shape)) {
     xs.emplace(detail::broadcast_strides(x, out_shape));
@@ -48,6 +40,32 @@ Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
     in[1].shape = out->shape.data();
     in[1].strides = ys->data();
   }
+  const bp_tensor o = detail::describe(*out);
+  detail::execute(*backend, device, op, in, 2, &o);
+  return Tensor(std::move(out));
+}
+
+// The per-op hot path (a 16-element add should cost < 100 ns over the
+// kernel): no allocation besides the output, no string unless it throws, and
+// no Shape built or copied when the operands have one shape.
+Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
+  const char* api = detail::op_name(op);
+  const TensorImpl& x = detail::operand(a, api, "left");
+  const TensorImpl& y = detail::operand(b, api, "right");
+  detail::same_device(x, y, api);
+  detail::same_dtype(x, y, api);
+  if (!comparison)
+    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the operands",
+                          "f32, f64, i32 or i64");
+  if (!(x.shape == y.shape)) [[unlikely]]
+    return binary_broadcast(op, x, y, comparison, api);
+  const auto& backend = x.storage->backend;
+  const int32_t device = x.storage->device;
+  detail::require_support(*backend, device, op, x.dtype, api);
+
+  auto out = detail::allocate_tensor(backend, device, x.shape, comparison ? DType::bool_ : x.dtype);
+  if (x.shape.numel() == 0) return Tensor(std::move(out));
+  const bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, op, in, 2, &o);
   return Tensor(std::move(out));

@@ -58,7 +58,6 @@ void run_reduce(int32_t op, const TensorImpl& x, const Shape& in_shape, const Te
   o.strides = out_strides.data();
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
-  attrs.keepdim = 1;
   detail::execute(*x.storage->backend, x.storage->device, op, &in, 1, &o, &attrs);
 }
 

@@ -250,32 +250,27 @@ void copy_dense(const TensorImpl& x, const TensorImpl& out, const std::string& w
   BackendImpl& db = *out.storage->backend;
   const int32_t src_device = x.storage->device;
   const int32_t dst_device = out.storage->device;
-  // Host pointers only on host_visible devices; the core never touches other plugin memory.
-  auto host_ptr = [](BackendImpl& b, int32_t dev, bp_buffer* buf) -> std::byte* {
-    if (!b.devices[static_cast<std::size_t>(dev)].capabilities.has(Capability::host_visible)) return nullptr;
-    if (b.api.buffer_host_ptr == nullptr) return nullptr;
-    return static_cast<std::byte*>(b.api.buffer_host_ptr(b.plugin, buf));
-  };
-  std::byte* src = host_ptr(sb, src_device, x.storage->buffer);
-  std::byte* dst = host_ptr(db, dst_device, out.storage->buffer);
-  if (src != nullptr && sb.api.synchronize != nullptr)  // work queued on the source must land first
-    sb.check(sb.api.synchronize(sb.plugin, src_device), what + ": synchronize " + sb.device_id(src_device));
-  if (dst != nullptr && db.api.synchronize != nullptr)  // and work still reading the destination
-    db.check(db.api.synchronize(db.plugin, dst_device), what + ": synchronize " + db.device_id(dst_device));
+  // Host pointers only on host_visible devices; the core never touches other
+  // plugin memory. Asked afresh for every copy (buffer_pointer is cheap and a
+  // cached address could outlive a plugin's reallocation).
+  std::byte* src = sb.host_pointer(src_device, x.storage->buffer, what);
+  std::byte* dst = db.host_pointer(dst_device, out.storage->buffer, what);
+  // The async rule: before memory is touched through a pointer, work queued
+  // on its device must have landed (buffer_read/buffer_write order themselves).
+  if (src != nullptr) sb.synchronize_if_async(src_device, what);
+  if (dst != nullptr) db.synchronize_if_async(dst_device, what);
   if (src != nullptr && dst != nullptr) {
     std::memmove(dst + out.byte_offset, src + x.byte_offset, static_cast<std::size_t>(bytes));  // views may overlap
   } else if (src != nullptr) {
-    db.check(db.api.buffer_write(db.plugin, out.storage->buffer, out.byte_offset, src + x.byte_offset, bytes),
-             what + ": buffer_write");
+    db.write(out.storage->buffer, out.byte_offset, src + x.byte_offset, bytes, what + ": buffer_write");
   } else if (dst != nullptr) {
-    sb.check(sb.api.buffer_read(sb.plugin, x.storage->buffer, x.byte_offset, dst + out.byte_offset, bytes),
-             what + ": buffer_read from " + sb.device_id(src_device));
+    sb.read(x.storage->buffer, x.byte_offset, dst + out.byte_offset, bytes,
+            what + ": buffer_read from " + sb.device_id(src_device));
   } else {
     std::vector<std::byte> staging(static_cast<std::size_t>(bytes));
-    sb.check(sb.api.buffer_read(sb.plugin, x.storage->buffer, x.byte_offset, staging.data(), bytes),
-             what + ": buffer_read from " + sb.device_id(src_device));
-    db.check(db.api.buffer_write(db.plugin, out.storage->buffer, out.byte_offset, staging.data(), bytes),
-             what + ": buffer_write");
+    sb.read(x.storage->buffer, x.byte_offset, staging.data(), bytes,
+            what + ": buffer_read from " + sb.device_id(src_device));
+    db.write(out.storage->buffer, out.byte_offset, staging.data(), bytes, what + ": buffer_write");
   }
 }
 
@@ -288,7 +283,8 @@ static Tensor to_forward(const Tensor& t, const Device& device) {
   const auto& src_backend = x0.storage->backend;
   if (src_backend == dst_backend && x0.storage->device == dst_device) return t;
 
-  auto out = detail::allocate_tensor(dst_backend, dst_device, x0.shape, x0.dtype);
+  // Refused (capability_missing) when the target device lacks the dtype's flag.
+  auto out = detail::allocate_tensor(dst_backend, dst_device, x0.shape, x0.dtype, "to");
   const uint64_t bytes = out->storage->nbytes;
   if (bytes == 0) return Tensor(std::move(out));
   // Dense bytes on the source first (a COPY on the source device when strided).

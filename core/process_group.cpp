@@ -5,12 +5,22 @@
 #include "internal.hpp"
 #include "op_common.hpp"
 
+#include <backplane/log.hpp>
 #include <backplane/process_group.hpp>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
+
+// The host's own status for the bp_kv_store callbacks (abi.h: each producer
+// defines its own). A different type from any plugin's; it never leaves this
+// library except as the opaque pointer a plugin frees through the store.
+struct bp_status {
+  int32_t code;
+  std::string message;
+};
 
 namespace backplane {
 
@@ -42,8 +52,9 @@ int32_t abi_reduce_op(ReduceOp op) {
   throw Error(Errc::invalid_argument, "ProcessGroup: unknown ReduceOp " + std::to_string(static_cast<int>(op)));
 }
 
-// The job's Store behind the plugin-facing bp_kv_store table. Errors become
-// status codes with the message kept per thread for last_error().
+// The job's Store behind the plugin-facing bp_kv_store table. Every entry
+// returns a status this host owns (the bp_status above), freed through the
+// table's status_free; get's value is malloc'd here and freed by free_value.
 class KvStoreBridge {
  public:
   explicit KvStoreBridge(std::shared_ptr<Store> store) : store_(std::move(store)) {
@@ -52,8 +63,10 @@ class KvStoreBridge {
     table_.set = &KvStoreBridge::set;
     table_.get = &KvStoreBridge::get;
     table_.wait = &KvStoreBridge::wait;
-    table_.free_bytes = &KvStoreBridge::free_bytes;
-    table_.last_error = &KvStoreBridge::last_error;
+    table_.free_value = &KvStoreBridge::free_value;
+    table_.status_code = &KvStoreBridge::status_code;
+    table_.status_message = &KvStoreBridge::status_message;
+    table_.status_free = &KvStoreBridge::status_free;
   }
   KvStoreBridge(const KvStoreBridge&) = delete;
   KvStoreBridge& operator=(const KvStoreBridge&) = delete;
@@ -61,63 +74,97 @@ class KvStoreBridge {
   const bp_kv_store* table() const noexcept { return &table_; }
 
  private:
-  static KvStoreBridge& self(void* ctx) { return *static_cast<KvStoreBridge*>(ctx); }
-  static std::string& error_text() {
-    thread_local std::string text;
-    return text;
+  // Handed out when even a status cannot be allocated; never freed.
+  static bp_status* out_of_memory() noexcept {
+    static bp_status oom{BP_STATUS_OUT_OF_MEMORY, "out of memory in the rendezvous store"};
+    return &oom;
   }
-
-  template <class F>
-  static int32_t guarded(F&& f) noexcept {
+  static bp_status* make_status(int32_t code, std::string message) noexcept {
     try {
-      f();
-      return BP_STATUS_OK;
-    } catch (const Error& e) {
-      error_text() = e.message();
-      switch (e.code()) {
-        case Errc::timeout: return BP_STATUS_TIMEOUT;
-        case Errc::io_error: return BP_STATUS_IO;
-        case Errc::invalid_argument: return BP_STATUS_INVALID_ARGUMENT;
-        default: return BP_STATUS_INTERNAL;
-      }
-    } catch (const std::bad_alloc&) {
-      error_text() = "out of memory in the rendezvous store";
-      return BP_STATUS_OUT_OF_MEMORY;
-    } catch (const std::exception& e) {
-      error_text() = e.what();
-      return BP_STATUS_INTERNAL;
+      return new bp_status{code, std::move(message)};
+    } catch (...) {
+      return out_of_memory();
+    }
+  }
+  static int32_t code_for(Errc e) noexcept {
+    switch (e) {
+      case Errc::timeout:
+        return BP_STATUS_TIMEOUT;
+      case Errc::io_error:
+        return BP_STATUS_IO;
+      case Errc::invalid_argument:
+        return BP_STATUS_INVALID_ARGUMENT;
+      case Errc::out_of_memory:
+        return BP_STATUS_OUT_OF_MEMORY;
+      case Errc::collective_error:
+        return BP_STATUS_COLLECTIVE;
+      default:
+        return BP_STATUS_INTERNAL;
     }
   }
 
-  static int32_t set(void* ctx, const char* key, const void* value, uint64_t size) {
-    return guarded([&] {
-      const auto* p = static_cast<const uint8_t*>(value);
-      self(ctx).store_->set(key, std::vector<uint8_t>(p, p + size));
+  // Runs f on the bridge named by ctx; any exception becomes a status.
+  template <class F>
+  static bp_status* guarded(const void* args, void* ctx, const char* entry, F&& f) noexcept {
+    if (args == nullptr || ctx == nullptr)
+      return make_status(
+          BP_STATUS_INVALID_ARGUMENT,
+          std::string("bp_kv_store.") + entry + ": args or args->ctx is NULL (pass bp_kv_store.ctx)");
+    try {
+      f(*static_cast<KvStoreBridge*>(ctx));
+      return nullptr;
+    } catch (const Error& e) {
+      return make_status(code_for(e.code()), e.message());
+    } catch (const std::bad_alloc&) {
+      return out_of_memory();
+    } catch (const std::exception& e) {
+      return make_status(BP_STATUS_INTERNAL, e.what());
+    }
+  }
+
+  static bp_status* set(bp_kv_set_args* args) {
+    return guarded(args, args ? args->ctx : nullptr, "set", [&](KvStoreBridge& self) {
+      if (args->key == nullptr || (args->value == nullptr && args->size > 0))
+        throw Error(Errc::invalid_argument, "bp_kv_store.set: key or value is NULL");
+      const auto* p = static_cast<const uint8_t*>(args->value);
+      self.store_->set(args->key, std::vector<uint8_t>(p, p + args->size));
     });
   }
-  static int32_t get(void* ctx, const char* key, int64_t timeout_ms, bp_kv_bytes* out) {
-    return guarded([&] {
-      std::vector<uint8_t> v = self(ctx).store_->get(key, std::chrono::milliseconds(timeout_ms));
+  static bp_status* get(bp_kv_get_args* args) {
+    return guarded(args, args ? args->ctx : nullptr, "get", [&](KvStoreBridge& self) {
+      if (args->key == nullptr) throw Error(Errc::invalid_argument, "bp_kv_store.get: key is NULL");
+      args->value = nullptr;
+      args->size = 0;
+      std::vector<uint8_t> v = self.store_->get(args->key, std::chrono::milliseconds(args->timeout_ms));
       auto* data = static_cast<uint8_t*>(std::malloc(v.empty() ? 1 : v.size()));
       if (data == nullptr) throw std::bad_alloc();
       if (!v.empty()) std::memcpy(data, v.data(), v.size());
-      out->data = data;
-      out->size = v.size();
+      args->value = data;
+      args->size = v.size();
     });
   }
-  static int32_t wait(void* ctx, const char* const* keys, int32_t num_keys, int64_t timeout_ms) {
-    return guarded([&] {
-      std::vector<std::string> k(keys, keys + (num_keys > 0 ? num_keys : 0));
-      self(ctx).store_->wait(k, std::chrono::milliseconds(timeout_ms));
+  static bp_status* wait(bp_kv_wait_args* args) {
+    return guarded(args, args ? args->ctx : nullptr, "wait", [&](KvStoreBridge& self) {
+      if (args->num_keys > 0 && args->keys == nullptr)
+        throw Error(Errc::invalid_argument, "bp_kv_store.wait: keys is NULL");
+      std::vector<std::string> k;
+      for (int32_t i = 0; i < args->num_keys; ++i) {
+        if (args->keys[i] == nullptr) throw Error(Errc::invalid_argument, "bp_kv_store.wait: a key is NULL");
+        k.emplace_back(args->keys[i]);
+      }
+      self.store_->wait(k, std::chrono::milliseconds(args->timeout_ms));
     });
   }
-  static void free_bytes(void*, bp_kv_bytes* bytes) {
-    if (bytes == nullptr) return;
-    std::free(bytes->data);
-    bytes->data = nullptr;
-    bytes->size = 0;
+  static void free_value(void*, uint8_t* value) { std::free(value); }
+  static int32_t status_code(const bp_status* status) {
+    return status != nullptr ? status->code : BP_STATUS_OK;
   }
-  static const char* last_error(void*) { return error_text().c_str(); }
+  static const char* status_message(const bp_status* status) {
+    return status != nullptr ? status->message.c_str() : "";
+  }
+  static void status_free(bp_status* status) {
+    if (status != nullptr && status != out_of_memory()) delete status;
+  }
 
   std::shared_ptr<Store> store_;
   bp_kv_store table_{};
@@ -137,11 +184,97 @@ struct ProcessGroup::Impl {
   bp_comm* comm = nullptr;
   std::mutex mutex;  // one collective at a time on the comm
 
+  // Once set, every collective fails promptly with collective_error naming
+  // `abort_reason`. comm_abort runs at most once (abort_mutex), and never
+  // under `mutex`: abi.h lets it interrupt a collective another thread is in.
+  std::atomic<bool> aborted{false};
+  mutable std::mutex abort_mutex;
+  std::string abort_reason;  // guarded by abort_mutex; fixed once aborted
+
   Impl() = default;
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
-    if (comm != nullptr) route.backend->api.comm_destroy(route.backend->plugin, comm);
+    if (comm == nullptr) return;
+    bp_comm_args args{};
+    args.struct_size = sizeof(args);
+    args.plugin = coll().plugin;
+    args.comm = comm;
+    log_failure(coll().api.comm_destroy(&args), "comm_destroy");
+  }
+
+  // Destructors and abort paths cannot throw: a failure status is logged.
+  void log_failure(bp_status* status, const char* op) const noexcept {
+    if (status == nullptr) return;
+    try {
+      coll().check(status, where(op));
+    } catch (const Error& e) {
+      try {
+        log(LogLevel::warning, e.message());
+      } catch (...) {  // a throwing log handler loses the message, not the process
+      }
+    } catch (...) {
+    }
+  }
+
+  // Marks the group aborted and calls comm_abort once, so that pending and
+  // later collectives on every rank's communicator fail promptly.
+  void abort(const std::string& reason) noexcept {
+    std::lock_guard lock(abort_mutex);
+    if (aborted.load(std::memory_order_acquire)) return;
+    try {
+      abort_reason = reason;
+    } catch (...) {
+    }
+    aborted.store(true, std::memory_order_release);
+    if (comm == nullptr) return;
+    bp_comm_args args{};
+    args.struct_size = sizeof(args);
+    args.plugin = coll().plugin;
+    args.comm = comm;
+    log_failure(coll().api.comm_abort(&args), "comm_abort");
+  }
+
+  // Errc::collective_error once the group was aborted.
+  void require_not_aborted(const char* op) const {
+    if (!aborted.load(std::memory_order_acquire)) return;
+    std::string reason;
+    {
+      std::lock_guard lock(abort_mutex);
+      reason = abort_reason;
+    }
+    throw Error(Errc::collective_error, "ProcessGroup::" + std::string(op) + " on rank " +
+                                            std::to_string(rank) + ": the group was aborted (" + reason +
+                                            "); make a new ProcessGroup to run collectives again");
+  }
+
+  // Runs one collective entry under the group's lock. A failure aborts the
+  // communicator before it is reported (a timed-out or failed collective
+  // leaves it in an unknown state; abi.h: abort, then destroy).
+  void run(bp_status* (*entry)(bp_collective_args*), const bp_tensor* in, const bp_tensor* out,
+           int32_t reduce_op, int32_t root, const char* op) {
+    require_not_aborted(op);
+    bp_status* st = nullptr;
+    {
+      std::lock_guard lock(mutex);
+      require_not_aborted(op);
+      bp_collective_args args{};
+      args.struct_size = sizeof(args);
+      args.plugin = coll().plugin;
+      args.comm = comm;
+      args.input = in;
+      args.output = out;
+      args.reduce_op = reduce_op;
+      args.root = root;
+      st = entry(&args);
+    }
+    if (st == nullptr) return;
+    try {
+      check(st, op);
+    } catch (const Error& e) {
+      abort(e.message());
+      throw;
+    }
   }
 
   BackendImpl& coll() const { return *route.backend; }
@@ -186,17 +319,14 @@ struct ProcessGroup::Impl {
 
   // The out-of-place collectives: `tensor` (dense, on the collective device)
   // in, a fresh `out_shape` tensor out, back on the caller's device.
-  // call(plugin, comm, in, out) is the plugin entry with its extra arguments.
-  template <class Call>
-  Tensor out_of_place(const Tensor& tensor, const Shape& out_shape, const std::string& name, Call&& call) {
+  Tensor out_of_place(const Tensor& tensor, const Shape& out_shape, const std::string& name,
+                      bp_status* (*entry)(bp_collective_args*), int32_t reduce_op) {
+    require_not_aborted(name.c_str());
     auto in = on_collective_device(tensor, ("ProcessGroup::" + name).c_str());
     auto out = allocate(out_shape, in->dtype);
     const bp_tensor di = detail::describe(*in);
     const bp_tensor dout = detail::describe(*out);
-    {
-      std::lock_guard lock(mutex);
-      check(call(coll().plugin, comm, &di, &dout), name.c_str());
-    }
+    run(entry, &di, &dout, reduce_op, 0, name.c_str());
     return result(std::move(out));
   }
 };
@@ -232,7 +362,17 @@ ProcessGroup ProcessGroup::create(const Device& device, const Rendezvous& rendez
   args.store = impl->bridge->table();
   args.key_prefix = impl->key_prefix.c_str();
   BackendImpl& cb = impl->coll();
-  impl->check(cb.api.comm_create(cb.plugin, &args, &impl->comm), "comm_create");
+  args.plugin = cb.plugin;
+  bp_status* st = cb.api.comm_create(&args);
+  if (st != nullptr && args.comm != nullptr) {  // a failing create should not hand one out; free it if it did
+    bp_comm_args destroy{};
+    destroy.struct_size = sizeof(destroy);
+    destroy.plugin = cb.plugin;
+    destroy.comm = args.comm;
+    impl->log_failure(cb.api.comm_destroy(&destroy), "comm_destroy");
+  }
+  impl->check(st, "comm_create");
+  impl->comm = args.comm;
   if (impl->comm == nullptr)
     throw Error(Errc::internal, impl->where("comm_create") + ": the plugin returned no communicator");
   ProcessGroup pg;
@@ -262,17 +402,17 @@ std::chrono::milliseconds ProcessGroup::timeout() const { return checked(impl_, 
 
 Tensor ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   Impl& g = checked(impl_, "all_reduce");
+  g.require_not_aborted("all_reduce");
   const TensorImpl& x0 = g.operand(tensor, "all_reduce");
   const int32_t rop = abi_reduce_op(op);
   if (g.local()) return Tensor(detail::copy_contiguous(x0, "ProcessGroup::all_reduce"));
   return g.out_of_place(tensor, x0.shape, std::string("all_reduce(") + to_string(op) + ")",
-                        [&](bp_plugin* p, bp_comm* c, const bp_tensor* in, const bp_tensor* out) {
-                          return g.coll().api.all_reduce(p, c, in, out, rop);
-                        });
+                        g.coll().api.all_reduce, rop);
 }
 
 void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
   Impl& g = checked(impl_, "all_reduce_");
+  g.require_not_aborted("all_reduce_");
   const TensorImpl& x = g.operand(tensor, "all_reduce_");
   const int32_t rop = abi_reduce_op(op);
   if (!detail::is_contiguous(x))
@@ -280,18 +420,17 @@ void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
                                         "place); use all_reduce, which returns a new tensor");
   if (g.local()) return;
   const std::string name = std::string("all_reduce_(") + to_string(op) + ")";
+  g.require_not_aborted(name.c_str());
   std::shared_ptr<TensorImpl> work = g.staged() ? g.on_collective_device(tensor, "ProcessGroup::all_reduce_")
                                                 : tensor.impl();
   const bp_tensor d = detail::describe(*work);
-  {
-    std::lock_guard lock(g.mutex);
-    g.check(g.coll().api.all_reduce(g.coll().plugin, g.comm, &d, &d, rop), name.c_str());
-  }
+  g.run(g.coll().api.all_reduce, &d, &d, rop, 0, name.c_str());
   if (g.staged()) detail::copy_dense(*work, x, g.where(name.c_str()) + ": copy back");
 }
 
 Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {
   Impl& g = checked(impl_, "broadcast");
+  g.require_not_aborted("broadcast");
   const TensorImpl& x0 = g.operand(tensor, "broadcast");
   if (root < 0 || root >= g.world_size)
     throw Error(Errc::invalid_argument, "ProcessGroup::broadcast: root " + std::to_string(root) +
@@ -303,15 +442,13 @@ Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {
                  : detail::copy_contiguous(x0, "ProcessGroup::broadcast");
   if (g.local()) return Tensor(std::move(work));
   const bp_tensor d = detail::describe(*work);
-  {
-    std::lock_guard lock(g.mutex);
-    g.check(g.coll().api.broadcast(g.coll().plugin, g.comm, &d, root), "broadcast");
-  }
+  g.run(g.coll().api.broadcast, &d, &d, BP_REDUCE_SUM, root, "broadcast");
   return g.result(std::move(work));
 }
 
 Tensor ProcessGroup::all_gather(const Tensor& tensor) {
   Impl& g = checked(impl_, "all_gather");
+  g.require_not_aborted("all_gather");
   const TensorImpl& x0 = g.operand(tensor, "all_gather");
   std::vector<int64_t> dims{g.world_size};
   for (int i = 0; i < x0.shape.rank(); ++i) dims.push_back(x0.shape[i]);
@@ -321,14 +458,12 @@ Tensor ProcessGroup::all_gather(const Tensor& tensor) {
                                           std::to_string(Shape::kMaxRank) + "; reshape the tensor first");
   const Shape out_shape(dims);
   if (g.local()) return reshape(Tensor(detail::copy_contiguous(x0, "ProcessGroup::all_gather")), dims);
-  return g.out_of_place(tensor, out_shape, "all_gather",
-                        [&](bp_plugin* p, bp_comm* c, const bp_tensor* in, const bp_tensor* out) {
-                          return g.coll().api.all_gather(p, c, in, out);
-                        });
+  return g.out_of_place(tensor, out_shape, "all_gather", g.coll().api.all_gather, BP_REDUCE_SUM);
 }
 
 Tensor ProcessGroup::reduce_scatter(const Tensor& tensor, ReduceOp op) {
   Impl& g = checked(impl_, "reduce_scatter");
+  g.require_not_aborted("reduce_scatter");
   const TensorImpl& x0 = g.operand(tensor, "reduce_scatter");
   const int32_t rop = abi_reduce_op(op);
   if (x0.shape.rank() < 1 || x0.shape[0] != g.world_size)
@@ -340,16 +475,20 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& tensor, ReduceOp op) {
   const Shape out_shape(dims);
   if (g.local()) return reshape(Tensor(detail::copy_contiguous(x0, "ProcessGroup::reduce_scatter")), dims);
   return g.out_of_place(tensor, out_shape, std::string("reduce_scatter(") + to_string(op) + ")",
-                        [&](bp_plugin* p, bp_comm* c, const bp_tensor* in, const bp_tensor* out) {
-                          return g.coll().api.reduce_scatter(p, c, in, out, rop);
-                        });
+                        g.coll().api.reduce_scatter, rop);
 }
 
 void ProcessGroup::barrier() {
   Impl& g = checked(impl_, "barrier");
+  g.require_not_aborted("barrier");
   if (g.local()) return;
-  std::lock_guard lock(g.mutex);
-  g.check(g.coll().api.barrier(g.coll().plugin, g.comm), "barrier");
+  g.run(g.coll().api.barrier, nullptr, nullptr, BP_REDUCE_SUM, 0, "barrier");
+}
+
+void ProcessGroup::abort() {
+  Impl& g = checked(impl_, "abort");
+  // A local group has no communicator to interrupt; it still refuses later calls.
+  g.abort("ProcessGroup::abort() was called on rank " + std::to_string(g.rank));
 }
 
 }  // namespace backplane

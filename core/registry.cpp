@@ -48,22 +48,110 @@ void BackendImpl::check(bp_status* status, std::string_view what) const {
 
 void BackendImpl::require_loaded() const {
   if (status == Backend::Status::loaded) return;
-  throw Error(Errc::backend_unavailable, "backend \"" + name + "\" is not available: " + error +
-                                            "\n  (`backplane check` explains every backend of a config)");
+  const char* state = status == Backend::Status::unavailable ? "unavailable" : "not available";
+  throw Error(Errc::backend_unavailable, "backend \"" + name + "\" is " + state + ": " + error +
+                                             "\n  (`backplane check` explains every backend of a config)");
 }
 
 bool BackendImpl::supports(int32_t device, int32_t op, int32_t dtype) {
-  if (op <= 0 || dtype <= 0 || dtype >= kDtypeSlots) return false;
-  if (op >= BP_OP_COUNT_) return api.supports_op(plugin, device, op, dtype) != 0;
-  std::atomic<uint8_t>& slot =
-      op_support[(static_cast<std::size_t>(device) * BP_OP_COUNT_ + static_cast<std::size_t>(op)) * kDtypeSlots +
-                 static_cast<std::size_t>(dtype)];
-  uint8_t v = slot.load(std::memory_order_relaxed);
+  if (op <= 0 || dtype <= 0 || dtype >= BP_DTYPE_COUNT_) return false;
+  // One question to the plugin; a failing status is a "no", logged (at debug:
+  // the caller turns the "no" into its own error) once per cached answer.
+  auto ask = [&]() -> bool {
+    bp_supports_op_args args{};
+    args.struct_size = sizeof(args);
+    args.plugin = plugin;
+    args.device = device;
+    args.op = op;
+    args.dtype = dtype;
+    bp_status* st = api.supports_op(&args);
+    if (st == nullptr) return args.supported != 0;
+    const int32_t code = api.status_code(st);
+    const char* raw = api.status_message(st);
+    std::string message = raw != nullptr ? raw : "";
+    api.status_free(st);
+    if (code == BP_STATUS_OK) return args.supported != 0;
+    const char* op_text = bp_op_name(op);
+    const char* code_text = bp_status_code_name(code);
+    log(LogLevel::debug, "backend \"" + name + "\": supports_op(" + (op_text ? op_text : std::to_string(op)) +
+                             ", " + bp_dtype_name(dtype) + ") on " + device_id(device) + " failed (" +
+                             (code_text ? code_text : std::to_string(code)) + ": " + message +
+                             "); taken as unsupported");
+    return false;
+  };
+  std::atomic<uint8_t>* slot = support_slot(device, op, dtype);
+  if (slot == nullptr) return ask();  // an op this core does not know: never cached
+  uint8_t v = slot->load(std::memory_order_relaxed);
   if (v == 0) {
-    v = api.supports_op(plugin, device, op, dtype) != 0 ? 1 : 2;
-    slot.store(v, std::memory_order_relaxed);
+    v = ask() ? 1 : 2;
+    // Never overwrites require_support's kSupportReady (also a yes).
+    uint8_t expected = 0;
+    slot->compare_exchange_strong(expected, v, std::memory_order_relaxed);
   }
-  return v == 1;
+  return v != 2;
+}
+
+void BackendImpl::require_dtype_capability(int32_t device, DType dtype, std::string_view api_name) const {
+  const Capability flag = capability_for(dtype);
+  if (static_cast<uint64_t>(flag) != 0 && has(device, flag)) return;
+  const std::string dt(to_string(dtype));
+  throw Error(
+      Errc::capability_missing,
+      std::string(api_name) + ": device " + device_id(device) + " (\"" +
+          devices[static_cast<std::size_t>(device)].name + "\") of backend \"" + name +
+          "\" lacks the capability '" + dt + "': it cannot hold " + dt +
+          " tensors; cast to a dtype the device has (`backplane list` shows its capabilities), or use "
+          "a device with '" +
+          dt + "'");
+}
+
+void BackendImpl::synchronize_if_async(int32_t device, std::string_view what) const {
+  if (!has(device, Capability::async) || api.synchronize == nullptr) return;
+  bp_synchronize_args args{};
+  args.struct_size = sizeof(args);
+  args.plugin = plugin;
+  args.device = device;
+  check(api.synchronize(&args), std::string(what) + ": synchronize " + device_id(device));
+}
+
+std::byte* BackendImpl::host_pointer(int32_t device, bp_buffer* buffer, std::string_view what) const {
+  if (!has(device, Capability::host_visible) || api.buffer_pointer == nullptr) return nullptr;
+  bp_buffer_pointer_args args{};
+  args.struct_size = sizeof(args);
+  args.plugin = plugin;
+  args.buffer = buffer;
+  check(api.buffer_pointer(&args), std::string(what) + ": buffer_pointer on " + device_id(device));
+  if (args.data == nullptr || (args.dl_device_type != BP_DL_CPU && args.dl_device_type != BP_DL_CUDA_HOST))
+    throw Error(Errc::device_error,
+                "backend \"" + name + "\": " + std::string(what) + ": device " + device_id(device) +
+                    " declares host_visible but buffer_pointer gave no host address (data " +
+                    (args.data == nullptr ? "NULL" : "set") + ", DLPack device type " +
+                    std::to_string(args.dl_device_type) + "); the plugin breaks the ABI");
+  return static_cast<std::byte*>(args.data);
+}
+
+void BackendImpl::write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size,
+                        std::string_view what) const {
+  bp_buffer_copy_args args = copy_args(buffer, offset, size);
+  args.src = src;
+  check(api.buffer_write(&args), what);
+}
+
+void BackendImpl::read(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size,
+                       std::string_view what) const {
+  bp_buffer_copy_args args = copy_args(buffer, offset, size);
+  args.dst = dst;
+  check(api.buffer_read(&args), what);
+}
+
+bp_buffer_copy_args BackendImpl::copy_args(bp_buffer* buffer, uint64_t offset, uint64_t size) const noexcept {
+  bp_buffer_copy_args args{};
+  args.struct_size = sizeof(args);
+  args.plugin = plugin;
+  args.buffer = buffer;
+  args.offset = offset;
+  args.size = size;
+  return args;
 }
 
 namespace {
@@ -111,11 +199,17 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
   }
   if (policy == RequiredPolicy::throw_on_failure) {
     std::string failures;
-    for (const auto& b : reg->backends)
-      if (b->required && b->status != Backend::Status::loaded) failures += "\n  - " + b->error;
+    for (const auto& b : reg->backends) {
+      if (!b->required || b->status == Backend::Status::loaded) continue;
+      // A failed backend's error already names it; an unavailable one's is the plugin's reason.
+      if (b->status == Backend::Status::unavailable)
+        failures += "\n  - backend \"" + b->name + "\" is unavailable: " + b->error;
+      else
+        failures += "\n  - " + b->error;
+    }
     if (!failures.empty())
       throw Error(Errc::backend_unavailable,
-                  cfg.source + ": required backend(s) failed to load:" + failures +
+                  cfg.source + ": required backend(s) failed to load or are unavailable:" + failures +
                       "\n  (run `backplane check --config " + cfg.source + "` for details)");
   }
   return reg;
@@ -263,19 +357,37 @@ std::string Device::id() const {
 const std::string& Device::name() const { return record(backend_, index_).name; }
 Capabilities Device::capabilities() const { return record(backend_, index_).capabilities; }
 const std::map<std::string, std::string>& Device::attributes() const { return record(backend_, index_).attributes; }
-uint64_t Device::memory_bytes() const { return record(backend_, index_).memory_bytes; }
+std::optional<MemoryInfo> Device::memory() const {
+  record(backend_, index_);
+  const detail::BackendImpl& b = *backend_;
+  if (b.api.device_memory == nullptr) return std::nullopt;
+  bp_device_memory_args args{};
+  args.struct_size = sizeof(args);
+  args.plugin = b.plugin;
+  args.device = index_;
+  b.check(b.api.device_memory(&args), "device_memory of " + id());
+  return MemoryInfo{args.free_bytes, args.total_bytes};
+}
 Backend Device::backend() const {
   record(backend_, index_);
   return Backend(backend_);
 }
 bool Device::supports(int32_t op, DType dtype) const {
-  record(backend_, index_);
+  const Capabilities caps = record(backend_, index_).capabilities;
+  // The flags decide first, as they do for the ops themselves: no answer the
+  // plugin gives makes a dtype it does not hold, or MATMUL without 'matmul', run.
+  if (!caps.has(capability_for(dtype))) return false;
+  if (op == BP_OP_MATMUL && !caps.has(Capability::matmul)) return false;
   return backend_->supports(index_, op, static_cast<int32_t>(dtype));
 }
 void Device::synchronize() const {
   record(backend_, index_);
   if (backend_->api.synchronize == nullptr) return;  // synchronous device
-  backend_->check(backend_->api.synchronize(backend_->plugin, index_), "synchronize " + id());
+  bp_synchronize_args args{};
+  args.struct_size = sizeof(args);
+  args.plugin = backend_->plugin;
+  args.device = index_;
+  backend_->check(backend_->api.synchronize(&args), "synchronize " + id());
 }
 
 }  // namespace backplane

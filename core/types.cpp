@@ -9,66 +9,50 @@
 
 namespace backplane {
 
-std::size_t dtype_size(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i32: return 4;
-    case DType::i64: return 8;
-    case DType::bool_: return 1;
-    case DType::f16: return 2;
-    case DType::bf16: return 2;
-    case DType::u8: return 1;
-    case DType::i8: return 1;
-  }
-  return 0;
-}
+// The names and sizes are abi.h's tables: one table of each, shared with
+// plugins and tools.
+std::size_t dtype_size(DType dtype) noexcept { return bp_dtype_size(static_cast<int32_t>(dtype)); }
 
 std::string_view to_string(DType dtype) noexcept {
-  switch (dtype) {
-    case DType::f32: return "f32";
-    case DType::f64: return "f64";
-    case DType::i32: return "i32";
-    case DType::i64: return "i64";
-    case DType::bool_: return "bool";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
-    case DType::u8: return "u8";
-    case DType::i8: return "i8";
-  }
-  return "invalid";
+  const char* name = bp_dtype_name(static_cast<int32_t>(dtype));
+  return name != nullptr ? name : "invalid";
 }
 
 namespace {
-constexpr std::array<std::pair<Capability, std::string_view>, 9> kCapabilityNames{{
-    {Capability::collective, "collective"},
-    {Capability::async, "async"},
-    {Capability::host_visible, "host_visible"},
-    {Capability::f64, "f64"},
-    {Capability::f16, "f16"},
-    {Capability::bf16, "bf16"},
-    {Capability::remote, "remote"},
-    {Capability::int64, "int64"},
-    {Capability::matmul, "matmul"},
-}};
+// Every flag this core names, in bit order.
+constexpr std::array<Capability, 14> kCapabilities{
+    Capability::collective, Capability::async, Capability::host_visible, Capability::remote,
+    Capability::matmul,     Capability::f32,   Capability::f64,          Capability::i32,
+    Capability::i64,        Capability::bool_, Capability::f16,          Capability::bf16,
+    Capability::u8,         Capability::i8,
+};
 }  // namespace
 
 std::string_view to_string(Capability cap) noexcept {
-  for (const auto& [c, name] : kCapabilityNames)
-    if (c == cap) return name;
-  return "unknown";
+  const char* name = bp_capability_name(static_cast<uint64_t>(cap));
+  return name != nullptr ? name : "unknown";
 }
 
 std::optional<Capability> capability_from_string(std::string_view name) noexcept {
-  for (const auto& [c, n] : kCapabilityNames)
-    if (n == name) return c;
+  for (Capability c : kCapabilities)
+    if (to_string(c) == name) return c;
   return std::nullopt;
+}
+
+Capability capability_for(DType dtype) noexcept {
+  const auto d = static_cast<int32_t>(dtype);
+  // No flag (0) for a value abi.h does not know: it also never shifts out of range.
+  if (d <= 0 || d >= BP_DTYPE_COUNT_) return static_cast<Capability>(0);
+  return static_cast<Capability>(BP_CAP_DTYPE(d));
 }
 
 std::vector<std::string> Capabilities::names() const {
   std::vector<std::string> out;
-  for (const auto& [c, name] : kCapabilityNames)
-    if (has(c)) out.emplace_back(name);
+  for (int bit = 0; bit < 64; ++bit) {
+    const uint64_t flag = uint64_t{1} << bit;
+    if ((bits_ & flag) == 0) continue;
+    if (const char* name = bp_capability_name(flag)) out.emplace_back(name);  // unknown bits stay unnamed
+  }
   return out;
 }
 

@@ -14,6 +14,7 @@
 #include <backplane/process_group.hpp>
 #include <backplane/registry.hpp>
 #include <backplane/rendezvous.hpp>
+#include <backplane/requirements.hpp>
 #include <backplane/shape.hpp>
 #include <backplane/tensor.hpp>
 #include <backplane/version.hpp>

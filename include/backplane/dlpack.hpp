@@ -35,39 +35,47 @@ namespace backplane {
 // Exports `t` for a DLPack consumer; the caller owns the result and frees it
 // with its deleter (result->deleter(result)) exactly once.
 //
-// - host_visible device: zero-copy. dl_tensor.data points at element [0,...,0]
-//   inside the tensor's own buffer (byte_offset is always 0, as NumPy and
-//   PyTorch expect), shape and strides (in elements, never NULL) are t's.
-//   The result keeps the storage alive until the deleter runs, so writes on
-//   either side are seen by the other. An async device is synchronised first.
-// - any other device: a host copy. The tensor is read back (synchronising the
-//   device) into a fresh compact row-major host array owned by the result;
-//   later writes on either side are not seen by the other.
-// Either way dl_tensor.device is {kDLCPU, 0}.
+// - a device whose plugin has buffer_pointer (every host_visible device; a
+//   CUDA device too): zero-copy. dl_tensor.device is where the plugin says
+//   the buffer lives ({kDLCPU, 0} for host memory, {kDLCUDA, ordinal} for
+//   CUDA memory); dl_tensor.data points at element [0,...,0] inside the
+//   tensor's own buffer (byte_offset is always 0, as NumPy and PyTorch
+//   expect), shape and strides (in elements, never NULL) are t's. The result
+//   keeps the storage alive until the deleter runs, so writes on either side
+//   are seen by the other. An async device is synchronised first.
+// - any other device (and an empty tensor): a host copy. The tensor is read
+//   back (synchronising the device) into a fresh compact row-major host array
+//   owned by the result, dl_tensor.device {kDLCPU, 0}; later writes on either
+//   side are not seen by the other.
 //
-// Throws Errc::invalid_argument for an undefined tensor, and what reading the
-// device throws for the host copy.
+// Throws Errc::invalid_argument for an undefined tensor and for a tensor on a
+// 'remote' device (its memory is on another machine: copy it to a local
+// device with to() first), and what the plugin or reading the device throws.
 BACKPLANE_API DLManagedTensor* to_dlpack(const Tensor& t);
 
 // Adopts `m` as a tensor on `device`. Takes ownership of `m` in every case,
 // including when it throws: m->deleter(m) (when non-NULL) runs exactly once.
 //
-// - Zero-copy when m lies in host memory (kDLCPU, kDLCUDAHost, kDLROCMHost),
-//   `device` is host_visible, its plugin implements buffer_wrap_host (ABI 1.1),
-//   and data + byte_offset is aligned to the element size. The tensor then
-//   views the producer's memory with the producer's strides (possibly not
-//   contiguous); writes on either side are seen by the other. The deleter runs
-//   when the last tensor sharing that memory (copies and views included) goes
-//   away, on that thread.
-// - Otherwise (a device that is not host_visible, a plugin without
-//   buffer_wrap_host, misaligned data, or an empty tensor) the elements are
-//   copied into a new contiguous tensor on `device` and the deleter runs before
-//   from_dlpack returns.
+// - Zero-copy when `device`'s plugin implements buffer_import and accepts the
+//   memory (host memory: kDLCPU, kDLCUDAHost, kDLROCMHost; or CUDA memory,
+//   kDLCUDA, where the plugin takes it), the device is not 'remote', and
+//   data + byte_offset is aligned to the element size. The tensor then views
+//   the producer's memory with the producer's strides (possibly not
+//   contiguous); writes on either side are seen by the other. The deleter
+//   runs when the last tensor sharing that memory (copies and views
+//   included) goes away, on that thread.
+// - Otherwise, for host memory (a plugin without buffer_import or that
+//   refuses it as unsupported, a 'remote' device, misaligned data, or an
+//   empty tensor) the elements are copied into a new contiguous tensor on
+//   `device` and the deleter runs before from_dlpack returns. CUDA memory
+//   that cannot be imported is Errc::invalid_argument: the host never reads
+//   device memory.
 //
 // Validates m before touching its data: NULL m, ndim outside [0, 8], NULL
 // shape or a negative extent, NULL data with elements, a device type that is
-// not host memory, and a layout whose byte range overflows are
-// Errc::invalid_argument; an unrepresentable dtype is Errc::dtype_mismatch.
+// neither host nor CUDA memory, and a layout whose byte range overflows are
+// Errc::invalid_argument; an unrepresentable dtype is Errc::dtype_mismatch;
+// a dtype whose capability flag `device` lacks is Errc::capability_missing.
 // The message names the DLTensor field. Strides are trusted to stay inside
 // the producer's allocation (DLPack carries no allocation size).
 BACKPLANE_API Tensor from_dlpack(DLManagedTensor* m, const Device& device);

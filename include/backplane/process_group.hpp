@@ -5,7 +5,8 @@
 // Every rank must call the same collectives in the same order with the same
 // shapes and dtypes (as in MPI, NCCL and c10d). Every collective obeys the
 // group's timeout; a peer that dies or stalls makes every survivor throw
-// backplane::Error (Errc::collective_error or Errc::timeout) naming it.
+// backplane::Error (Errc::collective_error or Errc::timeout) naming it; that
+// failure aborts the group (see abort()).
 // A group serialises its own collectives; it may be used from any thread.
 #ifndef BACKPLANE_PROCESS_GROUP_HPP_
 #define BACKPLANE_PROCESS_GROUP_HPP_
@@ -74,6 +75,13 @@ class BACKPLANE_API ProcessGroup {
   // of slice [r] over all ranks: shape tensor.shape[1:].
   Tensor reduce_scatter(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
   void barrier();
+
+  // Interrupts the group: the plugin's comm_abort makes pending collectives
+  // (on any thread, on every rank's communicator) fail promptly, and every
+  // later collective on this group throws Errc::collective_error at once.
+  // Thread-safe; idempotent. The group is also aborted by the first
+  // collective that fails or times out, so survivors do not hang on it.
+  void abort();
 
   struct Impl;
 

@@ -40,6 +40,12 @@ struct BACKPLANE_API CollectiveFallback {
   std::string to_string() const;  // "error", "local", "host:cpu"
 };
 
+// A device's memory as its plugin reports it (device_memory in abi.h).
+struct MemoryInfo {
+  uint64_t free_bytes = 0;  // now; may change at any time
+  uint64_t total_bytes = 0;
+};
+
 class BACKPLANE_API Device {
  public:
   Device() = default;  // an invalid device; valid() is false
@@ -52,9 +58,12 @@ class BACKPLANE_API Device {
   const std::string& name() const;
   Capabilities capabilities() const;
   const std::map<std::string, std::string>& attributes() const;
-  uint64_t memory_bytes() const;
+  // Free and total bytes, asked of the plugin on each call; nullopt when the
+  // plugin does not report memory. Throws what the plugin reports.
+  std::optional<MemoryInfo> memory() const;
   Backend backend() const;
-  // Whether the device can run `op` (a bp_op value) on dtype. Cached.
+  // Whether the device can run `op` (a bp_op value) on dtype: false without
+  // the dtype's flag (or 'matmul' for MATMUL), else the plugin's cached answer.
   bool supports(int32_t op, DType dtype) const;
   // Waits for queued work; surfaces errors of asynchronous ops.
   void synchronize() const;
@@ -75,12 +84,15 @@ class BACKPLANE_API Device {
 
 class BACKPLANE_API Backend {
  public:
-  enum class Status { loaded, failed };
+  // unavailable: the plugin loaded but reports that its devices cannot be
+  // reached (no driver, no server); it has no devices and error() says why.
+  enum class Status { loaded, failed, unavailable };
 
   const std::string& name() const;
   Status status() const;
   bool loaded() const { return status() == Status::loaded; }
-  // Why the backend failed to load ("" when loaded), and its code.
+  // Why the backend failed to load or is unavailable ("" when loaded), and
+  // its code (Errc::backend_unavailable for an unavailable one).
   const std::string& error() const;
   std::optional<Errc> error_code() const;
   bool required() const;
@@ -97,8 +109,8 @@ class BACKPLANE_API Backend {
   // The union of the devices' capabilities.
   Capabilities capabilities() const;
   int32_t device_count() const;
-  // Throws Errc::backend_unavailable when the backend failed to load, and
-  // Errc::not_found when index is out of range.
+  // Throws Errc::backend_unavailable when the backend failed to load or is
+  // unavailable, and Errc::not_found when index is out of range.
   Device device(int32_t index = 0) const;
   std::vector<Device> devices() const;
 
@@ -112,15 +124,16 @@ class BACKPLANE_API Backend {
 
 // What from_config does when a `required` backend fails to load.
 enum class RequiredPolicy {
-  throw_on_failure,  // throw Errc::backend_unavailable listing every failure
-  report,            // keep it in the registry as failed (for tools like `backplane check`)
+  throw_on_failure,  // throw Errc::backend_unavailable listing every failed or unavailable one
+  report,            // keep it in the registry as failed/unavailable (for tools like `backplane check`)
 };
 
 class BACKPLANE_API Registry {
  public:
   // Reads, validates and loads the config. Backends that fail to load stay
-  // in the registry with status failed; if any of them is `required`,
-  // throws Errc::backend_unavailable listing every failure. A config that
+  // in the registry with status failed (unavailable when the plugin reports
+  // that its devices cannot be reached); if any of them is `required`,
+  // throws Errc::backend_unavailable listing every failure and reason. A config that
   // cannot be read or parsed throws Errc::config_error naming the JSON path.
   static Registry from_config(const std::filesystem::path& path,
                               RequiredPolicy policy = RequiredPolicy::throw_on_failure);

@@ -127,7 +127,9 @@ TEST_CASE("list: json shows the loaded cpu backend and a missing library as fail
   CHECK(has_name(dev["capabilities"], "collective"));
   REQUIRE(dev["attributes"].is_object());
   CHECK(dev["attributes"].contains("threads"));
-  CHECK(dev["memory_bytes"].is_number_unsigned());
+  // Total and free memory when the plugin reports them (device_memory), else null.
+  CHECK((dev["memory_bytes"].is_number_unsigned() || dev["memory_bytes"].is_null()));
+  CHECK((dev["memory_free_bytes"].is_number_unsigned() || dev["memory_free_bytes"].is_null()));
 
   const Json& nope = j["backends"][1];
   CHECK(nope["name"] == "nope");
@@ -158,6 +160,49 @@ TEST_CASE("list: text output shows each backend with its status and the failure 
   BP_CHECK_CONTAINS(r.out, "not found");
 }
 
+namespace {
+// {"plugin_dirs": [<fixture dir>], "backends": [gpu (the unavailable fixture), mem (core_memory)]}
+std::string unavailable_config(bool gpu_required) {
+  return "{\"schema_version\": 1, \"plugin_dirs\": [" + json_path(fixture_dir()) + "], \"backends\": [" +
+         backend_json("gpu", "unavailable", gpu_required) + ", " + backend_json("mem", "core_memory") + "]}";
+}
+}  // namespace
+
+TEST_CASE("list: an unavailable backend shows 0 devices and the reason; devices show their memory") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", unavailable_config(/*gpu_required=*/false));
+  SUBCASE("text") {
+    const Result r = cli(tmp, {"list", "--config", config.string()});
+    INFO(r.describe());
+    CHECK(r.code == kExitOk);
+    BP_CHECK_CONTAINS(r.out, "2 configured, 1 loaded, 1 unavailable");
+    BP_CHECK_CONTAINS(r.out, "gpu: 0 devices (driver not found: libfixture_driver.so.1");
+    BP_CHECK_CONTAINS(r.out, "unavailable");
+    BP_CHECK_CONTAINS(r.out, "4.0 GiB (3.0 GiB free)");
+    BP_CHECK_CONTAINS(r.out, "2.0 GiB (1.0 GiB free)");
+  }
+  SUBCASE("json") {
+    const Result r = cli(tmp, {"list", "--json", "--config", config.string()});
+    INFO(r.describe());
+    CHECK(r.code == kExitOk);
+    const Json j = parse_stdout(r);
+    REQUIRE(j["backends"].size() == 2);
+    const Json& gpu = j["backends"][0];
+    CHECK(gpu["status"] == "unavailable");
+    CHECK(gpu["error_code"] == "backend_unavailable");
+    REQUIRE(gpu["error"].is_string());
+    BP_CHECK_CONTAINS(gpu["error"].get<std::string>(), "driver not found");
+    CHECK(gpu["devices"] == Json::array());
+    CHECK(gpu["version"] == "1.2.3");  // it loaded: only its devices are out of reach
+    const Json& mem = j["backends"][1];
+    CHECK(mem["status"] == "loaded");
+    REQUIRE(mem["devices"].size() == 2);
+    CHECK(mem["devices"][0]["memory_bytes"] == (uint64_t{4} << 30));
+    CHECK(mem["devices"][0]["memory_free_bytes"] == (uint64_t{3} << 30));
+    CHECK(mem["devices"][1]["memory_bytes"] == (uint64_t{2} << 30));
+  }
+}
+
 // ---- check -------------------------------------------------------------------
 
 TEST_CASE("check: a failed required backend exits 1 naming the backend and the reason") {
@@ -185,6 +230,51 @@ TEST_CASE("check: a failed optional backend is a warning and exits 0") {
   BP_CHECK_CONTAINS(r.out, "all required backends loaded (1 of 2 loaded)");
   BP_CHECK_CONTAINS(r.err, "backplane: warning: 1 optional backend failed to load: nope");
   CHECK(r.err.find("backplane: error:") == std::string::npos);
+}
+
+TEST_CASE("check: an unavailable optional backend is a warning naming the reason and exits 0") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", unavailable_config(/*gpu_required=*/false));
+  const Result r = cli(tmp, {"check", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "UNAVAIL gpu");
+  BP_CHECK_CONTAINS(r.out, "unavailable: driver not found");
+  BP_CHECK_CONTAINS(r.out, "ok      mem");
+  BP_CHECK_CONTAINS(r.out, "all required backends loaded (1 of 2 loaded)");
+  BP_CHECK_CONTAINS(r.err, "backplane: warning: 1 optional backend unavailable: gpu (driver not found");
+}
+
+TEST_CASE("check: an unavailable required backend exits 1 naming it and the reason") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", unavailable_config(/*gpu_required=*/true));
+  const Result r = cli(tmp, {"check", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.out, "UNAVAIL gpu");
+  BP_CHECK_CONTAINS(r.out, "hint: ");
+  BP_CHECK_CONTAINS(r.err, "backplane: error: 1 required backend unavailable: gpu (driver not found");
+  CHECK(r.out.find("all required backends loaded") == std::string::npos);
+}
+
+TEST_CASE("train: a device that cannot train is refused up front, naming everything it lacks") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", "{\"schema_version\": 1, \"plugin_dirs\": [" +
+                                                         json_path(fixture_dir()) + "], \"backends\": [" +
+                                                         backend_json("gaps", "core_training_gaps") + "]}");
+  for (const char* nproc : {"1", "2"}) {
+    CAPTURE(nproc);
+    // No data file: the refusal must come before anything is read or launched.
+    const Result r = cli(tmp, {"train", "--nproc", nproc, "--epochs", "1", "--config", config.string(),
+                               "--data", (tmp / "no_such_data.csv.gz").string()});
+    INFO(r.describe());
+    CHECK(r.code == kExitFailed);
+    BP_CHECK_CONTAINS(r.err, "gaps:0");
+    BP_CHECK_CONTAINS(r.err, "cannot train");
+    BP_CHECK_CONTAINS(r.err, "log_softmax on f32");
+    BP_CHECK_CONTAINS(r.err, "matmul on f32");
+    CHECK(r.err.find("no_such_data") == std::string::npos);
+  }
 }
 
 TEST_CASE("check: malformed JSON exits 2 naming the file and the line and column") {

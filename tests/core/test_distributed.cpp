@@ -5,6 +5,8 @@
 // registered and shares its data.
 #include "test_support.hpp"
 
+#include <functional>
+
 using namespace backplane;
 using namespace bptest;
 
@@ -187,6 +189,34 @@ TEST_CASE("process group: collectives on a world of one, and their argument chec
   CHECK(error_from([&] { pg.all_reduce_(strided); }).code() == Errc::invalid_argument);
   CHECK(pg.all_reduce(strided).to_vector<float>() == std::vector<float>{1, 3, 2, 4});
   CHECK(error_from([&] { ProcessGroup().barrier(); }).code() == Errc::invalid_argument);
+}
+
+TEST_CASE("process group: abort makes every later collective fail promptly with collective_error") {
+  Registry r = load(config_json({backend_json("world", "collective_world1")}));
+  Device d = r.backend("world").device(0);
+  ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
+  Tensor t = Tensor::from_vector<float>(d, {2}, {1, 2});
+  CHECK(pg.all_reduce(t).to_vector<float>() == std::vector<float>{1, 2});
+  pg.abort();
+  pg.abort();  // idempotent
+  for (const auto& call :
+       std::vector<std::function<void()>>{[&] { pg.all_reduce(t); }, [&] { pg.all_reduce_(t); },
+                                          [&] { pg.broadcast(t, 0); }, [&] { pg.all_gather(t); },
+                                          [&] {
+                                            pg.reduce_scatter(reshape(t, {1, 2}));
+                                          },
+                                          [&] { pg.barrier(); }}) {
+    const Error e = error_from(call);
+    CHECK(e.code() == Errc::collective_error);
+    BP_CHECK_CONTAINS(e.message(), "aborted");
+  }
+  // A local group has nothing to interrupt but refuses later calls the same way.
+  Registry lr =
+      load(config_json({backend_json("plain", "good_c", false, R"("collective_fallback": "local")")}));
+  ProcessGroup local = ProcessGroup::create(lr.backend("plain").device(0), Rendezvous::single_process());
+  local.abort();
+  CHECK(error_from([&] { local.barrier(); }).code() == Errc::collective_error);
+  CHECK(error_from([] { ProcessGroup().abort(); }).code() == Errc::invalid_argument);
 }
 
 TEST_CASE("process group: host fallback stages the tensor through the named backend and back") {

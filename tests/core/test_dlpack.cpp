@@ -1,5 +1,5 @@
 // DLPack interop: to_dlpack / from_dlpack on the cpu plugin (zero-copy both
-// ways, via buffer_wrap_host on import) and on the opaque fixture (host
+// ways, via buffer_pointer and buffer_import) and on the opaque fixture (host
 // copies); every invalid input runs the producer's deleter exactly once.
 #include <backplane/dlpack.hpp>
 
@@ -101,6 +101,9 @@ TEST_CASE("dlpack: every dtype round-trips through to_dlpack and from_dlpack wit
     for (const auto& c : cases) {
       CAPTURE(c.dtype);
       CAPTURE(device.id());
+      // A device holds only the dtypes it flags (the opaque fixture: f32);
+      // the refusal of the others is tested below.
+      if (!device.capabilities().has(capability_for(c.dtype))) continue;
       const std::size_t esize = dtype_size(c.dtype);
       std::vector<unsigned char> values(6 * esize);
       for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<unsigned char>(i * 37 + 1);
@@ -388,22 +391,28 @@ namespace {
 void count_release(void* ctx) { ++*static_cast<int*>(ctx); }
 void ignore_log(void*, int32_t, const char*) {}
 
-// Reads a status's code and frees it; BP_STATUS_OK for NULL.
+// Reads a status's code and frees it; BP_STATUS_OK for NULL. The message of
+// a failure is logged with the test's output.
 int32_t code_of(const bp_plugin_api* api, bp_status* st) {
   if (st == nullptr) return BP_STATUS_OK;
   const int32_t code = api->status_code(st);
+  const char* message = api->status_message(st);
+  MESSAGE("status " << code << ": " << std::string(message != nullptr ? message : ""));
   api->status_free(st);
   return code;
 }
 
 }  // namespace
 
-TEST_CASE("dlpack: the cpu plugin's wrapped buffers are bounds-checked and release exactly once") {
+TEST_CASE("dlpack: the cpu plugin's imported buffers share memory and release exactly once, refusals never") {
   // A private copy of the plugin, so calling its entry does not touch the
   // instance the registry loaded (its host log pointer is per library).
   TempDir dir;
-  const fs::path copy = dir / "libbackplane_cpu_wrap_test.so";
+  const fs::path copy = dir / "libbackplane_cpu_import_test.so";
   fs::copy_file(plugin_dir() / "libbackplane_cpu.so", copy);
+  // The plugin loads its kernel library from its own folder.
+  if (fs::exists(plugin_dir() / "libbackplane_cpu_engine.so"))
+    fs::copy_file(plugin_dir() / "libbackplane_cpu_engine.so", dir / "libbackplane_cpu_engine.so");
   void* lib = ::dlopen(copy.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   REQUIRE_MESSAGE(lib != nullptr, ::dlerror());
   auto entry = reinterpret_cast<bp_plugin_entry_fn>(::dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
@@ -411,66 +420,117 @@ TEST_CASE("dlpack: the cpu plugin's wrapped buffers are bounds-checked and relea
   static const bp_host_api host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &ignore_log};
   const bp_plugin_api* api = entry(&host);
   REQUIRE(api != nullptr);
-  REQUIRE(BP_HAS_FIELD(bp_plugin_api, buffer_wrap_host, api->struct_size));
-  REQUIRE((api->buffer_wrap_host != nullptr));
-  const bp_create_args args{sizeof(bp_create_args), "cpu", "{}", &host};
-  bp_plugin* plugin = nullptr;
-  REQUIRE(code_of(api, api->create(&args, &plugin)) == BP_STATUS_OK);
+  REQUIRE((api->buffer_import != nullptr));
+  REQUIRE((api->buffer_pointer != nullptr));
+  bp_create_args create{sizeof(bp_create_args), "cpu", "{}", &host, nullptr};
+  REQUIRE(code_of(api, api->create(&create)) == BP_STATUS_OK);
+  bp_plugin* plugin = create.plugin;
+  REQUIRE(plugin != nullptr);
+  bp_device_count_args count{sizeof count, plugin, 0};  // enumeration comes before any use of a device
+  REQUIRE(code_of(api, api->device_count(&count)) == BP_STATUS_OK);
+  REQUIRE(count.num_devices >= 1);
+
+  auto import = [&](int32_t dl_type, void* data, uint64_t size, int* releases, bp_buffer** out) {
+    bp_buffer_import_args a{};
+    a.struct_size = sizeof a;
+    a.plugin = plugin;
+    a.device = 0;
+    a.dl_device_type = dl_type;
+    a.data = data;
+    a.size = size;
+    a.release = &count_release;
+    a.release_ctx = releases;
+    const int32_t code = code_of(api, api->buffer_import(&a));
+    *out = a.buffer;
+    return code;
+  };
+  auto free_buffer = [&](bp_buffer* b) {
+    bp_buffer_free_args a{sizeof a, plugin, b};
+    return code_of(api, api->buffer_free(&a));
+  };
+  auto copy_args = [&](bp_buffer* b, uint64_t offset, uint64_t size) {
+    bp_buffer_copy_args a{};
+    a.struct_size = sizeof a;
+    a.plugin = plugin;
+    a.buffer = b;
+    a.offset = offset;
+    a.size = size;
+    return a;
+  };
 
   std::vector<float> data{1, 2, 3, 4};  // 16 bytes the plugin must never free
   int releases = 0;
   bp_buffer* buffer = nullptr;
-  REQUIRE(code_of(api, api->buffer_wrap_host(plugin, 0, data.data(), 16, &count_release, &releases,
-                                             &buffer)) == BP_STATUS_OK);
+  REQUIRE(import(BP_DL_CPU, data.data(), 16, &releases, &buffer) == BP_STATUS_OK);
   REQUIRE(buffer != nullptr);
-  CHECK(api->buffer_host_ptr(plugin, buffer) == data.data());
+  bp_buffer_pointer_args where{};
+  where.struct_size = sizeof where;
+  where.plugin = plugin;
+  where.buffer = buffer;
+  REQUIRE(code_of(api, api->buffer_pointer(&where)) == BP_STATUS_OK);
+  CHECK(where.data == data.data());
+  CHECK(where.dl_device_type == BP_DL_CPU);
 
   float out[2] = {0, 0};
-  CHECK(code_of(api, api->buffer_read(plugin, buffer, 8, out, 8)) == BP_STATUS_OK);
+  bp_buffer_copy_args read = copy_args(buffer, 8, 8);
+  read.dst = out;
+  CHECK(code_of(api, api->buffer_read(&read)) == BP_STATUS_OK);
   CHECK(out[0] == 3.0f);
   CHECK(out[1] == 4.0f);
   const float in[1] = {30.0f};
-  CHECK(code_of(api, api->buffer_write(plugin, buffer, 8, in, 4)) == BP_STATUS_OK);
+  bp_buffer_copy_args write = copy_args(buffer, 8, 4);
+  write.src = in;
+  CHECK(code_of(api, api->buffer_write(&write)) == BP_STATUS_OK);
   CHECK(data[2] == 30.0f);
-  // Past the wrapped size, exactly as for an owned buffer.
-  CHECK(code_of(api, api->buffer_read(plugin, buffer, 12, out, 8)) == BP_STATUS_INVALID_ARGUMENT);
-  CHECK(code_of(api, api->buffer_write(plugin, buffer, 16, in, 4)) == BP_STATUS_INVALID_ARGUMENT);
 
-  // An op whose view reaches past the 16 wrapped bytes is refused; one inside runs.
-  bp_buffer* owned = nullptr;
-  REQUIRE(code_of(api, api->buffer_alloc(plugin, 0, 32, &owned)) == BP_STATUS_OK);
-  const int64_t shape8[1] = {8}, shape4[1] = {4}, unit[1] = {1};
+  // Ops read the imported buffer like an owned one.
+  bp_buffer_alloc_args alloc{};
+  alloc.struct_size = sizeof alloc;
+  alloc.plugin = plugin;
+  alloc.size = 16;
+  REQUIRE(code_of(api, api->buffer_alloc(&alloc)) == BP_STATUS_OK);
+  const int64_t shape4[1] = {4}, unit[1] = {1};
   bp_op_attrs attrs{};
   attrs.struct_size = sizeof attrs;
-  bp_tensor src{buffer, 0, 0, BP_DTYPE_F32, 1, 0, shape8, unit};
-  bp_tensor dst{owned, 0, 0, BP_DTYPE_F32, 1, 0, shape8, unit};
-  bp_execute_args exec{sizeof exec, 0, BP_OP_COPY, &src, 1, 1, &dst, &attrs};
-  CHECK(code_of(api, api->execute(plugin, &exec)) == BP_STATUS_INVALID_ARGUMENT);
-  src.shape = dst.shape = shape4;
-  CHECK(code_of(api, api->execute(plugin, &exec)) == BP_STATUS_OK);
+  const bp_tensor src{buffer, 0, 0, BP_DTYPE_F32, 1, 0, shape4, unit};
+  const bp_tensor dst{alloc.buffer, 0, 0, BP_DTYPE_F32, 1, 0, shape4, unit};
+  bp_execute_args exec{};
+  exec.struct_size = sizeof exec;
+  exec.plugin = plugin;
+  exec.op = BP_OP_COPY;
+  exec.inputs = &src;
+  exec.outputs = &dst;
+  exec.num_inputs = 1;
+  exec.num_outputs = 1;
+  exec.attrs = &attrs;
+  CHECK(code_of(api, api->execute(&exec)) == BP_STATUS_OK);
   float copied[4] = {};
-  CHECK(code_of(api, api->buffer_read(plugin, owned, 0, copied, 16)) == BP_STATUS_OK);
+  bp_buffer_copy_args back = copy_args(alloc.buffer, 0, 16);
+  back.dst = copied;
+  CHECK(code_of(api, api->buffer_read(&back)) == BP_STATUS_OK);
   CHECK(copied[2] == 30.0f);
-  api->buffer_free(plugin, owned);
+  CHECK(free_buffer(alloc.buffer) == BP_STATUS_OK);
   CHECK(releases == 0);
 
-  api->buffer_free(plugin, buffer);
+  CHECK(free_buffer(buffer) == BP_STATUS_OK);
   CHECK(releases == 1);
   CHECK(data[3] == 4.0f);  // still ours (ASan would report a free of it at scope exit)
 
-  // Refusals call release before returning, exactly once.
+  // Memory it cannot use is refused as unsupported, and never released: the
+  // caller keeps it (and may still copy from it).
   buffer = nullptr;
-  CHECK(code_of(api, api->buffer_wrap_host(plugin, 0, nullptr, 8, &count_release, &releases, &buffer)) ==
-        BP_STATUS_INVALID_ARGUMENT);
-  CHECK(releases == 2);
-  CHECK(code_of(api, api->buffer_wrap_host(plugin, 1, data.data(), 16, &count_release, &releases, &buffer)) ==
-        BP_STATUS_INVALID_ARGUMENT);
-  CHECK(releases == 3);
-  // An empty wrapped buffer is a distinct, freeable handle.
-  REQUIRE(code_of(api, api->buffer_wrap_host(plugin, 0, nullptr, 0, &count_release, &releases, &buffer)) ==
-          BP_STATUS_OK);
+  int refused_releases = 0;
+  CHECK(import(BP_DL_CUDA, data.data(), 16, &refused_releases, &buffer) == BP_STATUS_UNSUPPORTED);
+  CHECK(buffer == nullptr);
+  CHECK(refused_releases == 0);
+  CHECK(data[3] == 4.0f);
+  CHECK(releases == 1);
+  // An empty imported buffer is a distinct, freeable handle.
+  REQUIRE(import(BP_DL_CPU, nullptr, 0, &releases, &buffer) == BP_STATUS_OK);
   REQUIRE(buffer != nullptr);
-  api->buffer_free(plugin, buffer);
-  CHECK(releases == 4);
+  CHECK(releases == 1);
+  CHECK(free_buffer(buffer) == BP_STATUS_OK);
+  CHECK(releases == 2);
+  CHECK(refused_releases == 0);
   api->destroy(plugin);
 }

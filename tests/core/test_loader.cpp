@@ -1,8 +1,12 @@
 // Tests of the plugin loader: a C plugin loads and computes; every way a
-// plugin can fail to load leaves a failed backend with a typed code and a
-// precise reason while its neighbours keep working; libraries are found in
-// the documented order.
+// plugin can fail to load, and every rule of ABI 2 a plugin can break, leaves
+// a failed backend with a typed code and a precise reason while its
+// neighbours keep working; an unreachable device set leaves an unavailable
+// backend; libraries are found in the documented order.
 #include "test_support.hpp"
+
+#include <algorithm>
+#include <cctype>
 
 using namespace backplane;
 using namespace bptest;
@@ -26,6 +30,33 @@ std::string resolution_config(const std::string& library, const std::vector<std:
   return "{\"schema_version\": 1, \"plugin_dirs\": [" + dirs + "], \"backends\": [" + backend_json("b", library) + "]}";
 }
 
+// This host's ABI version, "2.0".
+std::string host_abi() { return std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR); }
+
+std::string lower(std::string text) {
+  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return text;
+}
+
+// Whether a loader message names device `index` of `backend`: by index
+// ("device 1") or by id ("backend:1").
+bool names_device(const std::string& msg, const std::string& backend, int index) {
+  const std::string i = std::to_string(index);
+  return msg.find("device " + i) != std::string::npos || msg.find(backend + ":" + i) != std::string::npos;
+}
+
+// CHECKs that `text` does not contain `part` (the counterpart of BP_CHECK_CONTAINS).
+#define BP_CHECK_ABSENT(text, part)                                                                    \
+  do {                                                                                                 \
+    const std::string bp_text_ = (text);                                                               \
+    const std::string bp_part_ = (part);                                                               \
+    CHECK_MESSAGE(bp_text_.find(bp_part_) == std::string::npos,                                        \
+                  "did not expect \"" << bp_part_ << "\" in: " << bp_text_);                             \
+  } while (0)
+
+// The fixtures' never-called entries log this at error level when called.
+constexpr const char* kNeverCalled = "must never be called";
+
 // Loads a one-backend config with from_json and returns where "b" resolved.
 fs::path resolved(const std::string& json, const fs::path& base_dir) {
   Registry r = Registry::from_json(json, base_dir, "resolution", RequiredPolicy::report);
@@ -44,25 +75,29 @@ TEST_CASE("loader: a plugin written in C loads and describes itself and its devi
   CHECK(b.library() == "good_c");
   CHECK(fs::equivalent(b.library_path(), fixture("good_c")));
   CHECK(b.version() == "1.2.3");
-  CHECK(b.abi_version() == std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR));
+  CHECK(b.abi_version() == host_abi());
   CHECK_FALSE(b.required());
   REQUIRE(b.device_count() == 1);
   CHECK(b.devices().size() == 1);
-  CHECK(b.capabilities() == Capabilities(BP_CAP_HOST_VISIBLE));
+  CHECK(b.capabilities() == Capabilities(BP_CAP_HOST_VISIBLE | BP_CAP_F32));
 
   Device d = b.device(0);
   CHECK(d.valid());
   CHECK(d.index() == 0);
   CHECK(d.id() == "good:0");
   CHECK(d.name() == "fixture:0");
-  CHECK(d.capabilities() == Capabilities(BP_CAP_HOST_VISIBLE));
+  CHECK(d.capabilities() == Capabilities(BP_CAP_HOST_VISIBLE | BP_CAP_F32));
   CHECK(d.capabilities().has(Capability::host_visible));
+  CHECK(d.capabilities().has(Capability::f32));
+  CHECK_FALSE(d.capabilities().has(Capability::f64));
   CHECK_FALSE(d.capabilities().has(Capability::collective));
   CHECK(d.backend().name() == "good");
   CHECK(d == b.devices()[0]);
   CHECK(d.supports(BP_OP_ADD, DType::f32));
   CHECK_FALSE(d.supports(BP_OP_MUL, DType::f32));
   CHECK_FALSE(d.supports(BP_OP_ADD, DType::f64));
+  // device_memory is NULL in its table: not supported, never called.
+  CHECK_FALSE(d.memory().has_value());
 }
 
 TEST_CASE("loader: a plugin written in C computes a broadcast add") {
@@ -75,6 +110,9 @@ TEST_CASE("loader: a plugin written in C computes a broadcast add") {
   Tensor sum = add(col, row);
   CHECK(sum.shape() == Shape{2, 3});
   CHECK(sum.to_vector<float>() == std::vector<float>{11, 21, 31, 12, 22, 32});
+  // FILL through the argument struct's attributes.
+  CHECK(full(d, {3}, 2.5).to_vector<float>() == std::vector<float>{2.5f, 2.5f, 2.5f});
+  CHECK(zeros(d, {2}, DType::f32).to_vector<float>() == std::vector<float>{0, 0});
 }
 
 TEST_CASE("loader: an op the device cannot run throws unsupported_op") {
@@ -127,18 +165,76 @@ TEST_CASE("loader: an entry that returns NULL fails saying so") {
   BP_CHECK_CONTAINS(msg, "NULL");
 }
 
-TEST_CASE("loader: another ABI major fails with abi_mismatch naming both versions") {
+TEST_CASE("loader: a newer ABI major fails with abi_mismatch naming both versions") {
   Registry r = load_next_to_good(backend_json("future", "abi_major"));
   Backend b = r.backend("future");
   const std::string msg = expect_failed(b, Errc::abi_mismatch);
-  BP_CHECK_CONTAINS(msg, "2.3");
-  BP_CHECK_CONTAINS(msg, std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR));
+  BP_CHECK_CONTAINS(msg, "3.1");
+  BP_CHECK_CONTAINS(msg, host_abi());
+  CHECK(b.abi_version() == "3.1");
+}
+
+TEST_CASE("loader: a plugin built against ABI 1 is refused naming 1.1, this host's version and the remedy") {
+  Registry r = load_next_to_good(backend_json("old", "abi1_plugin"));
+  Backend b = r.backend("old");
+  const std::string msg = expect_failed(b, Errc::abi_mismatch);
+  BP_CHECK_CONTAINS(msg, "1.1");
+  BP_CHECK_CONTAINS(msg, host_abi());
+  BP_CHECK_CONTAINS(lower(msg), "rebuild");
+  CHECK(b.abi_version() == "1.1");
+  // Refused on the version alone: none of its 1.x entries ran (each one
+  // would fail with a message saying so).
+  BP_CHECK_ABSENT(msg, "a 1.x entry was called");
+  CHECK(b.device_count() == 0);
+}
+
+TEST_CASE("loader: a plugin built against a newer minor of this major loads, reading only the fields this host knows") {
+  LogCapture logs;
+  Registry r = load_next_to_good(backend_json("newer", "abi_newer_minor"));
+  Backend b = r.backend("newer");
+  expect_loaded(b);
+  CHECK(b.abi_version() == std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR + 3));
+  Device d = b.device(0);
+  CHECK(d.capabilities() == Capabilities(BP_CAP_HOST_VISIBLE | BP_CAP_F32));
+  expect_adds(d);
+  d.synchronize();
+  CHECK(logs.at(LogLevel::error, kNeverCalled).empty());
+}
+
+TEST_CASE("loader: required entries left NULL are rejected naming each of them and no other") {
+  Registry r = load_next_to_good(backend_json("holes", "missing_entries"));
+  Backend b = r.backend("holes");
+  const std::string msg = expect_failed(b, Errc::abi_mismatch);
+  BP_CHECK_CONTAINS(msg, "device_count");
+  BP_CHECK_CONTAINS(msg, "buffer_read");
+  for (const char* set : {"buffer_write", "buffer_alloc", "device_info", "supports_op", "execute", "status_free"})
+    BP_CHECK_ABSENT(msg, set);
+  CHECK(b.device_count() == 0);
 }
 
 TEST_CASE("loader: a table whose struct_size hides required entries fails with abi_mismatch") {
   Registry r = load_next_to_good(backend_json("small", "struct_small"));
   const std::string msg = expect_failed(r.backend("small"), Errc::abi_mismatch);
   BP_CHECK_CONTAINS(msg, "struct_size");
+}
+
+TEST_CASE("loader: a table cut short after the required entries loads, and the entries beyond it are never called") {
+  // struct_short's struct_size ends after execute; the memory beyond holds
+  // non-NULL entries that log an error when called. The host must read them
+  // as NULL: a synchronous device's synchronize() then calls nothing.
+  LogCapture logs;
+  Registry r = load_next_to_good(backend_json("short", "struct_short"));
+  Backend b = r.backend("short");
+  expect_loaded(b);
+  CHECK(b.abi_version() == host_abi());
+  REQUIRE(b.device_count() == 1);
+  Device d = b.device(0);
+  CHECK(d.capabilities() == Capabilities(BP_CAP_HOST_VISIBLE | BP_CAP_F32));
+  expect_adds(d);
+  d.synchronize();
+  // The device computes on, and no log line came from an entry beyond struct_size.
+  CHECK(full(d, {2}, 4.0).to_vector<float>() == std::vector<float>{4, 4});
+  CHECK_MESSAGE(logs.at(LogLevel::error, kNeverCalled).empty(), "logs: " << logs.all());
 }
 
 TEST_CASE("loader: a table too small to hold the ABI version fails with abi_mismatch") {
@@ -160,9 +256,8 @@ TEST_CASE("loader: a device that declares collective with only some entries is r
   BP_CHECK_CONTAINS(msg, "all_gather");
   BP_CHECK_CONTAINS(msg, "reduce_scatter");
   BP_CHECK_CONTAINS(msg, "barrier");
-  CHECK_MESSAGE(msg.find("all_reduce") == std::string::npos, "all_reduce is set, yet named in: " << msg);
-  CHECK_MESSAGE(msg.find("comm_create") == std::string::npos, "comm_create is set, yet named in: " << msg);
-  CHECK_MESSAGE(msg.find("comm_destroy") == std::string::npos, "comm_destroy is set, yet named in: " << msg);
+  for (const char* set : {"all_reduce", "comm_create", "comm_destroy", "comm_abort"}) BP_CHECK_ABSENT(msg, set);
+  CHECK(names_device(msg, "partial", 0));
   // The device was enumerated before the check; a rejected plugin keeps none of it.
   CHECK(b.device_count() == 0);
   CHECK(b.capabilities() == Capabilities());
@@ -172,7 +267,131 @@ TEST_CASE("loader: a device that declares collective without the entries is reje
   Registry r = load_next_to_good(backend_json("liar", "collective_liar"));
   const std::string msg = expect_failed(r.backend("liar"), Errc::abi_mismatch);
   BP_CHECK_CONTAINS(msg, "collective");
-  BP_CHECK_CONTAINS(msg, "all_reduce");
+  for (const char* entry : {"comm_create", "comm_destroy", "comm_abort", "all_reduce", "broadcast", "all_gather",
+                            "reduce_scatter", "barrier"})
+    BP_CHECK_CONTAINS(msg, entry);
+}
+
+TEST_CASE("loader: a device that declares collective without comm_abort is rejected naming flag, device and entry") {
+  Registry r = load_next_to_good(backend_json("noabort", "collective_no_abort"));
+  Backend b = r.backend("noabort");
+  const std::string msg = expect_failed(b, Errc::abi_mismatch);
+  BP_CHECK_CONTAINS(msg, "collective");
+  BP_CHECK_CONTAINS(msg, "comm_abort");
+  CHECK_MESSAGE(names_device(msg, "noabort", 0), "expected device 0 named in: " << msg);
+  for (const char* set : {"comm_create", "comm_destroy", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
+                          "barrier"})
+    BP_CHECK_ABSENT(msg, set);
+  CHECK(b.device_count() == 0);
+  CHECK(b.capabilities() == Capabilities());
+}
+
+TEST_CASE("loader: a device that declares async without synchronize is rejected naming flag, device and entry") {
+  Registry r = load_next_to_good(backend_json("nosync", "async_no_sync"));
+  Backend b = r.backend("nosync");
+  const std::string msg = expect_failed(b, Errc::abi_mismatch);
+  BP_CHECK_CONTAINS(msg, "async");
+  BP_CHECK_CONTAINS(msg, "synchronize");
+  CHECK_MESSAGE(names_device(msg, "nosync", 0), "expected device 0 named in: " << msg);
+  CHECK(b.device_count() == 0);
+}
+
+TEST_CASE("loader: a device that declares host_visible without buffer_pointer is rejected naming that device") {
+  // Device 0 is not host_visible and needs no buffer_pointer; device 1 is.
+  Registry r = load_next_to_good(backend_json("nopointer", "host_visible_no_pointer"));
+  Backend b = r.backend("nopointer");
+  const std::string msg = expect_failed(b, Errc::abi_mismatch);
+  BP_CHECK_CONTAINS(msg, "host_visible");
+  BP_CHECK_CONTAINS(msg, "buffer_pointer");
+  CHECK_MESSAGE(names_device(msg, "nopointer", 1), "expected device 1 named in: " << msg);
+  CHECK_MESSAGE(!names_device(msg, "nopointer", 0), "device 0 keeps its promises, yet is named in: " << msg);
+  CHECK(b.device_count() == 0);
+}
+
+// ---- devices that cannot be reached ----------------------------------------
+
+TEST_CASE("loader: device_count UNAVAILABLE keeps the backend as unavailable, with no devices and the reason") {
+  Registry r = load_next_to_good(backend_json("gpu", "unavailable"));
+  Backend b = r.backend("gpu");
+  CHECK(b.status() == Backend::Status::unavailable);
+  CHECK_FALSE(b.loaded());
+  CHECK(b.error_code() == std::optional<Errc>(Errc::backend_unavailable));
+  BP_CHECK_CONTAINS(b.error(), "driver not found: libfixture_driver.so.1: cannot open shared object file");
+  CHECK(b.device_count() == 0);
+  CHECK(b.devices().empty());
+  CHECK(b.capabilities() == Capabilities());
+  // The plugin itself loaded: its table answered.
+  CHECK(fs::equivalent(b.library_path(), fixture("unavailable")));
+  CHECK(b.version() == "1.2.3");
+  CHECK(b.abi_version() == host_abi());
+  Error e = error_from([&] { b.device(0); });
+  CHECK(e.code() == Errc::backend_unavailable);
+  BP_CHECK_CONTAINS(e.message(), "gpu");
+  BP_CHECK_CONTAINS(e.message(), "driver not found");
+}
+
+TEST_CASE("loader: a required unavailable backend makes from_config throw naming it and the reason") {
+  TempDir tmp;
+  const fs::path config =
+      tmp.write("backends.json", config_json({backend_json("good", "good_c", true), backend_json("gpu", "unavailable", true)}));
+  Error e = error_from([&] { Registry::from_config(config); });
+  CHECK(e.code() == Errc::backend_unavailable);
+  BP_CHECK_CONTAINS(e.message(), "gpu");
+  BP_CHECK_CONTAINS(e.message(), "driver not found: libfixture_driver.so.1");
+
+  // Reported instead of thrown, it stays in the registry, required and unavailable.
+  Registry r = Registry::from_config(config, RequiredPolicy::report);
+  Backend b = r.backend("gpu");
+  CHECK(b.required());
+  CHECK(b.status() == Backend::Status::unavailable);
+  BP_CHECK_CONTAINS(b.error(), "driver not found");
+  expect_adds(r.backend("good").device(0));
+}
+
+TEST_CASE("loader: an optional unavailable backend does not make from_config throw") {
+  TempDir tmp;
+  const fs::path config =
+      tmp.write("backends.json", config_json({backend_json("good", "good_c", true), backend_json("gpu", "unavailable")}));
+  Registry r = Registry::from_config(config);
+  CHECK(r.backend("gpu").status() == Backend::Status::unavailable);
+  expect_adds(r.backend("good").device(0));
+}
+
+TEST_CASE("loader: a device_count failure other than UNAVAILABLE fails the backend with the plugin's message") {
+  Registry r = load_next_to_good(backend_json("broken", "device_count_fails"));
+  Backend b = r.backend("broken");
+  const std::string msg = expect_failed(b, Errc::plugin_load_failed);
+  BP_CHECK_CONTAINS(msg, "device_count_fails: reading the device list failed");
+  CHECK(b.device_count() == 0);
+}
+
+// ---- dtype capability flags ------------------------------------------------
+
+TEST_CASE("loader: a device without the f64 flag refuses f64 tensors, whatever supports_op says") {
+  // f32_only's supports_op says yes to every (op, dtype); only the flag tells.
+  Registry r = load(config_json({backend_json("narrow", "f32_only")}));
+  Backend b = r.backend("narrow");
+  expect_loaded(b);
+  Device d = b.device(0);
+  CHECK(d.capabilities().has(Capability::f32));
+  CHECK_FALSE(d.capabilities().has(Capability::f64));
+
+  auto check_refusal = [&](const Error& e) {
+    CHECK(e.code() == Errc::capability_missing);
+    BP_CHECK_CONTAINS(e.message(), "f64");
+    BP_CHECK_CONTAINS(e.message(), "narrow");
+    BP_CHECK_CONTAINS(e.message(), d.id());
+  };
+  SUBCASE("zeros") { check_refusal(error_from([&] { zeros(d, {2}, DType::f64); })); }
+  SUBCASE("from_vector") { check_refusal(error_from([&] { Tensor::from_vector<double>(d, {2}, {1.0, 2.0}); })); }
+  SUBCASE("cast of an f32 tensor") {
+    Tensor t = Tensor::from_vector<float>(d, {2}, {1, 2});
+    check_refusal(error_from([&] { cast(t, DType::f64); }));
+    CHECK(t.to_vector<float>() == std::vector<float>{1, 2});
+  }
+  // f32, which the device declares, works on the same device.
+  CHECK(zeros(d, {2}, DType::f32).to_vector<float>() == std::vector<float>{0, 0});
+  expect_adds(d);
 }
 
 TEST_CASE("loader: a failing create reports the plugin's own message") {

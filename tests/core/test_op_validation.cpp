@@ -393,7 +393,10 @@ TEST_CASE("ops: index_select and gather validate the index and pick values") {
   EXPECT_ERROR(gather(t, 1, Tensor::from_vector<float>(env.cpu, {1, 1}, {0})), Errc::dtype_mismatch, "gather",
                "f32");
   EXPECT_ERROR(gather(t, -3, i64(env.cpu, {1, 1}, {0})), Errc::invalid_argument, "gather", "axis -3");
-  EXPECT_ERROR(gather(t, 1, i64(env.opaque, {1, 1}, {0})), Errc::device_mismatch, "gather");
+  EXPECT_ERROR(gather(f32(env.opaque, {3, 4}), 1, i64(env.cpu, {1, 1}, {0})), Errc::device_mismatch,
+               "gather");
+  // The opaque fixture holds f32 only: an i64 index cannot even be made there.
+  EXPECT_ERROR(i64(env.opaque, {1, 1}, {0}), Errc::capability_missing, "'i64'", "opaque:0");
 }
 
 // ---- to(device) --------------------------------------------------------------------

@@ -17,12 +17,13 @@ Device opaque_device(const Registry& r) {
 
 }  // namespace
 
-TEST_CASE("opaque: the device does not declare host_visible") {
+TEST_CASE("opaque: the device does not declare host_visible, only that it holds f32") {
   Registry r = load(config_json({backend_json("opaque", "opaque")}));
   Device d = opaque_device(r);
   CHECK(d.name() == "opaque:0");
   CHECK_FALSE(d.capabilities().has(Capability::host_visible));
-  CHECK(d.capabilities() == Capabilities(0));
+  CHECK(d.capabilities().has(Capability::f32));
+  CHECK(d.capabilities() == Capabilities(BP_CAP_F32));
   CHECK(d.supports(BP_OP_ADD, DType::f32));
   CHECK(d.supports(BP_OP_MUL, DType::f32));
   CHECK_FALSE(d.supports(BP_OP_ADD, DType::f64));
@@ -78,4 +79,15 @@ TEST_CASE("opaque: tensors outlive the registry") {
     t = add(Tensor::from_vector<float>(d, {2}, {1, 2}), Tensor::from_vector<float>(d, {2}, {0.5f, 0.25f}));
   }
   CHECK(t.to_vector<float>() == std::vector<float>{1.5f, 2.25f});
+}
+
+TEST_CASE("opaque: a dtype the device does not flag is refused before anything reaches the plugin") {
+  Registry r = load(config_json({backend_json("opaque", "opaque")}));
+  Device d = opaque_device(r);
+  Error e = error_from([&] { Tensor::from_vector<double>(d, {2}, {1.0, 2.0}); });
+  CHECK(e.code() == Errc::capability_missing);
+  BP_CHECK_CONTAINS(e.message(), "f64");
+  BP_CHECK_CONTAINS(e.message(), "opaque:0");
+  // The device is unharmed: f32 still round-trips.
+  CHECK(Tensor::from_vector<float>(d, {2}, {1, 2}).to_vector<float>() == std::vector<float>{1, 2});
 }

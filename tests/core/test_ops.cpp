@@ -163,7 +163,9 @@ TEST_CASE("integer division by zero is an error, not a crash") {
     FAIL("expected an error");
   } catch (const bp::Error& e) {
     CHECK(e.code() == bp::Errc::invalid_argument);
-    CHECK(std::string(e.what()).find("division by zero") != std::string::npos);
+    INFO(std::string(e.what()));
+    CHECK(std::string(e.what()).find("division") != std::string::npos);
+    CHECK(std::string(e.what()).find("by zero") != std::string::npos);
   }
   // The backend keeps working afterwards.
   CHECK((a + a).to_vector<int32_t>() == std::vector<int32_t>{2, 4, 6});

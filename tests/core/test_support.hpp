@@ -38,7 +38,15 @@ struct StringMaker<backplane::Errc> {
 template <>
 struct StringMaker<backplane::Backend::Status> {
   static String convert(backplane::Backend::Status s) {
-    return s == backplane::Backend::Status::loaded ? "loaded" : "failed";
+    switch (s) {
+      case backplane::Backend::Status::loaded:
+        return "loaded";
+      case backplane::Backend::Status::unavailable:
+        return "unavailable";
+      case backplane::Backend::Status::failed:
+        return "failed";
+    }
+    return "failed";
   }
 };
 template <>
@@ -258,7 +266,7 @@ inline backplane::Registry load(const std::string& json,
 // A backend's row for messages: name, status, code and reason.
 inline std::string describe(const backplane::Backend& b) {
   std::ostringstream out;
-  out << b.name() << ": " << (b.loaded() ? "loaded" : "failed");
+  out << b.name() << ": " << doctest::StringMaker<backplane::Backend::Status>::convert(b.status());
   if (b.error_code()) out << " [" << backplane::to_string(*b.error_code()) << "] " << b.error();
   return out.str();
 }

@@ -121,6 +121,13 @@ std::string failure_hint(const Backend& backend, const fs::path& config) {
   const std::string cfg = config.string();
   const std::string& error = backend.error();
   const std::optional<Errc> code = backend.error_code();
+  if (backend.status() == Backend::Status::unavailable) {
+    const std::string why =
+        "the plugin loaded but cannot reach its devices (a driver, a device or a server is missing)";
+    if (backend.required())
+      return why + "; fix that, or mark the backend \"required\": false in " + cfg + " to run without it";
+    return why + "; it is optional, so everything else runs without it";
+  }
   if (code == Errc::config_error) return "fix this backend's entry in " + cfg;
   if (code == Errc::abi_mismatch) {
     // A version mismatch and a table that contradicts its flags need different fixes.

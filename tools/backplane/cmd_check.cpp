@@ -1,6 +1,7 @@
-// `backplane check`: loads the config and prints one line per backend, "ok" or
-// "FAILED" with the full reason and a hint. Exit 0 when every required
-// backend loaded (optional failures are warnings), 1 otherwise, 2 on a bad config.
+// `backplane check`: loads the config and prints one line per backend, "ok",
+// "FAILED" or "UNAVAIL" (loaded, but its devices cannot be reached) with the
+// full reason and a hint. Exit 0 when every required backend loaded (optional
+// failures are warnings), 1 otherwise, 2 on a bad config.
 #include "cli.hpp"
 
 #include <backplane/capability.hpp>
@@ -63,35 +64,53 @@ int run_check(const CheckOptions& options) {
 
   std::vector<std::string> required_failed;
   std::vector<std::string> optional_failed;
+  std::vector<std::string> required_unavailable;  // "cuda (CUDA driver not found: ...)"
+  std::vector<std::string> optional_unavailable;
   std::string out = "config " + shown_config_path(registry, config).string() + "\n";
   for (const Backend& backend : backends) {
-    out += pad(backend.loaded() ? "ok" : "FAILED", kStatusWidth);
+    const bool unavailable = backend.status() == Backend::Status::unavailable;
+    out += pad(backend.loaded() ? "ok" : unavailable ? "UNAVAIL" : "FAILED", kStatusWidth);
     out += pad(backend.name(), name_width);
     out += pad(backend.required() ? "required" : "optional", kRequiredWidth);
     if (backend.loaded()) {
       out += loaded_summary(backend) + "\n";
       continue;
     }
-    (backend.required() ? required_failed : optional_failed).push_back(backend.name());
+    if (unavailable)  // the summary names the reason too: it is all a user needs
+      (backend.required() ? required_unavailable : optional_unavailable)
+          .push_back(backend.name() + " (" + backend.error() + ")");
+    else
+      (backend.required() ? required_failed : optional_failed).push_back(backend.name());
     const std::optional<Errc> code = backend.error_code();
-    std::string reason = code ? std::string(to_string(*code)) + ": " : std::string();
+    std::string reason = unavailable ? std::string("unavailable: ")
+                         : code      ? std::string(to_string(*code)) + ": "
+                                     : std::string();
     reason += backend.error().empty() ? "(no reason given)" : backend.error();
     reason += "\nhint: " + failure_hint(backend, config);
     out += indent_continuation(reason, reason_column) + "\n";
   }
   std::cout << out << std::flush;
 
+  auto plural = [](std::size_t n) { return std::string(n == 1 ? "" : "s"); };
   if (!optional_failed.empty()) {
     print_warning(std::to_string(optional_failed.size()) + " optional backend" +
-                  (optional_failed.size() == 1 ? "" : "s") + " failed to load: " + join(optional_failed));
+                  plural(optional_failed.size()) + " failed to load: " + join(optional_failed));
+  }
+  if (!optional_unavailable.empty()) {
+    print_warning(std::to_string(optional_unavailable.size()) + " optional backend" +
+                  plural(optional_unavailable.size()) + " unavailable: " + join(optional_unavailable));
   }
   if (!required_failed.empty()) {
     print_error(std::to_string(required_failed.size()) + " required backend" +
-                (required_failed.size() == 1 ? "" : "s") + " failed to load: " + join(required_failed));
-    return kExitFailed;
+                plural(required_failed.size()) + " failed to load: " + join(required_failed));
   }
-  std::cout << "all required backends loaded (" << (backends.size() - optional_failed.size()) << " of "
-            << backends.size() << " loaded)\n";
+  if (!required_unavailable.empty()) {
+    print_error(std::to_string(required_unavailable.size()) + " required backend" +
+                plural(required_unavailable.size()) + " unavailable: " + join(required_unavailable));
+  }
+  if (!required_failed.empty() || !required_unavailable.empty()) return kExitFailed;
+  const std::size_t loaded = backends.size() - optional_failed.size() - optional_unavailable.size();
+  std::cout << "all required backends loaded (" << loaded << " of " << backends.size() << " loaded)\n";
   return kExitOk;
 }
 
@@ -103,8 +122,9 @@ Command add_check_command(CLI::App& parent) {
       "check", "Load every configured backend and report ok / FAILED with the reason and a hint");
   sub->add_option("-c,--config", options->config, "The backends.json to read")->type_name("FILE");
   sub->footer(
-      "Exits 0 when every required backend loaded (optional failures are warnings),\n"
-      "1 when a required backend failed, 2 when the config cannot be read or parsed.");
+      "Exits 0 when every required backend loaded (optional failures and unavailable\n"
+      "optional backends are warnings), 1 when a required backend failed or is unavailable\n"
+      "(its devices cannot be reached), 2 when the config cannot be read or parsed.");
   return {sub, [options] { return run_check(*options); }};
 }
 

@@ -119,9 +119,10 @@ int run_conformance_command(const ConformanceOptions& options) {
   std::vector<std::pair<Backend, Device>> targets;
   for (const Backend& backend : backends) {
     if (!backend.loaded()) {
-      const std::string message = "backend \"" + backend.name() +
-                                  "\" failed to load, not tested: " + backend.error() +
-                                  "\nhint: " + failure_hint(backend, config);
+      const bool unavailable = backend.status() == Backend::Status::unavailable;
+      const std::string message =
+          "backend \"" + backend.name() + "\" " + (unavailable ? "is unavailable" : "failed to load") +
+          ", not tested: " + backend.error() + "\nhint: " + failure_hint(backend, config);
       if (backend.required() || !options.backend.empty()) {
         print_error(message);
         load_failed = true;

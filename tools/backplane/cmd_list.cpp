@@ -1,6 +1,6 @@
 // `backplane list`: every configured backend with its library, version, ABI,
-// status (and the reason when it failed), capabilities and devices; as an
-// aligned tree, or as one JSON object with --json.
+// status (and the reason when it failed or is unavailable), capabilities and
+// devices with their memory; as an aligned tree, or as one JSON object with --json.
 #include "cli.hpp"
 
 #include <backplane/capability.hpp>
@@ -43,14 +43,43 @@ Json or_null(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s);
 
 // ---- JSON --------------------------------------------------------------------
 
+// The device's memory, or nullopt with `error` set when the plugin failed to
+// answer (a listing shows it rather than failing).
+std::optional<MemoryInfo> memory_of(const Device& device, std::string& error) {
+  try {
+    return device.memory();
+  } catch (const Error& e) {
+    error = e.message();
+    return std::nullopt;
+  }
+}
+
 Json device_json(const Device& device) {
   Json attributes = Json::object();
   for (const auto& [key, value] : device.attributes()) attributes[key] = value;
-  return Json{{"index", device.index()},
-              {"name", device.name()},
-              {"capabilities", device.capabilities().names()},
-              {"attributes", std::move(attributes)},
-              {"memory_bytes", device.memory_bytes()}};
+  std::string error;
+  const std::optional<MemoryInfo> memory = memory_of(device, error);
+  // null when the plugin does not report memory (or failed to: memory_error).
+  Json j{{"index", device.index()},
+         {"name", device.name()},
+         {"capabilities", device.capabilities().names()},
+         {"attributes", std::move(attributes)},
+         {"memory_bytes", memory ? Json(memory->total_bytes) : Json(nullptr)},
+         {"memory_free_bytes", memory ? Json(memory->free_bytes) : Json(nullptr)}};
+  if (!error.empty()) j["memory_error"] = error;
+  return j;
+}
+
+const char* status_name(Backend::Status status) {
+  switch (status) {
+    case Backend::Status::loaded:
+      return "loaded";
+    case Backend::Status::unavailable:
+      return "unavailable";
+    case Backend::Status::failed:
+      return "failed";
+  }
+  return "failed";
 }
 
 Json backend_json(const Backend& backend) {
@@ -60,7 +89,7 @@ Json backend_json(const Backend& backend) {
   j["library_path"] = or_null(backend.library_path());
   j["version"] = or_null(backend.version());
   j["abi_version"] = or_null(backend.abi_version());
-  j["status"] = backend.loaded() ? "loaded" : "failed";
+  j["status"] = status_name(backend.status());
   j["error"] = backend.loaded() ? Json(nullptr) : Json(backend.error());
   const std::optional<Errc> code = backend.error_code();
   j["error_code"] = code ? Json(to_string(*code)) : Json(nullptr);
@@ -118,7 +147,12 @@ void device_text(std::string& out, const Device& device) {
   out += "    [" + std::to_string(device.index()) + "] " + device.id() + "  " + device.name() + "\n";
   constexpr std::size_t kIndent = 8;
   field(out, kIndent, "capabilities", device.capabilities().to_string());
-  field(out, kIndent, "memory", format_bytes(device.memory_bytes()));
+  std::string error;
+  const std::optional<MemoryInfo> memory = memory_of(device, error);
+  field(out, kIndent, "memory",
+        memory ? format_bytes(memory->total_bytes) + " (" + format_bytes(memory->free_bytes) + " free)"
+        : error.empty() ? std::string("not reported")
+                        : "unknown (" + error + ")");
   field(out, kIndent, "attributes", attributes_text(device.attributes()));
 }
 
@@ -127,8 +161,11 @@ void backend_text(std::string& out, const Backend& backend, bool is_default) {
   if (is_default) out += "  (default)";
   out += '\n';
   const std::optional<Errc> code = backend.error_code();
+  const bool unavailable = backend.status() == Backend::Status::unavailable;
   if (backend.loaded()) {
     field(out, 2, "status", "loaded");
+  } else if (unavailable) {
+    field(out, 2, "status", "unavailable");
   } else {
     field(out, 2, "status", std::string("FAILED") + (code ? std::string(" (") + to_string(*code) + ")" : ""));
   }
@@ -138,6 +175,12 @@ void backend_text(std::string& out, const Backend& backend, bool is_default) {
   if (!backend.version().empty()) field(out, 2, "version", backend.version());
   if (!backend.abi_version().empty()) field(out, 2, "abi", backend.abi_version());
   const std::string fallback = "collective_fallback: " + backend.collective_fallback().to_string();
+  if (unavailable) {  // loaded, but no device can be reached: the plugin's reason
+    field(out, 2, "collectives", fallback);
+    field(out, 2, "devices",
+          "0 (" + (backend.error().empty() ? std::string("no reason given") : backend.error()) + ")");
+    return;
+  }
   if (!backend.loaded()) {
     field(out, 2, "collectives", fallback);
     field(out, 2, "error", backend.error().empty() ? "(no reason given)" : backend.error());
@@ -156,11 +199,19 @@ std::string list_text(const Registry& registry, const fs::path& config) {
   const std::optional<std::string> default_name = default_backend_name(registry);
   const auto loaded =
       std::count_if(backends.begin(), backends.end(), [](const Backend& b) { return b.loaded(); });
+  const auto unavailable = std::count_if(backends.begin(), backends.end(), [](const Backend& b) {
+    return b.status() == Backend::Status::unavailable;
+  });
 
   std::string out;
   field(out, 0, "config", shown_config_path(registry, config).string(), 10);
-  field(out, 0, "backends",
-        std::to_string(backends.size()) + " configured, " + std::to_string(loaded) + " loaded", 10);
+  std::string counts = std::to_string(backends.size()) + " configured, " + std::to_string(loaded) + " loaded";
+  if (unavailable > 0) counts += ", " + std::to_string(unavailable) + " unavailable";
+  field(out, 0, "backends", counts, 10);
+  // One line per unavailable backend up front: "cuda: 0 devices (CUDA driver not found: ...)".
+  for (const Backend& backend : backends)
+    if (backend.status() == Backend::Status::unavailable)
+      out += backend.name() + ": 0 devices (" + backend.error() + ")\n";
   for (const Backend& backend : backends) {
     out += '\n';
     backend_text(out, backend, default_name && *default_name == backend.name());

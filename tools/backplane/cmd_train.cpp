@@ -125,11 +125,24 @@ Backend chosen_backend(const Registry& registry, const std::string& name, const 
     throw CommandError(kExitFailed, e.message());
   }
   Backend backend = *found;
+  if (backend.status() == Backend::Status::unavailable)
+    throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" is unavailable: " + backend.error() +
+                                        "\n" + failure_hint(backend, config));
   if (backend.status() != Backend::Status::loaded)
     throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" failed to load: " + backend.error() +
                                         "\n" + failure_hint(backend, config));
   if (backend.devices().empty()) throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" has no devices");
   return backend;
+}
+
+// Everything training needs of the device (ops, dtypes, 'collective' for more
+// than one rank), named at once before any rank starts or any data is read.
+void check_training_support(const Device& device, int world_size) {
+  try {
+    require_training_support(device, DType::f32, world_size);
+  } catch (const Error& e) {
+    throw CommandError(kExitFailed, e.message());
+  }
 }
 
 std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o, const fs::path& path) {
@@ -172,6 +185,7 @@ int train_rank(const TrainOptions& o) {
   // One device per local rank, round robin (all on device 0 with one device).
   const std::size_t n_devices = backend.devices().size();
   Device device = backend.device(static_cast<int32_t>(static_cast<std::size_t>(rdzv.local_rank()) % n_devices));
+  check_training_support(device, world);
 
   GradSyncOptions sync;
   sync.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * 1024 * 1024);
@@ -314,7 +328,8 @@ int run_train(TrainOptions o) {
   {
     const fs::path config = choose_config(o.config);
     Registry registry = load_for_report(config);
-    chosen_backend(registry, o.backend, config);
+    const Backend backend = chosen_backend(registry, o.backend, config);
+    for (const Device& device : backend.devices()) check_training_support(device, o.nproc);
     load_split(o, find_data(o.data));
     check_writable(o.metrics_out, "--metrics-out");
     check_writable(o.plot, "--plot");

@@ -23,7 +23,7 @@ constexpr const char* kFooter =
     "\n"
     "Exit codes:\n"
     "  0   success\n"
-    "  1   a required backend failed to load (check), or the command failed\n"
+    "  1   a required backend failed to load or is unavailable (check), or the command failed\n"
     "  2   the config cannot be found, read, parsed or validated\n"
     "  64  bad command line\n"
     "  70  unexpected internal error (a bug; please report it)\n"
