@@ -2,17 +2,21 @@
 // Gloo's TCP transport and runs all_reduce, broadcast, all_gather,
 // reduce_scatter and barrier on host buffers of this plugin.
 //
-// Thread safety: one collective at a time per Communicator (a second thread
-// entering while one runs gets an error, never a race); distinct Communicators
-// are independent and may run concurrently in one process.
+// Thread safety: one collective at a time per Communicator (the host
+// serialises them; a second thread entering while one runs gets an error,
+// never a race); abort() may be called from any thread at any time, also
+// while a collective blocks. Distinct Communicators are independent and may
+// run concurrently in one process.
 //
 // Failure model: any communication error (a peer that closed its end, a
 // timeout, mismatched calls) fails the collective with a COLLECTIVE or TIMEOUT
 // status naming the peer rank, leaves that error in the store for the peers,
 // closes this rank's connections so that the other ranks fail promptly too
 // (and report it as the root cause), and poisons the Communicator: every later
-// call fails at once with the original error. Argument errors (a bad tensor,
-// an unsupported dtype) are reported before anything is sent and do not poison.
+// call fails at once with the original error. Argument errors (an unsupported
+// dtype, a view that would reach outside its buffer) are reported before
+// anything is sent and do not poison. abort() poisons the same way: the
+// collective in progress and every later one fail with COLLECTIVE "aborted".
 #ifndef BACKPLANE_PLUGINS_CPU_COLLECTIVES_HPP_
 #define BACKPLANE_PLUGINS_CPU_COLLECTIVES_HPP_
 
@@ -33,9 +37,9 @@ struct NetworkOptions {
 
 class Communicator {
  public:
-  // Validates args, rendezvouses through args.store and connects to every
-  // other rank; blocks until all ranks arrive or args.timeout_ms passes.
-  // Throws plugin::Failure (the ABI status) on any error.
+  // Rendezvouses through args.store and connects to every other rank; blocks
+  // until all ranks arrive or args.timeout_ms passes. Throws plugin::Failure
+  // (the ABI status) on any error.
   static std::unique_ptr<Communicator> create(const bp_comm_create_args& args, const NetworkOptions& network);
   ~Communicator();
   Communicator(const Communicator&) = delete;
@@ -56,6 +60,12 @@ class Communicator {
   void all_gather(const bp_tensor& input, const bp_tensor& output);
   void reduce_scatter(const bp_tensor& input, const bp_tensor& output, int32_t reduce_op);
   void barrier();
+
+  // Makes the collective in progress (on any thread) and every later one
+  // fail promptly with COLLECTIVE "aborted", and closes the connections so
+  // that peers waiting on this rank fail too. Idempotent; destroying the
+  // Communicator afterwards is still required and clean.
+  void abort() noexcept;
 
   struct Impl;
 

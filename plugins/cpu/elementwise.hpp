@@ -1,12 +1,13 @@
-// Elementwise kernels of the cpu plugin beyond add/sub/mul/div: out = f(inputs...) for
-// zero to three inputs over a coalesced StridedLayout (operand 0 is the output), with
-// the op a functor inlined into multiversioned contiguous loops. Pure functions over raw
-// pointers (no ABI types, no state), like kernels.hpp, so benchmarks can time them.
+// Elementwise kernels of the cpu plugin: out = f(inputs...) for zero to three inputs
+// over a coalesced StridedLayout (operand 0 is the output), with the op a functor
+// inlined into multiversioned contiguous loops. Every binary op (add ... minimum, the
+// comparisons) is one functor on the same path. Pure functions over raw pointers (no
+// ABI types, no state), like kernels.hpp, so benchmarks can time them.
 //
 // Semantics: floats follow IEEE 754 and NaN/Inf propagate (no -ffast-math anywhere).
 // Integers wrap on overflow. Every conversion has a defined result (see Convert).
-// Aliasing: the output may be the very same memory as an input of the same element
-// size (in place), but must not partially overlap one.
+// Aliasing: the host never passes an output that overlaps an input (abi.h, "Trust
+// contract"), so no kernel guards against it.
 #ifndef BACKPLANE_PLUGINS_CPU_ELEMENTWISE_HPP_
 #define BACKPLANE_PLUGINS_CPU_ELEMENTWISE_HPP_
 
@@ -187,6 +188,18 @@ void map3(const StridedLayout<4>& l, F f, const C* c, const A* a, const B* b, O*
   });
 }
 
+// out[0..n) = f(a, b) for a dense output whose inputs are each dense or one broadcast
+// element (a_scalar / b_scalar): the fast path of every binary op, with no layout work.
+template <class F, class O, class A, class B>
+void map2_flat(F f, const A* a, bool a_scalar, const B* b, bool b_scalar, O* out, int64_t n, int threads) {
+  const int64_t sa = a_scalar ? 0 : 1;
+  const int64_t sb = b_scalar ? 0 : 1;
+  run_chunks(n, threads_for(n * cost_of<F>(), threads), [&](int64_t lo, int64_t hi) {
+    map2_row(f, a + lo * sa, sa, b + lo * sb, sb, out + lo, 1, hi - lo);
+    return true;
+  });
+}
+
 // ---------------------------------------------------------------------------
 // Conversions, defined for every input
 // ---------------------------------------------------------------------------
@@ -226,6 +239,58 @@ struct Convert {
 // ---------------------------------------------------------------------------
 // Binary ops (one dtype: f32, f64, i32, i64)
 // ---------------------------------------------------------------------------
+
+// Integers wrap (two's complement, computed unsigned so overflow is defined);
+// floats follow IEEE 754.
+template <class T>
+using WrapOf = std::make_unsigned_t<T>;
+
+struct AddOp {
+  template <class T>
+  [[gnu::always_inline]] T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<WrapOf<T>>(a) + static_cast<WrapOf<T>>(b));
+    else
+      return a + b;
+  }
+};
+
+struct SubOp {
+  template <class T>
+  [[gnu::always_inline]] T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<WrapOf<T>>(a) - static_cast<WrapOf<T>>(b));
+    else
+      return a - b;
+  }
+};
+
+struct MulOp {
+  template <class T>
+  [[gnu::always_inline]] T operator()(T a, T b) const noexcept {
+    static_assert(sizeof(T) >= sizeof(int), "narrow integers would promote to int and overflow");
+    if constexpr (std::is_integral_v<T>)
+      return static_cast<T>(static_cast<WrapOf<T>>(a) * static_cast<WrapOf<T>>(b));
+    else
+      return a * b;
+  }
+};
+
+// Integer division truncates; INT_MIN / -1 wraps to INT_MIN (C++ leaves it undefined,
+// x86 traps). A zero divisor is refused before the kernel runs (it depends on the
+// data); here it gives 0 rather than a trap.
+struct DivOp {
+  template <class T>
+  [[gnu::always_inline]] T operator()(T a, T b) const noexcept {
+    if constexpr (std::is_integral_v<T>) {
+      if (b == 0) return T{0};
+      if (b == T(-1)) return static_cast<T>(WrapOf<T>{0} - static_cast<WrapOf<T>>(a));
+      return static_cast<T>(a / b);
+    } else {
+      return a / b;
+    }
+  }
+};
 
 struct PowOp {
   static constexpr int64_t kCost = 8;

@@ -16,6 +16,7 @@
 // OpenBLAS extensions; declared here because not every cblas.h carries them.
 extern "C" char* openblas_get_config(void);
 extern "C" int openblas_get_num_threads(void);
+extern "C" void openblas_set_num_threads(int);
 
 namespace backplane::cpu {
 

@@ -102,27 +102,6 @@ void take(const StridedLayout<3>& l, const E* x, const int64_t* index, int64_t x
   });
 }
 
-// take for an element size known only at run time (1, 2, 4 or 8 bytes); false for others.
-inline bool take_bytes(const StridedLayout<3>& l, const void* x, const int64_t* index, int64_t x_axis_stride,
-                       void* out, int element_size, int threads) {
-  switch (element_size) {
-    case 1:
-      take(l, static_cast<const uint8_t*>(x), index, x_axis_stride, static_cast<uint8_t*>(out), threads);
-      return true;
-    case 2:
-      take(l, static_cast<const uint16_t*>(x), index, x_axis_stride, static_cast<uint16_t*>(out), threads);
-      return true;
-    case 4:
-      take(l, static_cast<const uint32_t*>(x), index, x_axis_stride, static_cast<uint32_t*>(out), threads);
-      return true;
-    case 8:
-      take(l, static_cast<const uint64_t*>(x), index, x_axis_stride, static_cast<uint64_t*>(out), threads);
-      return true;
-    default:
-      return false;
-  }
-}
-
 }  // namespace backplane::cpu
 
 #endif  // BACKPLANE_PLUGINS_CPU_INDEX_HPP_

@@ -1,4 +1,4 @@
-// Elementwise and copy kernels of the cpu plugin. Pure functions over raw pointers
+// Threading and copy kernels of the cpu plugin. Pure functions over raw pointers
 // (no ABI types, no state), so benchmarks compile and time the very same code.
 // Build with OpenMP (-fopenmp) for threads and `omp simd`; without it they run serially.
 #ifndef BACKPLANE_PLUGINS_CPU_KERNELS_HPP_
@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#include <backplane/plugin/strided.hpp>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -38,9 +40,7 @@ inline constexpr int64_t kParallelMinElements = 32768;
 // Each extra thread must get at least this much work.
 inline constexpr int64_t kElementsPerThread = 16384;
 // Largest ndim a strided kernel accepts (fixed arrays keep the hot path allocation-free).
-inline constexpr int kMaxDims = 64;
-
-enum class BinaryOp : int { add, sub, mul, div };
+using plugin::kMaxDims;
 
 // Threads to use for `elements` of work given the configured count (>= 1).
 inline int threads_for(int64_t elements, int threads) noexcept {
@@ -96,256 +96,12 @@ bool parallel_for_rows(int64_t rows, int64_t row_elements, int threads, Fn&& fn)
 }
 
 // ---------------------------------------------------------------------------
-// Iteration space
+// Iteration space: the SDK's (operand 0 is the output by convention here)
 // ---------------------------------------------------------------------------
 
-// N operands (operand 0 is the output) walked over one shape; strides in elements.
-// Only the first ndim entries of each array are meaningful.
-template <int N>
-struct StridedLayout {
-  int ndim = 0;
-  int64_t shape[kMaxDims];
-  int64_t strides[N][kMaxDims];
-};
-
-// Drops size-1 dimensions and merges neighbours that are contiguous with respect to
-// every operand, so a contiguous (or fully broadcast) operand set becomes one
-// dimension. Leaves ndim == 1 with shape [1] for a single element (0-d included).
-// Precondition: no dimension has size 0.
-template <int N>
-void coalesce(StridedLayout<N>& l) noexcept {
-  int kept = 0;
-  for (int d = 0; d < l.ndim; ++d) {
-    if (l.shape[d] == 1) continue;
-    if (kept > 0) {
-      bool mergeable = true;
-      for (int k = 0; k < N; ++k)
-        mergeable = mergeable && l.strides[k][kept - 1] == l.strides[k][d] * l.shape[d];
-      if (mergeable) {
-        l.shape[kept - 1] *= l.shape[d];
-        for (int k = 0; k < N; ++k) l.strides[k][kept - 1] = l.strides[k][d];
-        continue;
-      }
-    }
-    l.shape[kept] = l.shape[d];
-    for (int k = 0; k < N; ++k) l.strides[k][kept] = l.strides[k][d];
-    ++kept;
-  }
-  if (kept == 0) {
-    l.shape[0] = 1;
-    for (int k = 0; k < N; ++k) l.strides[k][0] = 1;
-    kept = 1;
-  }
-  l.ndim = kept;
-}
-
-// Visits rows [r0, r1) of a coalesced layout: fn(offsets) gets each operand's element
-// offset of the row's first element. The innermost dimension is the row.
-template <int N, class Fn>
-void for_each_row(const StridedLayout<N>& l, int64_t r0, int64_t r1, Fn&& fn) {
-  const int outer = l.ndim - 1;
-  int64_t index[kMaxDims];
-  int64_t offset[N] = {};
-  int64_t r = r0;
-  for (int d = outer - 1; d >= 0; --d) {
-    index[d] = r == 0 ? 0 : r % l.shape[d];  // the first (often only) range starts at 0: no division
-    r = r == 0 ? 0 : r / l.shape[d];
-    for (int k = 0; k < N; ++k) offset[k] += index[d] * l.strides[k][d];
-  }
-  for (int64_t row = r0; row < r1; ++row) {
-    fn(static_cast<const int64_t*>(offset));
-    for (int d = outer - 1; d >= 0; --d) {
-      if (++index[d] < l.shape[d]) {
-        for (int k = 0; k < N; ++k) offset[k] += l.strides[k][d];
-        break;
-      }
-      index[d] = 0;
-      for (int k = 0; k < N; ++k) offset[k] -= (l.shape[d] - 1) * l.strides[k][d];
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Elementwise binary ops
-// ---------------------------------------------------------------------------
-//
-// Semantics: floats follow IEEE 754 (x/0 is inf or nan). Integers wrap on overflow
-// (two's complement), including INT_MIN / -1 == INT_MIN, which C++ leaves undefined
-// and x86 turns into SIGFPE. Integer division by zero is reported (the kernel returns
-// false; the output is then unspecified) and never executed.
-//
-// Aliasing: the output may be the very same memory as an input (in-place), but must
-// not partially overlap one.
-
-template <BinaryOp Op, class T>
-inline constexpr bool kIntegerDiv = (Op == BinaryOp::div) && std::is_integral_v<T>;
-
-// One element. For integer div the caller guarantees b != 0.
-template <BinaryOp Op, class T>
-[[gnu::always_inline]] inline T apply(T a, T b) noexcept {
-  if constexpr (std::is_integral_v<T>) {
-    static_assert(sizeof(T) >= sizeof(int), "narrow integers would promote to int and overflow");
-    using U = std::make_unsigned_t<T>;
-    const U ua = static_cast<U>(a);
-    const U ub = static_cast<U>(b);
-    if constexpr (Op == BinaryOp::add) return static_cast<T>(ua + ub);
-    if constexpr (Op == BinaryOp::sub) return static_cast<T>(ua - ub);
-    if constexpr (Op == BinaryOp::mul) return static_cast<T>(ua * ub);
-    if constexpr (Op == BinaryOp::div) return b == T(-1) ? static_cast<T>(U{0} - ua) : static_cast<T>(a / b);
-  } else {
-    if constexpr (Op == BinaryOp::add) return a + b;
-    if constexpr (Op == BinaryOp::sub) return a - b;
-    if constexpr (Op == BinaryOp::mul) return a * b;
-    if constexpr (Op == BinaryOp::div) return a / b;
-  }
-}
-
-namespace detail {
-
-template <BinaryOp Op, class T>
-[[gnu::always_inline]] inline bool vv(const T* a, const T* b, T* out, int64_t n) noexcept {
-  if constexpr (kIntegerDiv<Op, T>) {
-    bool ok = true;
-    for (int64_t i = 0; i < n; ++i) {
-      const T d = b[i];
-      ok = ok && d != 0;
-      out[i] = d == 0 ? T{0} : apply<Op>(a[i], d);
-    }
-    return ok;
-  } else {
-    BP_CPU_PRAGMA(omp simd)
-    for (int64_t i = 0; i < n; ++i) out[i] = apply<Op>(a[i], b[i]);
-    return true;
-  }
-}
-
-template <BinaryOp Op, class T>
-[[gnu::always_inline]] inline bool sv(T a, const T* b, T* out, int64_t n) noexcept {
-  if constexpr (kIntegerDiv<Op, T>) {
-    bool ok = true;
-    for (int64_t i = 0; i < n; ++i) {
-      const T d = b[i];
-      ok = ok && d != 0;
-      out[i] = d == 0 ? T{0} : apply<Op>(a, d);
-    }
-    return ok;
-  } else {
-    BP_CPU_PRAGMA(omp simd)
-    for (int64_t i = 0; i < n; ++i) out[i] = apply<Op>(a, b[i]);
-    return true;
-  }
-}
-
-template <BinaryOp Op, class T>
-[[gnu::always_inline]] inline bool vs(const T* a, T b, T* out, int64_t n) noexcept {
-  if constexpr (kIntegerDiv<Op, T>) {
-    if (b == 0) return n == 0;
-  }
-  BP_CPU_PRAGMA(omp simd)
-  for (int64_t i = 0; i < n; ++i) out[i] = apply<Op>(a[i], b);
-  return true;
-}
-
-}  // namespace detail
-
-// Serial contiguous loops, one call per row or per thread chunk. These are the
-// multiversioned entry points.
-template <BinaryOp Op, class T>
-BP_CPU_CLONES inline bool binary_vv(const T* a, const T* b, T* out, int64_t n) noexcept {
-  return detail::vv<Op, T>(a, b, out, n);
-}
-template <BinaryOp Op, class T>
-BP_CPU_CLONES inline bool binary_sv(T a, const T* b, T* out, int64_t n) noexcept {
-  return detail::sv<Op, T>(a, b, out, n);
-}
-template <BinaryOp Op, class T>
-BP_CPU_CLONES inline bool binary_vs(const T* a, T b, T* out, int64_t n) noexcept {
-  return detail::vs<Op, T>(a, b, out, n);
-}
-
-// One row of n elements with arbitrary strides (so: output, sa/sb: inputs).
-template <BinaryOp Op, class T>
-inline bool binary_row(const T* a, int64_t sa, const T* b, int64_t sb, T* out, int64_t so,
-                       int64_t n) noexcept {
-  if (so == 1) {
-    if (sa == 1 && sb == 1) return binary_vv<Op, T>(a, b, out, n);
-    if (sa == 0 && sb == 1) return binary_sv<Op, T>(*a, b, out, n);
-    if (sa == 1 && sb == 0) return binary_vs<Op, T>(a, *b, out, n);
-  }
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) {
-    const T x = a[i * sa];
-    const T y = b[i * sb];
-    if constexpr (kIntegerDiv<Op, T>) {
-      ok = ok && y != 0;
-      out[i * so] = y == 0 ? T{0} : apply<Op>(x, y);
-    } else {
-      out[i * so] = apply<Op>(x, y);
-    }
-  }
-  return ok;
-}
-
-// Flat forms over n contiguous elements, threaded above kParallelMinElements.
-template <BinaryOp Op, class T>
-bool binary_contiguous(const T* a, const T* b, T* out, int64_t n, int threads) {
-  return parallel_for_chunks(n, threads, [=](int64_t lo, int64_t hi) {
-    return binary_vv<Op, T>(a + lo, b + lo, out + lo, hi - lo);
-  });
-}
-template <BinaryOp Op, class T>
-bool binary_scalar_lhs(T a, const T* b, T* out, int64_t n, int threads) {
-  return parallel_for_chunks(
-      n, threads, [=](int64_t lo, int64_t hi) { return binary_sv<Op, T>(a, b + lo, out + lo, hi - lo); });
-}
-template <BinaryOp Op, class T>
-bool binary_scalar_rhs(const T* a, T b, T* out, int64_t n, int threads) {
-  if constexpr (kIntegerDiv<Op, T>) {
-    if (b == 0) return n == 0;
-  }
-  return parallel_for_chunks(
-      n, threads, [=](int64_t lo, int64_t hi) { return binary_vs<Op, T>(a + lo, b, out + lo, hi - lo); });
-}
-
-// out = a (op) b over a coalesced layout (operands: 0 = out, 1 = a, 2 = b) whose
-// shape has no zero. Picks the flat forms when the layout allows, else walks rows.
-// Returns false only for integer division by zero.
-template <BinaryOp Op, class T>
-bool binary(const StridedLayout<3>& l, const T* a, const T* b, T* out, int threads) {
-  const int inner = l.ndim - 1;
-  const int64_t n = l.shape[inner];
-  const int64_t so = l.strides[0][inner];
-  const int64_t sa = l.strides[1][inner];
-  const int64_t sb = l.strides[2][inner];
-  if (l.ndim == 1 && so == 1) {
-    if (sa == 1 && sb == 1) return binary_contiguous<Op, T>(a, b, out, n, threads);
-    if (sa == 0 && sb == 1) return binary_scalar_lhs<Op, T>(*a, b, out, n, threads);
-    if (sa == 1 && sb == 0) return binary_scalar_rhs<Op, T>(a, *b, out, n, threads);
-  }
-  if (l.ndim == 1) {  // one long strided row: split it, not the (single) row count
-    return parallel_for_chunks(n, threads, [=](int64_t lo, int64_t hi) {
-      return binary_row<Op, T>(a + lo * sa, sa, b + lo * sb, sb, out + lo * so, so, hi - lo);
-    });
-  }
-  int64_t rows = 1;
-  for (int d = 0; d < inner; ++d) rows *= l.shape[d];
-  // The row kernel is chosen once, outside the walk over rows.
-  const auto walk = [&](auto&& row) {
-    return parallel_for_rows(rows, n, threads, [&](int64_t r0, int64_t r1) {
-      bool ok = true;
-      for_each_row(l, r0, r1,
-                   [&](const int64_t* off) { ok = row(a + off[1], b + off[2], out + off[0]) && ok; });
-      return ok;
-    });
-  };
-  if (so == 1 && sa == 1 && sb == 1)
-    return walk([n](const T* x, const T* y, T* o) { return binary_vv<Op, T>(x, y, o, n); });
-  if (so == 1 && sa == 0 && sb == 1)
-    return walk([n](const T* x, const T* y, T* o) { return binary_sv<Op, T>(*x, y, o, n); });
-  if (so == 1 && sa == 1 && sb == 0)
-    return walk([n](const T* x, const T* y, T* o) { return binary_vs<Op, T>(x, *y, o, n); });
-  return walk([=](const T* x, const T* y, T* o) { return binary_row<Op, T>(x, sa, y, sb, o, so, n); });
-}
+using plugin::coalesce;
+using plugin::for_each_row;
+using plugin::StridedLayout;
 
 // ---------------------------------------------------------------------------
 // Copy (any dtype, moved as raw elements of 1, 2, 4 or 8 bytes)

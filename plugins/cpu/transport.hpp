@@ -1,0 +1,51 @@
+// The point-to-point messaging the collective algorithms run on, shaped like
+// Gloo's unbound buffers: memory is registered as a Region, sends and
+// receives are posted against it and waited for later, so that several
+// transfers overlap with the arithmetic. One Transport serves one collective
+// on one rank; the Gloo one (gloo_transport.hpp) and the tests' in-memory one
+// implement it.
+#ifndef BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_
+#define BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_
+
+#include <cstdint>
+
+namespace backplane::cpu {
+
+// Memory registered for messages. Made by a Transport, which owns it; valid
+// until the Transport is destroyed.
+class Region {
+ public:
+  virtual ~Region() = default;
+};
+
+// Matching: a message from rank a to rank b matches a receive that b posted
+// for a with the same phase and the same length. Ranks that disagree on
+// either never match, so the wait fails (times out) instead of receiving
+// wrong data. Messages that match the same receives complete in the order
+// they were posted.
+//
+// Every member throws on failure (a peer that vanished, a timeout, an
+// abort); the exception type is the implementation's.
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+
+  virtual Region& region(void* data, uint64_t bytes) = 0;
+  // Posts a send of [offset, offset + bytes) of `from` to `peer`. Those bytes
+  // must not change until a wait_send on `from` has accounted for it.
+  virtual void send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) = 0;
+  // Posts a receive from `peer` into [offset, offset + bytes) of `into`.
+  virtual void recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) = 0;
+  // Waits until one more receive (send) posted on the region has completed
+  // and returns the peer it completed with. Completions are counted, not
+  // matched: `expected` is only the peer named if the wait fails.
+  virtual int wait_recv(Region& region, int expected) = 0;
+  virtual int wait_send(Region& region, int expected) = 0;
+};
+
+}  // namespace backplane::cpu
+
+#endif  // BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_

@@ -1,0 +1,271 @@
+// The cpu plugin's op side through its ABI table alone (dlopen + bp_plugin_entry,
+// no core): lazy start (listing loads no kernel library), the device's flags and
+// supports_op against execute, DLPack import, data-dependent errors, and softmax
+// of widely spread logits. Requests are the ones a host would send.
+#include <backplane/abi.h>
+#include <dlfcn.h>
+#include <doctest/doctest.h>
+#include <link.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+const bp_host_api g_host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, [](void*, int32_t, const char*) {}};
+
+// True when a library whose file name contains `part` is mapped in this process.
+bool loaded(const char* part) {
+  struct Search {
+    const char* part;
+    bool found;
+  } search{part, false};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        if (info->dlpi_name != nullptr && std::strstr(info->dlpi_name, s->part) != nullptr) s->found = true;
+        return 0;
+      },
+      &search);
+  return search.found;
+}
+
+// Takes a status: its code (BP_STATUS_OK for NULL) and message, freed.
+struct Outcome {
+  int32_t code = BP_STATUS_OK;
+  std::string message;
+};
+
+class Plugin {
+ public:
+  explicit Plugin(const char* options = R"({"threads": 2})") {
+    const std::string path = std::string(BP_TEST_PLUGIN_DIR) + "/libbackplane_cpu.so";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    REQUIRE_MESSAGE(lib != nullptr, std::string(dlerror()));
+    auto entry = reinterpret_cast<bp_plugin_entry_fn>(dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
+    const bool has_entry = entry != nullptr;  // doctest cannot print a function pointer
+    REQUIRE_MESSAGE(has_entry, "no " BP_PLUGIN_ENTRY_SYMBOL);
+    api = entry(&g_host);
+    REQUIRE_MESSAGE(api != nullptr, "bp_plugin_entry returned NULL");
+    bp_create_args c{sizeof c, "cpu", options, &g_host, nullptr};
+    REQUIRE(take(api->create(&c)).code == BP_STATUS_OK);
+    plugin = c.plugin;
+  }
+  ~Plugin() {
+    for (bp_buffer* b : buffers_) {
+      bp_buffer_free_args f{sizeof f, plugin, b};
+      take(api->buffer_free(&f));
+    }
+    api->destroy(plugin);
+  }
+
+  Outcome take(bp_status* s) const {
+    Outcome o;
+    if (s != nullptr) {
+      o.code = api->status_code(s);
+      o.message = api->status_message(s);
+      api->status_free(s);
+    }
+    return o;
+  }
+
+  bp_buffer* alloc(uint64_t bytes) {
+    bp_buffer_alloc_args a{sizeof a, plugin, 0, 0, bytes, nullptr};
+    REQUIRE(take(api->buffer_alloc(&a)).code == BP_STATUS_OK);
+    buffers_.push_back(a.buffer);
+    return a.buffer;
+  }
+  template <class T>
+  bp_buffer* upload(const std::vector<T>& values) {
+    bp_buffer* b = alloc(values.size() * sizeof(T));
+    bp_buffer_copy_args w{sizeof w, plugin, b, 0, values.size() * sizeof(T), values.data(), nullptr};
+    REQUIRE(take(api->buffer_write(&w)).code == BP_STATUS_OK);
+    return b;
+  }
+  template <class T>
+  std::vector<T> download(bp_buffer* b, size_t count) {
+    std::vector<T> out(count);
+    bp_buffer_copy_args r{sizeof r, plugin, b, 0, count * sizeof(T), nullptr, out.data()};
+    REQUIRE(take(api->buffer_read(&r)).code == BP_STATUS_OK);
+    return out;
+  }
+  Outcome execute(int32_t op, std::vector<bp_tensor> inputs, bp_tensor output, bp_op_attrs attrs = {}) {
+    attrs.struct_size = sizeof attrs;
+    bp_execute_args e{sizeof e, plugin, 0, op, inputs.data(), &output, static_cast<int32_t>(inputs.size()), 1, &attrs};
+    return take(api->execute(&e));
+  }
+  bool supports(int32_t op, int32_t dtype) {
+    bp_supports_op_args s{sizeof s, plugin, 0, op, dtype, 0};
+    REQUIRE(take(api->supports_op(&s)).code == BP_STATUS_OK);
+    return s.supported != 0;
+  }
+
+  const bp_plugin_api* api = nullptr;
+  bp_plugin* plugin = nullptr;
+
+ private:
+  std::vector<bp_buffer*> buffers_;
+};
+
+// A dense tensor of `shape` over buffer b (the shape array must outlive it).
+bp_tensor dense(bp_buffer* b, int32_t dtype, const std::vector<int64_t>& shape, std::vector<int64_t>& strides) {
+  strides.assign(shape.size(), 1);
+  for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
+  return bp_tensor{b, 0, 0, dtype, static_cast<int32_t>(shape.size()), 0, shape.data(), strides.data()};
+}
+
+}  // namespace
+
+TEST_CASE("cpu: loading, creating and describing the device start no kernel library; the first buffer does") {
+  Plugin p;
+  bp_device_count_args count{sizeof count, p.plugin, 0};
+  REQUIRE(p.take(p.api->device_count(&count)).code == BP_STATUS_OK);
+  CHECK(count.num_devices == 1);
+  bp_device_info_args info{sizeof info, p.plugin, 0, 0, nullptr, 0, nullptr};
+  REQUIRE(p.take(p.api->device_info(&info)).code == BP_STATUS_OK);
+  CHECK(std::string(info.name) == "host (2 threads)");
+  bp_device_memory_args mem{sizeof mem, p.plugin, 0, 0, 0, 0};
+  REQUIRE(p.take(p.api->device_memory(&mem)).code == BP_STATUS_OK);
+  CHECK(mem.total_bytes > 0);
+  CHECK(mem.free_bytes <= mem.total_bytes);
+  // This test binary links none of them, so only the plugin could have loaded them.
+  CHECK_FALSE(loaded("libbackplane_cpu_engine"));
+  CHECK_FALSE(loaded("libopenblas"));
+  CHECK_FALSE(loaded("libgloo"));
+  CHECK_FALSE(loaded("libgomp"));
+  p.alloc(16);
+  CHECK(loaded("libbackplane_cpu_engine"));
+}
+
+TEST_CASE("cpu: the device holds all nine dtypes, and supports_op agrees with execute") {
+  Plugin p;
+  bp_device_info_args info{sizeof info, p.plugin, 0, 0, nullptr, 0, nullptr};
+  REQUIRE(p.take(p.api->device_info(&info)).code == BP_STATUS_OK);
+  for (int32_t d = BP_DTYPE_F32; d < BP_DTYPE_COUNT_; ++d) CHECK((info.capabilities & BP_CAP_DTYPE(d)) != 0);
+  CHECK((info.capabilities & (BP_CAP_HOST_VISIBLE | BP_CAP_MATMUL | BP_CAP_COLLECTIVE)) ==
+        (BP_CAP_HOST_VISIBLE | BP_CAP_MATMUL | BP_CAP_COLLECTIVE));
+  CHECK((info.capabilities & BP_CAP_ASYNC) == 0);
+
+  CHECK(p.supports(BP_OP_ADD, BP_DTYPE_I64));
+  CHECK_FALSE(p.supports(BP_OP_ADD, BP_DTYPE_F16));
+  CHECK(p.supports(BP_OP_COPY, BP_DTYPE_BF16));
+  CHECK(p.supports(BP_OP_EQ, BP_DTYPE_BOOL));
+  CHECK_FALSE(p.supports(BP_OP_SOFTMAX, BP_DTYPE_I32));
+  CHECK_FALSE(p.supports(BP_OP_COUNT_, BP_DTYPE_F32));
+  CHECK_FALSE(p.supports(BP_OP_ADD, BP_DTYPE_COUNT_));
+
+  // What supports_op refuses, execute refuses with UNSUPPORTED naming the dtypes it takes.
+  std::vector<int64_t> shape{4}, s1, s2, s3;
+  bp_buffer* a = p.alloc(8);
+  bp_buffer* b = p.alloc(8);
+  bp_buffer* o = p.alloc(8);
+  const Outcome r = p.execute(BP_OP_ADD, {dense(a, BP_DTYPE_F16, shape, s1), dense(b, BP_DTYPE_F16, shape, s2)},
+                              dense(o, BP_DTYPE_F16, shape, s3));
+  CHECK(r.code == BP_STATUS_UNSUPPORTED);
+  CHECK(r.message.find("add: dtype f16 is not supported (f32, f64, i32, i64)") != std::string::npos);
+
+  SUBCASE("option collective=false drops the flag") {
+    Plugin q(R"({"collective": false})");
+    bp_device_info_args qi{sizeof qi, q.plugin, 0, 0, nullptr, 0, nullptr};
+    REQUIRE(q.take(q.api->device_info(&qi)).code == BP_STATUS_OK);
+    CHECK((qi.capabilities & BP_CAP_COLLECTIVE) == 0);
+  }
+}
+
+TEST_CASE("cpu: binary ops: integer div truncates, a broadcast comparison writes bool, a zero divisor is refused") {
+  Plugin p;
+  std::vector<int64_t> shape{2, 3}, sa, sb, so;
+  bp_buffer* a = p.upload(std::vector<int32_t>{7, -7, 9, 1, 2, 3});
+  bp_buffer* b = p.upload(std::vector<int32_t>{2, 2, -3, 1, 1, 1});
+  bp_buffer* o = p.alloc(6 * sizeof(int32_t));
+  bp_buffer* ob = p.alloc(6);
+  REQUIRE(p.execute(BP_OP_DIV, {dense(a, BP_DTYPE_I32, shape, sa), dense(b, BP_DTYPE_I32, shape, sb)},
+                    dense(o, BP_DTYPE_I32, shape, so))
+              .code == BP_STATUS_OK);
+  CHECK(p.download<int32_t>(o, 6) == std::vector<int32_t>{3, -3, -3, 1, 2, 3});  // truncates toward zero
+
+  // b row 0 broadcast over both rows (stride 0): gt into bool.
+  std::vector<int64_t> bcast{0, 1};
+  bp_tensor tb = dense(b, BP_DTYPE_I32, shape, sb);
+  tb.strides = bcast.data();
+  REQUIRE(p.execute(BP_OP_GT, {dense(a, BP_DTYPE_I32, shape, sa), tb}, dense(ob, BP_DTYPE_BOOL, shape, so)).code ==
+          BP_STATUS_OK);
+  CHECK(p.download<uint8_t>(ob, 6) == std::vector<uint8_t>{1, 0, 1, 0, 0, 1});
+
+  // A zero divisor is data the host cannot see: INVALID_ARGUMENT naming the op.
+  bp_buffer* z = p.upload(std::vector<int32_t>{1, 1, 0, 1, 1, 1});
+  const Outcome r =
+      p.execute(BP_OP_DIV, {dense(a, BP_DTYPE_I32, shape, sa), dense(z, BP_DTYPE_I32, shape, sb)},
+                dense(o, BP_DTYPE_I32, shape, so));
+  CHECK(r.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(r.message.find("div: inputs[1] holds a zero") != std::string::npos);
+}
+
+TEST_CASE("cpu ops: softmax of logits spread over 0..500 matches the double-precision reference") {
+  Plugin p;
+  const int64_t rows = 3, n = 1000;
+  std::vector<float> x(rows * n);
+  for (int64_t i = 0; i < rows * n; ++i) x[i] = static_cast<float>((i * 7) % n) * 0.5f;
+  std::vector<int64_t> shape{rows, n}, sx, so;
+  bp_buffer* in = p.upload(x);
+  bp_buffer* out = p.alloc(x.size() * sizeof(float));
+  bp_op_attrs attrs{};
+  attrs.axis = 1;
+  for (const int32_t op : {BP_OP_SOFTMAX, BP_OP_LOG_SOFTMAX}) {
+    CAPTURE(op);
+    REQUIRE(p.execute(op, {dense(in, BP_DTYPE_F32, shape, sx)}, dense(out, BP_DTYPE_F32, shape, so), attrs).code ==
+            BP_STATUS_OK);
+    const std::vector<float> y = p.download<float>(out, x.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      double m = -INFINITY, total = 0;
+      for (int64_t i = 0; i < n; ++i) m = std::max(m, static_cast<double>(x[r * n + i]));
+      for (int64_t i = 0; i < n; ++i) total += std::exp(x[r * n + i] - m);
+      for (int64_t i = 0; i < n; ++i) {
+        const double d = x[r * n + i] - m;
+        const double want = op == BP_OP_SOFTMAX ? std::exp(d) / total : d - std::log(total);
+        REQUIRE(std::isfinite(y[r * n + i]));
+        CHECK(std::fabs(y[r * n + i] - want) <= 1e-6 + 1e-5 * std::fabs(want));
+      }
+    }
+  }
+}
+
+TEST_CASE("cpu: DLPack import adopts host memory and releases it once, a failed import never") {
+  Plugin p;
+  int released = 0;
+  float data[4] = {1, 2, 3, 4};
+  bp_buffer_import_args cuda{sizeof cuda, p.plugin, 0, BP_DL_CUDA, 0, 0, data, sizeof data,
+                             [](void* c) { ++*static_cast<int*>(c); }, &released, nullptr};
+  // Refused: the caller keeps the memory, so release is never called.
+  const Outcome refused = p.take(p.api->buffer_import(&cuda));
+  CHECK(refused.code == BP_STATUS_UNSUPPORTED);
+  CHECK(refused.message.find("kDLCPU") != std::string::npos);
+  CHECK(cuda.buffer == nullptr);
+  CHECK(released == 0);
+
+  // Any other failure keeps it with the caller too.
+  bp_buffer_import_args null_data = cuda;
+  null_data.dl_device_type = BP_DL_CPU;
+  null_data.data = nullptr;
+  const Outcome invalid = p.take(p.api->buffer_import(&null_data));
+  CHECK(invalid.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(invalid.message.find("data is NULL") != std::string::npos);
+  CHECK(null_data.buffer == nullptr);
+  CHECK(released == 0);
+
+  bp_buffer_import_args host = cuda;
+  host.dl_device_type = BP_DL_CPU;
+  REQUIRE(p.take(p.api->buffer_import(&host)).code == BP_STATUS_OK);
+  REQUIRE(host.buffer != nullptr);
+  bp_buffer_pointer_args ptr{sizeof ptr, p.plugin, host.buffer, nullptr, 0, 0};
+  REQUIRE(p.take(p.api->buffer_pointer(&ptr)).code == BP_STATUS_OK);
+  CHECK(ptr.data == data);
+  CHECK(ptr.dl_device_type == BP_DL_CPU);
+  CHECK(p.download<float>(host.buffer, 4) == std::vector<float>{1, 2, 3, 4});
+  CHECK(released == 0);  // the buffer owns the memory until it is freed
+  bp_buffer_free_args f{sizeof f, p.plugin, host.buffer};
+  REQUIRE(p.take(p.api->buffer_free(&f)).code == BP_STATUS_OK);
+  CHECK(released == 1);
+}
