@@ -34,29 +34,29 @@ int64_t min_of(DType d) {
 // ---- binary ops and comparisons ------------------------------------------------
 
 struct BinaryOp {
-  const char* name;
-  int32_t code;
+  int32_t code;  // the op's name is abi.h's: name()
   BinaryFn fn;
   bool comparison;
   ref::Binary arith;
   ref::Compare cmp;
+  const char* name() const { return bp_op_name(code); }
 };
 
 const std::vector<BinaryOp>& binary_ops() {
   static const std::vector<BinaryOp> ops = {
-      {"add", BP_OP_ADD, &backplane::add, false, ref::Binary::add, ref::Compare::eq},
-      {"sub", BP_OP_SUB, &backplane::sub, false, ref::Binary::sub, ref::Compare::eq},
-      {"mul", BP_OP_MUL, &backplane::mul, false, ref::Binary::mul, ref::Compare::eq},
-      {"div", BP_OP_DIV, &backplane::div, false, ref::Binary::div, ref::Compare::eq},
-      {"pow", BP_OP_POW, &backplane::pow, false, ref::Binary::pow, ref::Compare::eq},
-      {"maximum", BP_OP_MAXIMUM, &backplane::maximum, false, ref::Binary::maximum, ref::Compare::eq},
-      {"minimum", BP_OP_MINIMUM, &backplane::minimum, false, ref::Binary::minimum, ref::Compare::eq},
-      {"eq", BP_OP_EQ, &backplane::eq, true, ref::Binary::add, ref::Compare::eq},
-      {"ne", BP_OP_NE, &backplane::ne, true, ref::Binary::add, ref::Compare::ne},
-      {"lt", BP_OP_LT, &backplane::lt, true, ref::Binary::add, ref::Compare::lt},
-      {"le", BP_OP_LE, &backplane::le, true, ref::Binary::add, ref::Compare::le},
-      {"gt", BP_OP_GT, &backplane::gt, true, ref::Binary::add, ref::Compare::gt},
-      {"ge", BP_OP_GE, &backplane::ge, true, ref::Binary::add, ref::Compare::ge},
+      {BP_OP_ADD, &backplane::add, false, ref::Binary::add, ref::Compare::eq},
+      {BP_OP_SUB, &backplane::sub, false, ref::Binary::sub, ref::Compare::eq},
+      {BP_OP_MUL, &backplane::mul, false, ref::Binary::mul, ref::Compare::eq},
+      {BP_OP_DIV, &backplane::div, false, ref::Binary::div, ref::Compare::eq},
+      {BP_OP_POW, &backplane::pow, false, ref::Binary::pow, ref::Compare::eq},
+      {BP_OP_MAXIMUM, &backplane::maximum, false, ref::Binary::maximum, ref::Compare::eq},
+      {BP_OP_MINIMUM, &backplane::minimum, false, ref::Binary::minimum, ref::Compare::eq},
+      {BP_OP_EQ, &backplane::eq, true, ref::Binary::add, ref::Compare::eq},
+      {BP_OP_NE, &backplane::ne, true, ref::Binary::add, ref::Compare::ne},
+      {BP_OP_LT, &backplane::lt, true, ref::Binary::add, ref::Compare::lt},
+      {BP_OP_LE, &backplane::le, true, ref::Binary::add, ref::Compare::le},
+      {BP_OP_GT, &backplane::gt, true, ref::Binary::add, ref::Compare::gt},
+      {BP_OP_GE, &backplane::ge, true, ref::Binary::add, ref::Compare::ge},
   };
   return ops;
 }
@@ -65,7 +65,7 @@ const std::vector<BinaryOp>& binary_ops() {
 // non-negative integer exponents, small value sets for comparisons (so
 // equal pairs occur).
 HostTensor binary_input(Rng& rng, const BinaryOp& op, DType dtype, Dims shape, int which) {
-  const std::string name = op.name;
+  const std::string name = op.name();
   if (op.comparison) {
     if (!is_float(dtype)) return random_host(rng, dtype, std::move(shape), -3, 3);
     int64_t n = 1;
@@ -103,12 +103,12 @@ Verdict run_binary(const Context& ctx, const BinaryOp& op, const Operand& a, con
   const Tensor x = a.on(ctx.device), y = b.on(ctx.device);
   Tensor got;
   if (use_operator) {
-    const std::string n = op.name;
+    const std::string n = op.name();
     got = n == "add" ? x + y : n == "sub" ? x - y : n == "mul" ? x * y : x / y;
   } else {
     got = op.fn(x, y);
   }
-  return check(ctx, got, want, tolerance_for(op.name, a.base.dtype));
+  return check(ctx, got, want, tolerance_for(op.name(), a.base.dtype));
 }
 
 struct ShapePair {
@@ -141,17 +141,17 @@ void add_binary_cases(Cases& cases) {
     const std::vector<DType>& dtypes = op.comparison ? kAll : kArith;
     for (const DType dtype : dtypes) {
       auto add = [&](std::string name, std::function<Verdict(const Context&)> run) {
-        cases.push_back(Case{op.name, dtype, std::move(name), op.code, 0, std::move(run)});
+        cases.push_back(Case{op.name(), dtype, std::move(name), op.code, 0, std::move(run)});
       };
       for (const ShapePair& s : kBroadcastShapes) {
         const std::string name = std::string(s.tag) + " " + shape_text(s.a) + " x " + shape_text(s.b);
-        Rng rng(seed_of(std::string(op.name) + name + std::string(to_string(dtype))));
+        Rng rng(seed_of(std::string(op.name()) + name + std::string(to_string(dtype))));
         const Operand a = plain(binary_input(rng, op, dtype, s.a, 0));
         const Operand b = plain(binary_input(rng, op, dtype, s.b, 1));
         add(name, [&op, a, b](const Context& ctx) { return run_binary(ctx, op, a, b, false); });
       }
       {
-        Rng rng(seed_of(std::string(op.name) + "strided" + std::string(to_string(dtype))));
+        Rng rng(seed_of(std::string(op.name()) + "strided" + std::string(to_string(dtype))));
         const Operand at = transposed(binary_input(rng, op, dtype, {5, 4}, 0), 0, 1);
         const Operand b = plain(binary_input(rng, op, dtype, {4, 5}, 1));
         add("strided (transposed a) " + at.describe() + " x " + b.describe(),
@@ -165,7 +165,7 @@ void add_binary_cases(Cases& cases) {
         add("strided (both) " + ap.describe() + " x " + bp.describe(),
             [&op, ap, bp](const Context& ctx) { return run_binary(ctx, op, ap, bp, false); });
       }
-      const std::string n = op.name;
+      const std::string n = op.name();
       if (n == "add" || n == "sub" || n == "mul" || n == "div") {
         Rng rng(seed_of(n + "operator" + std::string(to_string(dtype))));
         const Operand a = plain(binary_input(rng, op, dtype, {3, 4}, 0));
@@ -206,13 +206,13 @@ void add_binary_cases(Cases& cases) {
     // Validation by the core, once per op on its first dtype.
     const DType d0 = (op.comparison ? kAll : kArith).front();
     cases.push_back(
-        Case{op.name, d0, "error: dtype_mismatch (f32 with f64)", op.code, 0, [&op](const Context& ctx) {
+        Case{op.name(), d0, "error: dtype_mismatch (f32 with f64)", op.code, 0, [&op](const Context& ctx) {
                const Tensor a = upload(ctx.device, make_host(DType::f32, {2}, {1, 2}));
                const Tensor b = upload(ctx.device, make_host(DType::f64, {2}, {1, 2}));
                return expect_error([&] { (void)op.fn(a, b); }, {Errc::dtype_mismatch});
              }});
     cases.push_back(
-        Case{op.name, d0, "error: shape_mismatch ([2, 3] with [4])", op.code, 0, [&op](const Context& ctx) {
+        Case{op.name(), d0, "error: shape_mismatch ([2, 3] with [4])", op.code, 0, [&op](const Context& ctx) {
                const Tensor a = upload(ctx.device, make_host(DType::f32, {2, 3}, {1, 2, 3, 4, 5, 6}));
                const Tensor b = upload(ctx.device, make_host(DType::f32, {4}, {1, 2, 3, 4}));
                return expect_error([&] { (void)op.fn(a, b); }, {Errc::shape_mismatch});
@@ -283,26 +283,26 @@ void add_where_cases(Cases& cases) {
 // ---- unary ---------------------------------------------------------------------------
 
 struct UnaryOp {
-  const char* name;
-  int32_t code;
+  int32_t code;  // the op's name is abi.h's: name()
   UnaryFn fn;
   ref::Unary ref;
   bool ints;      // also on i32/i64
   double lo, hi;  // float input domain
+  const char* name() const { return bp_op_name(code); }
 };
 
 const std::vector<UnaryOp>& unary_ops() {
   static const std::vector<UnaryOp> ops = {
-      {"neg", BP_OP_NEG, &backplane::neg, ref::Unary::neg, true, -20, 20},
-      {"abs", BP_OP_ABS, &backplane::abs, ref::Unary::abs, true, -20, 20},
-      {"exp", BP_OP_EXP, &backplane::exp, ref::Unary::exp, false, -20, 20},
-      {"log", BP_OP_LOG, &backplane::log, ref::Unary::log, false, 0.01, 100},
-      {"sqrt", BP_OP_SQRT, &backplane::sqrt, ref::Unary::sqrt, false, 0.0, 100},
-      {"tanh", BP_OP_TANH, &backplane::tanh, ref::Unary::tanh, false, -20, 20},
-      {"sigmoid", BP_OP_SIGMOID, &backplane::sigmoid, ref::Unary::sigmoid, false, -20, 20},
-      {"relu", BP_OP_RELU, &backplane::relu, ref::Unary::relu, true, -20, 20},
-      {"sin", BP_OP_SIN, &backplane::sin, ref::Unary::sin, false, -20, 20},
-      {"cos", BP_OP_COS, &backplane::cos, ref::Unary::cos, false, -20, 20},
+      {BP_OP_NEG, &backplane::neg, ref::Unary::neg, true, -20, 20},
+      {BP_OP_ABS, &backplane::abs, ref::Unary::abs, true, -20, 20},
+      {BP_OP_EXP, &backplane::exp, ref::Unary::exp, false, -20, 20},
+      {BP_OP_LOG, &backplane::log, ref::Unary::log, false, 0.01, 100},
+      {BP_OP_SQRT, &backplane::sqrt, ref::Unary::sqrt, false, 0.0, 100},
+      {BP_OP_TANH, &backplane::tanh, ref::Unary::tanh, false, -20, 20},
+      {BP_OP_SIGMOID, &backplane::sigmoid, ref::Unary::sigmoid, false, -20, 20},
+      {BP_OP_RELU, &backplane::relu, ref::Unary::relu, true, -20, 20},
+      {BP_OP_SIN, &backplane::sin, ref::Unary::sin, false, -20, 20},
+      {BP_OP_COS, &backplane::cos, ref::Unary::cos, false, -20, 20},
   };
   return ops;
 }
@@ -333,23 +333,23 @@ void add_unary_cases(Cases& cases) {
   for (const UnaryOp& op : unary_ops()) {
     for (const DType dtype : op.ints ? kArith : kFloat) {
       const double lo = is_float(dtype) ? op.lo : -1000, hi = is_float(dtype) ? op.hi : 1000;
-      for (const auto& [name, operand_ref] : unary_operands(op.name, dtype, lo, hi)) {
+      for (const auto& [name, operand_ref] : unary_operands(op.name(), dtype, lo, hi)) {
         const Operand operand = operand_ref;
-        cases.push_back(Case{op.name, dtype, name, op.code, 0, [&op, operand](const Context& ctx) {
+        cases.push_back(Case{op.name(), dtype, name, op.code, 0, [&op, operand](const Context& ctx) {
                                const HostTensor want = ref::unary(op.ref, operand.logical());
                                return check(ctx, op.fn(operand.on(ctx.device)), want,
-                                            tolerance_for(op.name, operand.base.dtype));
+                                            tolerance_for(op.name(), operand.base.dtype));
                              }});
       }
       if (!is_float(dtype)) {
         const Operand edges = plain(make_host_int(dtype, {5}, {min_of(dtype), max_of(dtype), -1, 0, 1}));
         cases.push_back(
-            Case{op.name, dtype, "int_edges (MIN wraps)", op.code, 0, [&op, edges](const Context& ctx) {
+            Case{op.name(), dtype, "int_edges (MIN wraps)", op.code, 0, [&op, edges](const Context& ctx) {
                    return check(ctx, op.fn(edges.on(ctx.device)), ref::unary(op.ref, edges.logical()),
                                 Tolerance{});
                  }});
       }
-      if (std::string(op.name) == "neg") {
+      if (std::string(op.name()) == "neg") {
         Rng rng(seed_of("neg operator" + std::string(to_string(dtype))));
         const Operand t = plain(random_host(rng, dtype, {3, 4}, lo, hi));
         cases.push_back(Case{"neg", dtype, "operator -", op.code, 0, [&op, t](const Context& ctx) {

@@ -97,7 +97,7 @@ void add_softmax_cases(Cases& cases) {
       {"long ", {300, 257}, 0},
   };
   for (const bool log : {false, true}) {
-    const char* name = log ? "log_softmax" : "softmax";
+    const char* name = bp_op_name(log ? BP_OP_LOG_SOFTMAX : BP_OP_SOFTMAX);
     const int32_t code = log ? BP_OP_LOG_SOFTMAX : BP_OP_SOFTMAX;
     for (const DType dtype : kFloat) {
       auto add = [&](std::string case_name, Operand t, int64_t axis) {

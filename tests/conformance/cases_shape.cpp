@@ -4,6 +4,7 @@
 #include "reference.hpp"
 #include "suite.hpp"
 
+#include <backplane/capability.hpp>
 #include <backplane/ops.hpp>
 
 #include <cmath>
@@ -397,6 +398,12 @@ void add_shape_op_cases(Cases& cases, DType dtype) {
           [src, exact](const Context& ctx) {
             if (!ctx.peer.valid() || ctx.peer == ctx.device)
               return Verdict::skip("no peer device (Options::peer)");
+            // The peer's limits are not the device's: a dtype it cannot hold is a skip.
+            const Capability holds = capability_for(src.base.dtype);
+            if (!ctx.peer.capabilities().has(holds))
+              return Verdict::skip("the peer device " + ctx.peer.id() + " cannot hold " +
+                                   std::string(to_string(src.base.dtype)) + " (no '" +
+                                   std::string(to_string(holds)) + "' capability)");
             const Tensor there = backplane::to(src.on(ctx.device), ctx.peer);
             if (!(there.device() == ctx.peer))
               return Verdict::fail("to(peer) gave a tensor on " + there.device().id());

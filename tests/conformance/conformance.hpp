@@ -29,7 +29,8 @@ struct CaseResult {
     pass,
     fail,         // a wrong value, shape or dtype, or an unexpected error
     skipped,      // not run: a large case over Options::max_bytes or the free memory
-    unsupported,  // the device does not support the op on this dtype (not a failure)
+    unsupported,  // the device does not support the op on this dtype, or lacks a capability
+                  // the case needs (an operand's dtype flag): not a failure
   } outcome = Outcome::pass;
   std::string detail;  // why it failed / was skipped / was unsupported; with verbose, the error of a pass
 };

@@ -136,8 +136,9 @@ Verdict check(const Context& ctx, const Tensor& got, const HostTensor& want, con
               const std::vector<double>* scale = nullptr);
 
 // Runs fn, which must throw backplane::Error with one of `codes` (any code
-// but internal when `codes` is empty). Errc::unsupported_op is rethrown: the
-// runner reports it.
+// but internal when `codes` is empty). Errc::unsupported_op, and
+// Errc::capability_missing unless `codes` names it, are rethrown: the runner
+// reports them (the device cannot run the op, or hold an operand's dtype).
 Verdict expect_error(const std::function<void()>& fn, std::initializer_list<Errc> codes);
 
 }  // namespace backplane::conformance
