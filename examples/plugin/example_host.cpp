@@ -1,5 +1,6 @@
-// example_host: a minimal out-of-tree backplane plugin. One host device that
-// adds f32 tensors (with the broadcasting strides the host hands it).
+// example_host: a backplane plugin that builds out of tree against an
+// installed backplane (and in the tree). One host-visible device that adds
+// f32 tensors (with the broadcasting strides the host hands it).
 // Everything plugin.hpp needs is here: the class, its buffers, one macro.
 #include <backplane/plugin.hpp>
 
@@ -19,6 +20,10 @@ using backplane::plugin::fail;
 
 class ExampleHost {
  public:
+  // Optional members this class implements: buffer_pointer, which
+  // BP_CAP_HOST_VISIBLE requires (the host then reads tensors in place).
+  using Features = backplane::plugin::Features<backplane::plugin::Feature::buffer_pointer>;
+
   explicit ExampleHost(const backplane::plugin::CreateArgs& args) {
     if (args.options_json.find_first_not_of("{} \t\n") != std::string::npos) {
       fail(BP_STATUS_INVALID_ARGUMENT, "example_host takes no options, got " + args.options_json);
@@ -29,7 +34,7 @@ class ExampleHost {
 
   backplane::plugin::DeviceInfo device_info(int32_t device) {
     check_device(device);
-    return {"example host", BP_CAP_HOST_VISIBLE, {{"example", "yes"}}, 0};
+    return {"example host", BP_CAP_HOST_VISIBLE | BP_CAP_F32, {{"example", "yes"}}};
   }
 
   bool supports_op(int32_t device, int32_t op, int32_t dtype) {
@@ -41,7 +46,9 @@ class ExampleHost {
     return std::make_unique<bp_buffer>(bp_buffer{std::vector<unsigned char>(size)}).release();
   }
   void buffer_free(bp_buffer* buffer) noexcept { std::unique_ptr<bp_buffer> owned(buffer); }
-  void* buffer_host_ptr(bp_buffer* buffer) { return buffer->bytes.data(); }
+  backplane::plugin::BufferPointer buffer_pointer(bp_buffer* buffer) {
+    return {buffer->bytes.data(), BP_DL_CPU, 0};
+  }
 
   void buffer_write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size) {
     check_range(b, offset, size);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install test: `cmake --install` this build into a fresh temporary prefix,
-# build examples/host_app and examples/plugin against it, then run them and the
+# build examples/host_app, examples/ddp_host_app and the example plugins
+# (examples/plugin, minimal_plugin_cpp, minimal_plugin_c) against it, then run them and the
 # installed `backplane` CLI and check their output. Run by ctest (install.out_of_tree).
 set -euo pipefail
 
@@ -61,7 +62,7 @@ if [[ -n "$sanitize" ]]; then
                -DCMAKE_MODULE_LINKER_FLAGS="-fsanitize=$sanitize")
 fi
 
-for example in host_app plugin ddp_host_app; do
+for example in host_app plugin ddp_host_app minimal_plugin_cpp minimal_plugin_c; do
   step "build examples/$example against the installed package"
   run_logged cmake -S "$source_dir/examples/$example" -B "$tmp/$example" "${cmake_args[@]}"
   run_logged cmake --build "$tmp/$example" --config "$config"
@@ -69,9 +70,13 @@ done
 example_plugin="$tmp/plugin/libexample_host.so"
 [[ -f "$example_plugin" ]] || fail "examples/plugin did not produce $example_plugin"
 
-step "the example plugin exports bp_plugin_entry only"
-exports="$(nm -D --defined-only "$example_plugin" | awk '{print $NF}' | grep -v '^$' | sort -u)"
-[[ "$exports" == "bp_plugin_entry" ]] || fail "unexpected exports from $example_plugin: $exports"
+for plugin in "$example_plugin" "$tmp/minimal_plugin_cpp/libminimal_plugin_cpp.so" \
+              "$tmp/minimal_plugin_c/libminimal_plugin_c.so"; do
+  step "$(basename "$plugin") exports bp_plugin_entry only"
+  [[ -f "$plugin" ]] || fail "the example build did not produce $plugin"
+  exports="$(nm -D --defined-only "$plugin" | awk '{print $NF}' | grep -v '^$' | sort -u)"
+  [[ "$exports" == "bp_plugin_entry" ]] || fail "unexpected exports from $plugin: $exports"
+done
 
 # cpu resolves through plugin_dirs, the example plugin through an absolute path.
 config_file="$tmp/backends.json"
@@ -140,6 +145,13 @@ step "the example plugin's own backends.json (its build folder + BACKPLANE_PLUGI
 example_json="$("$prefix/bin/backplane" list --json --config "$tmp/plugin/backends.json")" \
   || fail "backplane list --config examples/plugin's backends.json failed"
 json_check "$example_json" "example,cpu" || { echo "$example_json" >&2; fail "examples/plugin backends.json"; }
+
+for example in minimal_plugin_cpp minimal_plugin_c; do
+  step "the installed CLI runs conformance on examples/$example (its own backends.json)"
+  conf_out="$("$prefix/bin/backplane" conformance --config "$tmp/$example/backends.json" --backend minimal 2>&1)" \
+    || { echo "$conf_out" >&2; fail "backplane conformance on examples/$example"; }
+  expect "$conf_out" '[1-9][0-9]* passed, 0 failed' "cases of $example passing, none failing"
+done
 
 step "installed backplane list with no config finds the installed default"
 mkdir "$tmp/cwd"
