@@ -1,13 +1,17 @@
 // Per-op dispatch overhead: a 16-element f32 add through backplane (validation,
 // output allocation through the plugin, the ABI call, the handle) against the
-// same cpu kernel called directly, measured interleaved in one run.
+// same cpu kernel called directly, measured interleaved in one run. A third
+// line calls the plugin's ABI table directly (alloc, execute, free: what the
+// core does per op, without the core), splitting the overhead between the two.
 // Prints the added nanoseconds per op; the target is < 100 ns (limit 150 ns).
 // Where a python3 with torch is on PATH, PyTorch's per-op time is printed too.
 #include "bench_util.hpp"
+#include "cpu/elementwise.hpp"
 #include "cpu/host_buffer.hpp"
-#include "cpu/kernels.hpp"
 
+#include <backplane/abi.h>
 #include <backplane/backplane.hpp>
+#include <dlfcn.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -23,6 +27,40 @@ double torch_ns_per_op() {
       "torch.set_num_threads(1);a=torch.ones(16);b=torch.ones(16);n=200000;"
       "import statistics;print(statistics.median(timeit.repeat(lambda: a+b, number=n, repeat=5))/n*1e9)");
 }
+
+// The cpu plugin's table, created directly (no core): for the per-op cost of the
+// plugin side alone.
+struct DirectPlugin {
+  const bp_plugin_api* api = nullptr;
+  bp_plugin* plugin = nullptr;
+
+  DirectPlugin() {
+    const std::string path = std::string(BP_BENCH_PLUGIN_DIR) + "/libbackplane_cpu.so";
+    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return;
+    auto entry = reinterpret_cast<bp_plugin_entry_fn>(dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
+    static const bp_host_api host = {sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
+                                     [](void*, int32_t, const char*) {}};
+    api = entry != nullptr ? entry(&host) : nullptr;
+    if (api == nullptr) return;
+    bp_create_args c{sizeof c, "cpu", R"({"threads": 1})", &host, nullptr};
+    if (bp_status* s = api->create(&c)) {
+      api->status_free(s);
+      api = nullptr;
+      return;
+    }
+    plugin = c.plugin;
+  }
+  bp_buffer* alloc(uint64_t bytes) const {
+    bp_buffer_alloc_args a{sizeof a, plugin, 0, 0, bytes, nullptr};
+    if (bp_status* s = api->buffer_alloc(&a)) api->status_free(s);
+    return a.buffer;
+  }
+  void free(bp_buffer* b) const {
+    bp_buffer_free_args f{sizeof f, plugin, b};
+    if (bp_status* s = api->buffer_free(&f)) api->status_free(s);
+  }
+};
 
 }  // namespace
 
@@ -46,32 +84,58 @@ int main(int argc, char** argv) {
     volatile float sink = 0;
 
     auto direct = [&] {
-      bp::cpu::binary_contiguous<bp::cpu::BinaryOp::add, float>(xa, xb, xo, kN, 1);
+      bp::cpu::map2_contiguous(bp::cpu::AddOp{}, xa, xb, xo, kN);
       sink = xo[0];
     };
     auto direct_alloc = [&] {  // the plugin's own allocator, so only dispatch differs
       bp_buffer* buf = bp::cpu::allocate_buffer(kN * sizeof(float));
       auto* o = reinterpret_cast<float*>(bp::cpu::buffer_data(buf));
-      bp::cpu::binary_contiguous<bp::cpu::BinaryOp::add, float>(xa, xb, o, kN, 1);
+      bp::cpu::map2_contiguous(bp::cpu::AddOp{}, xa, xb, o, kN);
       sink = o[0];
       bp::cpu::free_buffer(buf);
+    };
+    // The plugin alone: alloc the output, execute add, free it (what the core adds
+    // on top of this is the core's share).
+    DirectPlugin direct_plugin;
+    if (direct_plugin.api == nullptr) {
+      std::fprintf(stderr, "bench_dispatch: cannot load the cpu plugin from %s\n", BP_BENCH_PLUGIN_DIR);
+      return 1;
+    }
+    bp_buffer* pa = direct_plugin.alloc(kN * sizeof(float));
+    bp_buffer* pb = direct_plugin.alloc(kN * sizeof(float));
+    const int64_t shape[1] = {kN};
+    const int64_t strides[1] = {1};
+    const bp_op_attrs attrs{sizeof(bp_op_attrs), 0, 0, 0, 0.0, 0.0, 0};
+    auto plugin_only = [&] {
+      bp_buffer* po = direct_plugin.alloc(kN * sizeof(float));
+      const bp_tensor in[2] = {{pa, 0, 0, BP_DTYPE_F32, 1, 0, shape, strides},
+                               {pb, 0, 0, BP_DTYPE_F32, 1, 0, shape, strides}};
+      const bp_tensor out = {po, 0, 0, BP_DTYPE_F32, 1, 0, shape, strides};
+      bp_execute_args e{sizeof e, direct_plugin.plugin, 0, BP_OP_ADD, in, &out, 2, 1, &attrs};
+      if (bp_status* s = direct_plugin.api->execute(&e)) direct_plugin.api->status_free(s);
+      sink = reinterpret_cast<float*>(po)[0];  // host_visible: the handle is the data
+      direct_plugin.free(po);
     };
     auto through = [&] {
       bp::Tensor c = a + b;
       sink = static_cast<float>(c.numel());
     };
     // Interleave the three so drift on a noisy machine hits them alike.
-    std::vector<double> d, da, t;
+    std::vector<double> d, da, p, t;
     for (int i = 0; i < batches; ++i) {
       d.push_back(bench::ns_per_call(direct, kIters, 1));
       da.push_back(bench::ns_per_call(direct_alloc, kIters, 1));
+      p.push_back(bench::ns_per_call(plugin_only, kIters, 1));
       t.push_back(bench::ns_per_call(through, kIters, 1));
     }
-    const double nd = bench::median(d), nda = bench::median(da), nt = bench::median(t);
+    const double nd = bench::median(d), nda = bench::median(da), np = bench::median(p), nt = bench::median(t);
     std::printf("dispatch overhead, 16-element f32 add, median of %d batches of %d ops\n", batches, kIters);
     std::printf("  direct kernel call (preallocated output)   %8.1f ns/op\n", nd);
     std::printf("  direct kernel call + the plugin's alloc/free %7.1f ns/op\n", nda);
-    std::printf("  through backplane (a + b -> new Tensor)    %8.1f ns/op\n", nt);
+    std::printf("  the plugin's ABI alone (alloc, execute, free) %6.1f ns/op  (plugin side: +%.1f ns over direct + alloc)\n",
+                np, np - nda);
+    std::printf("  through backplane (a + b -> new Tensor)    %8.1f ns/op  (core side: +%.1f ns over the plugin alone)\n",
+                nt, nt - np);
     std::printf("  added by backplane vs direct               %8.1f ns/op  (ratio %.2fx; target < 100, limit 150)\n",
                 nt - nd, nt / nd);
     std::printf("  added by backplane vs direct + alloc       %8.1f ns/op  (ratio %.2fx)\n", nt - nda, nt / nda);
