@@ -45,6 +45,10 @@ struct ExportContext {
   DType dtype = DType::f32;                        // restores bool on re-import
   int64_t shape[Shape::kMaxRank] = {};
   int64_t strides[Shape::kMaxRank] = {};
+  // The allocation `data` points into (the storage's buffer, or the copy):
+  // on re-import, the one case where the producer's allocation is known.
+  uintptr_t alloc_begin = 0;
+  uint64_t alloc_bytes = 0;
   DLManagedTensor managed{};
 };
 
@@ -160,7 +164,10 @@ const std::shared_ptr<detail::BackendImpl>& usable(const Device& device, const c
 }
 
 // The element range a strided layout reaches, relative to element [0,...,0]:
-// [low, high] in elements. Assumes numel > 0.
+// [low, high] in elements (low <= 0 <= high; negative strides lower `low`).
+// Every element's offset sum(index[d] * strides[d]) lies in [low, high], so
+// once this succeeds no partial sum of a walk over the layout overflows.
+// Assumes numel > 0.
 struct Extent {
   int64_t low = 0;
   int64_t high = 0;
@@ -180,6 +187,45 @@ bool strided_extent(const Shape& shape, const Shape& strides, Extent& out) noexc
   return !overflow;
 }
 
+// The bytes an imported layout reaches: [begin, begin + bytes), which holds
+// `elems` elements, element [0,...,0] `below` bytes after begin
+// (below = -low * esize). Both the adopt path and the copy path use exactly
+// this region.
+struct Region {
+  uint64_t begin = 0;
+  uint64_t bytes = 0;
+  uint64_t below = 0;
+  int64_t low = 0;
+  int64_t high = 0;
+  int64_t elems = 0;
+};
+
+// Computes the region of (shape, strides) around element0, every step
+// overflow-checked; false when it does not fit the address space.
+bool layout_region(uint64_t element0, const Shape& shape, const Shape& strides, int64_t esize,
+                   Region& out) noexcept {
+  Extent extent;
+  int64_t elems = 0;
+  int64_t bytes = 0;
+  int64_t low_bytes = 0;
+  if (!strided_extent(shape, strides, extent) || __builtin_sub_overflow(extent.high, extent.low, &elems) ||
+      __builtin_add_overflow(elems, 1, &elems) || __builtin_mul_overflow(elems, esize, &bytes) ||
+      __builtin_mul_overflow(extent.low, esize, &low_bytes))
+    return false;
+  // low_bytes is in [-(INT64_MAX - esize), 0], so its negation is representable.
+  const uint64_t below = static_cast<uint64_t>(-low_bytes);
+  uint64_t end = 0;
+  if (below > element0 || __builtin_add_overflow(element0 - below, static_cast<uint64_t>(bytes), &end))
+    return false;
+  out.begin = element0 - below;
+  out.bytes = static_cast<uint64_t>(bytes);
+  out.below = below;
+  out.low = extent.low;
+  out.high = extent.high;
+  out.elems = elems;
+  return true;
+}
+
 // True when `strides` lay `shape` out compact and row-major (extent-1 dims ignored).
 bool is_compact(const Shape& shape, const Shape& strides) noexcept {
   int64_t expected = 1;
@@ -190,17 +236,24 @@ bool is_compact(const Shape& shape, const Shape& strides) noexcept {
   return true;
 }
 
-// Copies a strided host layout into a compact row-major array, element by element.
-void gather(const unsigned char* first, const Shape& shape, const Shape& strides, std::size_t esize,
-            unsigned char* dst) {
+// Copies a strided host layout into a compact row-major array, element by
+// element. Reads only inside `region` (see layout_region): each element's
+// offset from element [0,...,0] lies in [region.low, region.high], so its
+// position from the region's start, offset - low, is in [0, region.elems).
+void gather(const unsigned char* region_begin, const Region& region, const Shape& shape, const Shape& strides,
+            std::size_t esize, unsigned char* dst) {
   const int rank = shape.rank();
   int64_t index[Shape::kMaxRank] = {};
   const int64_t n = shape.numel();
   for (int64_t i = 0; i < n; ++i) {
     int64_t offset = 0;
     for (int d = 0; d < rank; ++d) offset += index[d] * strides[d];
-    std::memcpy(dst + static_cast<std::size_t>(i) * esize, first + offset * static_cast<int64_t>(esize),
-                esize);
+    if (offset < region.low || offset > region.high)
+      throw Error(Errc::internal, "from_dlpack: element offset " + std::to_string(offset) +
+                                      " lies outside the layout's extent [" + std::to_string(region.low) +
+                                      ", " + std::to_string(region.high) + "]");
+    const auto position = static_cast<uint64_t>(offset - region.low);
+    std::memcpy(dst + static_cast<std::size_t>(i) * esize, region_begin + position * esize, esize);
     for (int d = rank - 1; d >= 0; --d) {
       if (++index[d] < shape[d]) break;
       index[d] = 0;
@@ -257,6 +310,8 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
     dl.device = {static_cast<DLDeviceType>(where.dl_device_type), where.dl_device_id};
     std::copy(impl.strides.begin(), impl.strides.end(), ctx->strides);
     dl.data = static_cast<unsigned char*>(where.data) + impl.byte_offset;
+    ctx->alloc_begin = reinterpret_cast<uintptr_t>(where.data);
+    ctx->alloc_bytes = storage.nbytes;
     ctx->keep = t.impl();
   } else {
     // Not addressable (or empty): a compact host copy.
@@ -270,6 +325,8 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
     const Shape compact = detail::contiguous_strides(impl.shape);
     std::copy(compact.begin(), compact.end(), ctx->strides);
     dl.data = ctx->copy.get();
+    ctx->alloc_begin = reinterpret_cast<uintptr_t>(ctx->copy.get());
+    ctx->alloc_bytes = bytes;
   }
   ctx->managed.manager_ctx = ctx.get();
   ctx->managed.deleter = &delete_export;
@@ -316,30 +373,55 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
                             ? Shape(std::span<const int64_t>(dl.strides, static_cast<std::size_t>(dl.ndim)))
                             : compact;
 
-  // The bytes the layout reaches: [region, region + region_bytes), holding
-  // element [0,...,0] at element0. Addresses as integers, so that a bad layout
-  // is an error rather than pointer overflow.
+  // The bytes the layout reaches: [region.begin, region.begin + region.bytes),
+  // holding element [0,...,0] at element0 = data + byte_offset. Addresses as
+  // integers, so that a bad layout is an error rather than pointer overflow.
   uint64_t element0 = 0;
   if (__builtin_add_overflow(reinterpret_cast<uintptr_t>(dl.data), dl.byte_offset, &element0))
     throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.byte_offset " +
                                             std::to_string(dl.byte_offset) +
                                             " added to dl_tensor.data overflows the address space");
-  Extent extent;
-  int64_t region_elems = 0;
-  int64_t region_bytes = 0;
-  int64_t low_bytes = 0;
-  const bool fits = strided_extent(shape, strides, extent) &&
-                    !__builtin_sub_overflow(extent.high, extent.low, &region_elems) &&
-                    !__builtin_add_overflow(region_elems, 1, &region_elems) &&
-                    !__builtin_mul_overflow(region_elems, esize, &region_bytes) &&
-                    !__builtin_mul_overflow(extent.low, esize, &low_bytes);
-  const uint64_t below = 0 - static_cast<uint64_t>(low_bytes);  // low_bytes <= 0
-  if (!fits || below > element0 || static_cast<uint64_t>(region_bytes) > UINT64_MAX - (element0 - below))
+  Region layout;
+  if (!layout_region(element0, shape, strides, esize, layout))
     throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.strides " + strides.to_string() +
                                             " with shape " + shape.to_string() + ", data and byte_offset " +
                                             std::to_string(dl.byte_offset) +
                                             " reach outside the address space");
-  auto* const region = reinterpret_cast<unsigned char*>(element0 - below);
+  const std::string extent_text = "elements [" + std::to_string(layout.low) + ", " +
+                                  std::to_string(layout.high) + "] from data + byte_offset (byte_offset " +
+                                  std::to_string(dl.byte_offset) + ", " + std::to_string(esize) +
+                                  "-byte elements)";
+  // The producer's allocation is known only for a tensor to_dlpack made; any
+  // other producer's starts at data at the latest (DLPack carries no size),
+  // so a layout reaching below data is the producer's error.
+  const auto* const ours =
+      is_ours(m) && m->manager_ctx != nullptr ? static_cast<const ExportContext*>(m->manager_ctx) : nullptr;
+  if (ours != nullptr) {
+    const uint64_t alloc_end = ours->alloc_begin + ours->alloc_bytes;
+    if (layout.begin < ours->alloc_begin || layout.begin + layout.bytes > alloc_end) {
+      // Byte offsets from the allocation's start; the region may begin before it.
+      const auto from_alloc = [&](uint64_t address) {
+        return address >= ours->alloc_begin ? std::to_string(address - ours->alloc_begin)
+                                            : "-" + std::to_string(ours->alloc_begin - address);
+      };
+      throw Error(Errc::invalid_argument,
+                  "from_dlpack: dl_tensor.strides " + strides.to_string() + " with shape " + shape.to_string() +
+                      " reach " + extent_text + ", bytes [" + from_alloc(layout.begin) + ", " +
+                      from_alloc(layout.begin + layout.bytes) + ") of the exported allocation of " +
+                      std::to_string(ours->alloc_bytes) + " bytes, outside the exported allocation");
+    }
+  } else if (layout.begin < reinterpret_cast<uintptr_t>(dl.data)) {
+    throw Error(Errc::invalid_argument,
+                "from_dlpack: dl_tensor.strides " + strides.to_string() + " with shape " + shape.to_string() +
+                    " reach " + extent_text + ", whose lowest byte lies " +
+                    std::to_string(reinterpret_cast<uintptr_t>(dl.data) - layout.begin) +
+                    " bytes before dl_tensor.data; DLPack carries no allocation size, so data must be at or "
+                    "below every element: point data at the allocation and byte_offset at element [0,...,0]");
+  }
+  auto* const region = reinterpret_cast<unsigned char*>(layout.begin);
+  const int64_t region_elems = layout.elems;
+  const auto region_bytes = layout.bytes;
+  const uint64_t below = layout.below;
   const bool aligned = element0 % static_cast<uint64_t>(esize) == 0;
   const bool compact_layout = is_compact(shape, strides);
 
@@ -371,7 +453,7 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
     args.dl_device_type = type;
     args.dl_device_id = dl.device.device_id;
     args.data = region;
-    args.size = static_cast<uint64_t>(region_bytes);
+    args.size = region_bytes;
     args.release = &release_import;
     args.release_ctx = m;
     bp_status* st = backend->api.buffer_import(&args);
@@ -383,7 +465,7 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
       if (args.buffer == nullptr)
         throw Error(Errc::device_error, "from_dlpack: backend \"" + backend->name + "\": " + what +
                                             " succeeded but returned no buffer");
-      root->storage = &root->owned.emplace(backend, dev, args.buffer, static_cast<uint64_t>(region_bytes));
+      root->storage = &root->owned.emplace(backend, dev, args.buffer, region_bytes);
       if (compact_layout) return Tensor(std::move(root));
       return Tensor(detail::make_view(root, shape, strides, below));
     }
@@ -408,16 +490,21 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
             ", and the host cannot copy device memory; import it on the device it lives on, or copy it "
             "to the host on the producer's side first");
 
-  // Copy in: a compact layout straight from the producer, any other gathered first.
+  // Copy in, reading only the region: a compact layout straight from the
+  // producer (its region is exactly its numel elements from element0), any
+  // other gathered first.
   auto t = detail::allocate_tensor(backend, dev, shape, dtype, "from_dlpack");
   const auto bytes = static_cast<uint64_t>(numel * esize);
-  const auto* const first = reinterpret_cast<const unsigned char*>(element0);
   std::vector<unsigned char> staged;
   if (!compact_layout) {
     staged.resize(static_cast<std::size_t>(bytes));
-    gather(first, shape, strides, static_cast<std::size_t>(esize), staged.data());
+    gather(region, layout, shape, strides, static_cast<std::size_t>(esize), staged.data());
+  } else if (below != 0 || region_bytes != bytes) {
+    throw Error(Errc::internal, "from_dlpack: a compact layout of " + std::to_string(bytes) +
+                                    " bytes has a region of " + std::to_string(region_bytes) + " bytes starting " +
+                                    std::to_string(below) + " bytes before element [0,...,0]");
   }
-  backend->write(t->storage->buffer, 0, compact_layout ? static_cast<const void*>(first) : staged.data(),
+  backend->write(t->storage->buffer, 0, compact_layout ? static_cast<const void*>(region) : staged.data(),
                  bytes, "buffer_write to " + device.id() + " (from_dlpack copy)");
   return Tensor(std::move(t));  // `owner` runs the deleter now
 }

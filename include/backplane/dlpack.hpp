@@ -76,8 +76,11 @@ BACKPLANE_API DLManagedTensor* to_dlpack(const Tensor& t);
 // neither host nor CUDA memory, and a layout whose byte range overflows are
 // Errc::invalid_argument; an unrepresentable dtype is Errc::dtype_mismatch;
 // a dtype whose capability flag `device` lacks is Errc::capability_missing.
-// The message names the DLTensor field. Strides are trusted to stay inside
-// the producer's allocation (DLPack carries no allocation size).
+// The message names the DLTensor field. DLPack carries no allocation size:
+// a layout whose lowest element lies before `data` (negative strides from
+// data + byte_offset) is refused as invalid_argument naming dl_tensor.strides;
+// a tensor to_dlpack made is also held to its known allocation. Beyond that,
+// strides are trusted to stay inside the producer's allocation.
 BACKPLANE_API Tensor from_dlpack(DLManagedTensor* m, const Device& device);
 
 }  // namespace backplane

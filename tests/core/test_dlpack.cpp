@@ -264,6 +264,127 @@ TEST_CASE("dlpack: byte_offset, negative and zero strides, and scalars import wi
   }
 }
 
+TEST_CASE("dlpack: a layout whose negative strides reach before data is refused, never read") {
+  // The producer's allocation is exactly these four floats, data at its start:
+  // strides {-1} would reach the three floats before it.
+  const auto buffer = std::make_unique<float[]>(4);
+  for (int i = 0; i < 4; ++i) buffer[i] = static_cast<float>(i);
+  struct Case {
+    const char* name;
+    std::vector<int64_t> shape;
+    std::vector<int64_t> strides;
+    uint64_t byte_offset;
+    const char* extent;
+    const char* before;
+  };
+  const Case cases[] = {
+      {"1-D, reversed from data", {4}, {-1}, 0, "elements [-3, 0]", "12 bytes before dl_tensor.data"},
+      {"byte_offset covers part of it", {4}, {-1}, sizeof(float), "elements [-3, 0]",
+       "8 bytes before dl_tensor.data"},
+      {"2-D, inner dim reversed", {2, 2}, {2, -1}, 0, "elements [-1, 2]", "4 bytes before dl_tensor.data"},
+      {"2-D, both reversed", {2, 2}, {-2, -1}, 2 * sizeof(float), "elements [-3, 0]",
+       "4 bytes before dl_tensor.data"},
+  };
+  for (const Device& device : {cpu(), opaque()}) {
+    for (const auto& c : cases) {
+      CAPTURE(c.name);
+      CAPTURE(device.id());
+      auto p = produce(buffer.get(), c.shape, kF32, c.strides, c.byte_offset);
+      const Error e = error_from([&] { from_dlpack(&p->managed, device); });
+      CHECK(e.code() == Errc::invalid_argument);
+      BP_CHECK_CONTAINS(e.message(), "from_dlpack");
+      BP_CHECK_CONTAINS(e.message(), "dl_tensor.strides");
+      BP_CHECK_CONTAINS(e.message(), c.extent);
+      BP_CHECK_CONTAINS(e.message(), c.before);
+      CHECK(p->deletes == 1);
+    }
+  }
+  // Misaligned data takes the copy path on every device; it is refused the same way.
+  std::vector<unsigned char> raw(sizeof(float) * 4 + 1);
+  auto p = produce(raw.data(), {4}, kF32, {-1}, 1);
+  const Error e = error_from([&] { from_dlpack(&p->managed, cpu()); });
+  CHECK(e.code() == Errc::invalid_argument);
+  BP_CHECK_CONTAINS(e.message(), "dl_tensor.strides");
+  BP_CHECK_CONTAINS(e.message(), "elements [-3, 0]");
+  CHECK(p->deletes == 1);
+}
+
+TEST_CASE("dlpack: negative strides inside the allocation import with their values, adopted or copied") {
+  // data at the allocation's start, byte_offset at element [0]: the last float.
+  const auto buffer = std::make_unique<float[]>(6);
+  for (int i = 0; i < 6; ++i) buffer[i] = static_cast<float>(i + 1);
+  SUBCASE("a reversed 1-D array is adopted as a view of the producer's memory") {
+    auto p = produce(buffer.get(), {6}, kF32, {-1}, 5 * sizeof(float));
+    Tensor t = from_dlpack(&p->managed, cpu());
+    CHECK(p->deletes == 0);
+    CHECK(t.strides() == Shape{-1});
+    CHECK(t.to_vector<float>() == std::vector<float>{6, 5, 4, 3, 2, 1});
+    buffer[0] = 10.0f;  // shared: the last element of the view
+    CHECK(t.to_vector<float>() == std::vector<float>{6, 5, 4, 3, 2, 10});
+    CHECK(add(t, t).to_vector<float>() == std::vector<float>{12, 10, 8, 6, 4, 20});
+    t = Tensor();
+    CHECK(p->deletes == 1);
+  }
+  SUBCASE("a reversed 1-D array is gathered onto a device that is not host_visible") {
+    auto p = produce(buffer.get(), {6}, kF32, {-1}, 5 * sizeof(float));
+    const Tensor t = from_dlpack(&p->managed, opaque());
+    CHECK(p->deletes == 1);
+    CHECK(t.is_contiguous());
+    CHECK(t.to_vector<float>() == std::vector<float>{6, 5, 4, 3, 2, 1});
+  }
+  SUBCASE("a 2-D layout reversed in both dims, adopted and copied") {
+    for (const Device& device : {cpu(), opaque()}) {
+      CAPTURE(device.id());
+      auto p = produce(buffer.get(), {2, 3}, kF32, {-3, -1}, 5 * sizeof(float));
+      const Tensor t = from_dlpack(&p->managed, device);
+      CHECK(t.to_vector<float>() == std::vector<float>{6, 5, 4, 3, 2, 1});
+    }
+  }
+  SUBCASE("mixed signs: rows forward, columns reversed, misaligned so copied") {
+    std::vector<unsigned char> raw(sizeof(float) * 6 + 1);
+    std::memcpy(raw.data() + 1, buffer.get(), sizeof(float) * 6);
+    auto p = produce(raw.data(), {2, 3}, kF32, {3, -1}, 1 + 2 * sizeof(float));
+    const Tensor t = from_dlpack(&p->managed, cpu());
+    CHECK(p->deletes == 1);
+    CHECK(t.to_vector<float>() == std::vector<float>{3, 2, 1, 6, 5, 4});
+  }
+}
+
+TEST_CASE("dlpack: a re-exported negative-stride view imports again, bounded by its allocation") {
+  const auto buffer = std::make_unique<float[]>(4);
+  for (int i = 0; i < 4; ++i) buffer[i] = static_cast<float>(i);
+  auto p = produce(buffer.get(), {4}, kF32, {-1}, 3 * sizeof(float));
+  Tensor reversed = from_dlpack(&p->managed, cpu());
+  SUBCASE("to_dlpack points data at element [0], the last in memory; from_dlpack takes it back") {
+    for (const Device& device : {cpu(), opaque()}) {
+      CAPTURE(device.id());
+      DLManagedTensor* m = to_dlpack(reversed);
+      CHECK(m->dl_tensor.data == buffer.get() + 3);
+      CHECK(m->dl_tensor.byte_offset == 0);
+      CHECK(m->dl_tensor.strides[0] == -1);
+      const Tensor back = from_dlpack(m, device);
+      CHECK(back.to_vector<float>() == std::vector<float>{3, 2, 1, 0});
+    }
+  }
+  SUBCASE("strides altered to leave the exported allocation are refused") {
+    for (const Device& device : {cpu(), opaque()}) {
+      for (const int64_t stride : {int64_t{-2}, int64_t{2}}) {
+        CAPTURE(device.id());
+        CAPTURE(stride);
+        const Tensor compact = Tensor::from_vector<float>(cpu(), {4}, {1, 2, 3, 4});
+        DLManagedTensor* m = to_dlpack(stride < 0 ? reversed : compact);
+        m->dl_tensor.strides[0] = stride;
+        const Error e = error_from([&] { from_dlpack(m, device); });
+        CHECK(e.code() == Errc::invalid_argument);
+        BP_CHECK_CONTAINS(e.message(), "dl_tensor.strides");
+        BP_CHECK_CONTAINS(e.message(), "outside the exported allocation");
+      }
+    }
+  }
+  reversed = Tensor();
+  CHECK(p->deletes == 1);
+}
+
 TEST_CASE("dlpack: copies instead of adopting, and deletes at once, when memory cannot be shared") {
   std::vector<float> data{1, 2, 3, 4, 5, 6};
   SUBCASE("a device that is not host_visible") {
