@@ -1,12 +1,20 @@
 // backends.json parsing. Every error names the JSON path of the offending
-// value ("backends[1].library: expected a string, got number 5").
+// value ("backends[1].library: expected a string, got number 5"), and any
+// error makes the whole file invalid.
 #include "config.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
+#include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <set>
+#include <unordered_map>
 
 namespace backplane::detail {
 namespace {
@@ -36,9 +44,31 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 std::string describe(const json& v) {
-  std::string text = v.dump();
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 40) text = text.substr(0, 37) + "...";
   return std::string(v.type_name()) + " " + text;
+}
+
+// A string as JSON writes it: quoted, control characters escaped, so a value
+// from the file cannot move the cursor or recolour a terminal.
+std::string quote(std::string_view s) {
+  return json(std::string(s)).dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// "U+000A" for the code point starting at s[i] (UTF-8, valid after parsing);
+// `len` receives its length in bytes.
+std::string code_point_at(std::string_view s, std::size_t i, std::size_t& len) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  uint32_t cp = c;
+  len = 1;
+  if (c >= 0xF0) len = 4, cp = c & 0x07;
+  else if (c >= 0xE0) len = 3, cp = c & 0x0F;
+  else if (c >= 0xC0) len = 2, cp = c & 0x1F;
+  if (i + len > s.size()) len = 1;
+  for (std::size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "U+%04X", static_cast<unsigned>(cp));
+  return buf;
 }
 
 class Checker {
@@ -62,7 +92,8 @@ class Checker {
       if (!best.empty()) msg += " (did you mean \"" + std::string(best) + "\"?)";
       msg += "; expected one of:";
       for (auto k : keys) msg += " " + std::string(k);
-      fail(prefix.empty() ? key : prefix + "." + key, msg);
+      const std::string shown = quote(key).substr(1, quote(key).size() - 2);
+      fail(prefix.empty() ? shown : prefix + "." + shown, msg);
     }
   }
 
@@ -73,6 +104,34 @@ class Checker {
   bool bool_at(const json& v, const std::string& path) const {
     if (!v.is_boolean()) fail(path, "expected a boolean (true or false), got " + describe(v));
     return v.get<bool>();
+  }
+  // An integer in int64 range (JSON has one number type; nlohmann keeps
+  // integers beyond int64 as unsigned or as double).
+  int64_t int_at(const json& v, const std::string& path) const {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      fail(path, "integer out of range: " + describe(v) + " does not fit in a signed 64-bit integer");
+    if (!v.is_number_integer()) fail(path, "expected an integer, got " + describe(v));
+    return v.get<int64_t>();
+  }
+
+  // [A-Za-z0-9_.-], 1..kMaxBackendName characters.
+  void backend_name(const std::string& name, const std::string& path) const {
+    if (name.empty()) fail(path, "must not be empty");
+    if (name.size() > kMaxBackendName)
+      fail(path, "is " + std::to_string(name.size()) + " bytes long; a backend name has at most " +
+                     std::to_string(kMaxBackendName) + " characters");
+    for (std::size_t i = 0; i < name.size();) {
+      const char ch = name[i];
+      if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_' || ch == '.' || ch == '-') {
+        ++i;
+        continue;
+      }
+      std::size_t len = 1;
+      const std::string cp = code_point_at(name, i, len);
+      fail(path, "character " + cp + " at byte " + std::to_string(i) + " of " + quote(name) +
+                     " is not allowed; a backend name uses only letters, digits, '_', '.' and '-' "
+                     "(it appears in device ids such as \"cpu:0\")");
+    }
   }
 
  private:
@@ -91,7 +150,7 @@ CollectiveFallback parse_fallback(const Checker& c, const json& v, const std::st
     f.kind = CollectiveFallback::Kind::host;
     f.host_backend = s.substr(5);
   } else {
-    c.fail(path, "expected \"error\", \"local\" or \"host:<backend>\", got \"" + s + "\"");
+    c.fail(path, "expected \"error\", \"local\" or \"host:<backend>\", got " + quote(s));
   }
   return f;
 }
@@ -99,40 +158,33 @@ CollectiveFallback parse_fallback(const Checker& c, const json& v, const std::st
 BackendConfig parse_backend(const Checker& c, const json& entry, const std::string& path) {
   BackendConfig b;
   b.path = path;
-  b.name = path;
-  try {
-    if (!entry.is_object()) c.fail(path, "expected an object, got " + describe(entry));
-    // Read the name first so later errors are reported under it.
-    if (entry.contains("name")) {
-      b.name = c.string_at(entry["name"], path + ".name");
-      if (b.name.empty()) c.fail(path + ".name", "must not be empty");
-    } else {
-      c.fail(path, "missing required key \"name\"");
-    }
-    // `required` next: an entry that fails validation still honours it.
-    if (entry.contains("required")) b.required = c.bool_at(entry["required"], path + ".required");
-    c.known_keys(entry, path, kBackendKeys);
-    if (!entry.contains("library")) c.fail(path, "missing required key \"library\"");
-    b.library = c.string_at(entry["library"], path + ".library");
-    if (b.library.empty()) c.fail(path + ".library", "must not be empty");
-    if (entry.contains("options")) {
-      const json& o = entry["options"];
-      if (!o.is_object()) c.fail(path + ".options", "expected an object, got " + describe(o));
-      b.options_json = o.dump();
-    }
-    if (entry.contains("collective_fallback"))
-      b.fallback = parse_fallback(c, entry["collective_fallback"], path + ".collective_fallback");
-  } catch (const Error& e) {
-    b.error = e;
+  if (!entry.is_object()) c.fail(path, "expected an object, got " + describe(entry));
+  c.known_keys(entry, path, kBackendKeys);
+  if (!entry.contains("name")) c.fail(path, "missing required key \"name\"");
+  b.name = c.string_at(entry["name"], path + ".name");
+  c.backend_name(b.name, path + ".name");
+  if (entry.contains("required")) b.required = c.bool_at(entry["required"], path + ".required");
+  if (!entry.contains("library")) c.fail(path, "missing required key \"library\"");
+  b.library = c.string_at(entry["library"], path + ".library");
+  if (b.library.empty()) c.fail(path + ".library", "must not be empty");
+  if (entry.contains("options")) {
+    const json& o = entry["options"];
+    if (!o.is_object()) c.fail(path + ".options", "expected an object, got " + describe(o));
+    b.options_json = o.dump();
   }
+  if (entry.contains("collective_fallback"))
+    b.fallback = parse_fallback(c, entry["collective_fallback"], path + ".collective_fallback");
   return b;
 }
 
-// JSON allows an object to repeat a key and nlohmann keeps the last one, so a
-// repeated key would pass silently; it is an error here, named by its path.
-class DuplicateKeys {
+// Sees every parse event before the document is built. It refuses what the
+// schema can never accept, with its path: a key repeated in one object (JSON
+// allows it and nlohmann keeps the last one silently), nesting deeper than
+// kMaxConfigDepth (refused before it is built, so nothing recurses on it),
+// and a NUL in any key or string.
+class ParseGuard {
  public:
-  explicit DuplicateKeys(const std::string& source) : source_(source) {}
+  explicit ParseGuard(const std::string& source) : source_(source) {}
 
   bool on_event(json::parse_event_t event, const json& parsed) {
     using E = json::parse_event_t;
@@ -140,19 +192,25 @@ class DuplicateKeys {
       case E::object_start:
       case E::array_start:
         next_element();
+        if (stack_.size() >= kMaxConfigDepth) {
+          fail(path(""), "nested deeper than " + std::to_string(kMaxConfigDepth) +
+                             " arrays and objects (the limit, kMaxConfigDepth in core/config.hpp; a "
+                             "backends.json needs a few levels, so flatten this value)");
+        }
         stack_.push_back(Frame{event == E::array_start, {}, {}, 0});
         break;
       case E::key: {
         Frame& f = stack_.back();
         std::string key = parsed.get<std::string>();
-        if (!f.keys.insert(key).second) {
-          throw Error(Errc::config_error, source_ + ": " + path(key) + ": duplicate key (each key may appear once)");
-        }
-        f.current = std::move(key);
+        if (key.find('\0') != std::string::npos) fail(path(shown(key)), nul_message("key"));
+        if (!f.keys.insert(key).second) fail(path(shown(key)), "duplicate key (each key may appear once)");
+        f.current = shown(key);
         break;
       }
       case E::value:
         next_element();
+        if (parsed.is_string() && parsed.get_ref<const std::string&>().find('\0') != std::string::npos)
+          fail(path(""), nul_message("string"));
         break;
       case E::object_end:
       case E::array_end:
@@ -162,32 +220,100 @@ class DuplicateKeys {
     return true;
   }
 
+  // The path of the value the parser is reading now (for errors the parser
+  // raises itself, such as a number out of range).
+  std::string pending_path() const {
+    if (stack_.empty()) return "(top level)";
+    const Frame& f = stack_.back();
+    return path(f.array ? "[" + std::to_string(f.next) + "]" : f.current);
+  }
+
  private:
   struct Frame {
     bool array;
     std::set<std::string> keys;
-    std::string current;  // the key (objects) or index (arrays) being read
+    std::string current;  // the key (objects, as shown) or index (arrays) being read
     std::size_t next;     // arrays: index of the next element
   };
+
+  [[noreturn]] void fail(const std::string& where, const std::string& what) const {
+    throw Error(Errc::config_error, source_ + ": " + (where.empty() ? "(top level)" : where) + ": " + what);
+  }
+
+  static std::string nul_message(const char* what) {
+    return std::string("the ") + what +
+           " contains a NUL character (U+0000, written \\u0000); C strings end there, so it is refused: "
+           "remove it";
+  }
+
+  // A key as it appears in a path: control characters escaped, long keys cut.
+  static std::string shown(const std::string& key) {
+    if (key.empty()) return "\"\"";
+    std::string q = quote(key);
+    q = q.substr(1, q.size() - 2);
+    if (q.size() > 64) q = q.substr(0, 61) + "...";
+    return q;
+  }
 
   void next_element() {
     if (!stack_.empty() && stack_.back().array) stack_.back().current = std::to_string(stack_.back().next++);
   }
 
+  // The path of `key` inside the innermost container; with `key` empty, of
+  // the element being read now. Deep paths keep their first and last levels.
   std::string path(const std::string& key) const {
+    std::vector<std::string> parts;
+    const std::size_t levels = key.empty() ? stack_.size() : stack_.size() - 1;
+    for (std::size_t i = 0; i < levels; ++i)
+      parts.push_back(stack_[i].array ? "[" + stack_[i].current + "]" : stack_[i].current);
+    if (!key.empty()) parts.push_back(key);
     std::string out;
-    for (std::size_t i = 0; i + 1 < stack_.size(); ++i) {
-      if (stack_[i].array) out += "[" + stack_[i].current + "]";
-      else out += (out.empty() ? "" : ".") + stack_[i].current;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      if (parts.size() > 12 && i == 6) {
+        out += "...";
+        i = parts.size() - 4;
+      }
+      const std::string& p = parts[i];
+      out += (p[0] == '[' || out.empty()) ? p : "." + p;
     }
-    return out + (out.empty() ? "" : ".") + key;
+    return out;
   }
 
   std::string source_;
   std::vector<Frame> stack_;
 };
 
+std::string owner_fix(const std::filesystem::path& p) {
+  return "(anyone who can write it could make this process load code of their choosing); fix it with "
+         "`chmod go-w " + p.string() + "`";
+}
+
 }  // namespace
+
+void require_private_file(const std::filesystem::path& file, std::string_view what, Errc code) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path real = fs::canonical(file, ec);
+  if (ec) real = fs::absolute(file, ec);
+  const uid_t me = ::geteuid();
+  auto check = [&](const fs::path& p, bool is_dir) {
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) return;  // reading it will report the problem
+    const std::string kind = is_dir ? "the folder holding " + std::string(what) + " " + file.string() + ", " : "";
+    const std::string name = is_dir ? kind + p.string() + "," : std::string(what) + " " + p.string();
+    if (st.st_uid != 0 && st.st_uid != me)
+      throw Error(code, name + " is owned by another user (uid " + std::to_string(st.st_uid) +
+                            "), who could change it; it is refused. Make it yours or root's (`chown` it) "
+                            "and `chmod go-w " + p.string() + "`");
+    const bool sticky_dir = is_dir && (st.st_mode & S_ISVTX) != 0;
+    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !sticky_dir)
+      throw Error(code, name + " is writable by " +
+                            ((st.st_mode & S_IWOTH) != 0 ? std::string("anyone") : std::string("its group")) +
+                            ", so it is refused " + owner_fix(p));
+  };
+  check(real, false);
+  check(real.parent_path(), true);
+}
 
 Config parse_config(std::string_view text, const std::filesystem::path& base_dir, std::string_view source) {
   Config cfg;
@@ -195,16 +321,29 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
   cfg.base_dir = base_dir;
   Checker c(cfg.source);
 
+  if (text.size() > kMaxConfigBytes) {
+    throw Error(Errc::config_error, cfg.source + ": " + std::to_string(text.size()) + " bytes is larger than the " +
+                                        std::to_string(kMaxConfigBytes) +
+                                        "-byte limit (1 MiB, kMaxConfigBytes in core/config.hpp); a backends.json "
+                                        "is a few kilobytes: remove what it does not need");
+  }
+
   json root;
+  ParseGuard guard(cfg.source);
   try {
-    DuplicateKeys dup(cfg.source);
     root = json::parse(text.begin(), text.end(),
-                       [&dup](int, json::parse_event_t event, json& parsed) { return dup.on_event(event, parsed); });
+                       [&guard](int, json::parse_event_t event, json& parsed) { return guard.on_event(event, parsed); });
   } catch (const json::parse_error& e) {
     // nlohmann's text is "[json.exception.parse_error.101] parse error at line 3, column 17: ...".
     std::string detail = e.what();
     if (auto pos = detail.find("] "); pos != std::string::npos) detail = detail.substr(pos + 2);
     throw Error(Errc::config_error, cfg.source + ": malformed JSON: " + detail);
+  } catch (const json::exception& e) {
+    // out_of_range.406: "number overflow parsing '1e400'".
+    std::string detail = e.what();
+    if (auto pos = detail.find("] "); pos != std::string::npos) detail = detail.substr(pos + 2);
+    throw Error(Errc::config_error, cfg.source + ": " + guard.pending_path() + ": number out of range (" + detail +
+                                        "); use a number a 64-bit double or integer can hold");
   }
 
   if (!root.is_object()) c.fail("(top level)", "expected a JSON object, got " + describe(root));
@@ -212,14 +351,17 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
 
   if (!root.contains("schema_version")) c.fail("schema_version", "missing (this version reads schema_version 1)");
   const json& sv = root["schema_version"];
-  if (!sv.is_number_integer() || sv.get<int64_t>() != kSchemaVersion)
+  if (c.int_at(sv, "schema_version") != kSchemaVersion)
     c.fail("schema_version", "expected 1, got " + describe(sv) + " (this version of backplane reads schema 1)");
 
   if (root.contains("plugin_dirs")) {
     const json& dirs = root["plugin_dirs"];
     if (!dirs.is_array()) c.fail("plugin_dirs", "expected an array of strings, got " + describe(dirs));
+    cfg.plugin_dirs.reserve(dirs.size());
     for (std::size_t i = 0; i < dirs.size(); ++i) {
-      std::filesystem::path p = c.string_at(dirs[i], "plugin_dirs[" + std::to_string(i) + "]");
+      const std::string at = "plugin_dirs[" + std::to_string(i) + "]";
+      std::filesystem::path p = c.string_at(dirs[i], at);
+      if (p.empty()) c.fail(at, "must not be empty");
       cfg.plugin_dirs.push_back(p.is_absolute() ? p : base_dir / p);
     }
   }
@@ -228,48 +370,45 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
   const json& backends = root["backends"];
   if (!backends.is_array()) c.fail("backends", "expected an array of objects, got " + describe(backends));
 
-  std::map<std::string, std::string> first_seen;  // name -> path
+  std::unordered_map<std::string, std::string> first_seen;  // name -> path
   for (std::size_t i = 0; i < backends.size(); ++i) {
     BackendConfig b = parse_backend(c, backends[i], "backends[" + std::to_string(i) + "]");
-    if (!b.error) {
-      auto [it, inserted] = first_seen.emplace(b.name, b.path);
-      if (!inserted) {
-        b.error = Error(Errc::config_error, cfg.source + ": " + b.path + ".name: duplicate backend name \"" + b.name +
-                                                "\" (first defined at " + it->second +
-                                                "); backend names must be unique");
-      }
-    }
+    auto [it, inserted] = first_seen.emplace(b.name, b.path);
+    if (!inserted)
+      c.fail(b.path + ".name", "duplicate backend name \"" + b.name + "\" (first defined at " + it->second +
+                                   "); backend names must be unique");
     cfg.backends.push_back(std::move(b));
   }
 
   // host:<backend> must name another entry that does not itself stage
   // (staging chains would hide a missing capability behind another one).
-  for (BackendConfig& b : cfg.backends) {
-    if (b.error || b.fallback.kind != CollectiveFallback::Kind::host) continue;
-    const std::string where = cfg.source + ": " + b.path + ".collective_fallback: \"host:" + b.fallback.host_backend + "\": ";
-    auto target = std::find_if(cfg.backends.begin(), cfg.backends.end(),
-                               [&](const BackendConfig& o) { return o.name == b.fallback.host_backend; });
+  for (const BackendConfig& b : cfg.backends) {
+    if (b.fallback.kind != CollectiveFallback::Kind::host) continue;
+    const std::string path = b.path + ".collective_fallback";
+    const std::string what = quote("host:" + b.fallback.host_backend) + ": ";
+    auto target = first_seen.find(b.fallback.host_backend);
     if (b.fallback.host_backend == b.name) {
-      b.error = Error(Errc::config_error, where + "a backend cannot stage through itself; name a backend whose devices "
-                                                  "have the 'collective' capability (e.g. \"host:cpu\")");
-    } else if (target == cfg.backends.end()) {
+      c.fail(path, what + "a backend cannot stage through itself; name a backend whose devices "
+                          "have the 'collective' capability (e.g. \"host:cpu\")");
+    } else if (target == first_seen.end()) {
       std::string names;
       for (const BackendConfig& o : cfg.backends)
         if (o.name != b.name) names += (names.empty() ? "" : ", ") + ("\"" + o.name + "\"");
-      b.error = Error(Errc::config_error, where + "no backend named \"" + b.fallback.host_backend +
-                                              "\" in this file" + (names.empty() ? "" : " (configured: " + names + ")"));
-    } else if (target->fallback.kind == CollectiveFallback::Kind::host) {
-      b.error = Error(Errc::config_error, where + "\"" + target->name + "\" (" + target->path +
-                                              ") itself stages through \"" + target->fallback.host_backend +
-                                              "\"; stage through a backend that has 'collective' directly");
+      c.fail(path, what + "no backend named " + quote(b.fallback.host_backend) + " in this file" +
+                       (names.empty() ? "" : " (configured: " + names + ")"));
+    } else {
+      const BackendConfig& t = *std::find_if(cfg.backends.begin(), cfg.backends.end(),
+                                             [&](const BackendConfig& o) { return o.name == target->first; });
+      if (t.fallback.kind == CollectiveFallback::Kind::host)
+        c.fail(path, what + "\"" + t.name + "\" (" + t.path + ") itself stages through \"" +
+                         t.fallback.host_backend + "\"; stage through a backend that has 'collective' directly");
     }
   }
 
   if (root.contains("default_backend")) {
     cfg.default_backend = c.string_at(root["default_backend"], "default_backend");
-    bool known = std::any_of(cfg.backends.begin(), cfg.backends.end(),
-                             [&](const BackendConfig& b) { return b.name == cfg.default_backend; });
-    if (!known) c.fail("default_backend", "\"" + cfg.default_backend + "\" is not the name of any entry in backends");
+    if (first_seen.find(cfg.default_backend) == first_seen.end())
+      c.fail("default_backend", quote(cfg.default_backend) + " is not the name of any entry in backends");
   }
   return cfg;
 }

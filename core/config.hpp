@@ -6,6 +6,7 @@
 #include <backplane/registry.hpp>
 
 #include <filesystem>
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,8 +21,6 @@ struct BackendConfig {
   bool required = false;
   std::string options_json = "{}";
   CollectiveFallback fallback;
-  // Set when this entry is invalid: the backend is kept, failed, with this.
-  std::optional<Error> error;
 };
 
 struct Config {
@@ -33,10 +32,26 @@ struct Config {
   std::vector<BackendConfig> backends;
 };
 
-// Throws Errc::config_error for malformed JSON and for top-level problems.
-// A problem inside one backends[] entry is recorded in that entry instead,
-// so the other backends still load.
+// Limits checked before a document is built, so that no input can make the
+// parser recurse or allocate without bound. A backends.json needs a few
+// levels and a few kilobytes; raise these constants to accept more.
+inline constexpr std::size_t kMaxConfigBytes = std::size_t{1} << 20;  // 1 MiB
+inline constexpr std::size_t kMaxConfigDepth = 64;                    // nested arrays and objects
+// Backend names appear in device ids ("cpu:0"), in "host:<backend>" and on
+// terminals: [A-Za-z0-9_.-], 1 to kMaxBackendName characters.
+inline constexpr std::size_t kMaxBackendName = 64;
+
+// Throws Errc::config_error naming the JSON path for any problem anywhere in
+// the file: malformed JSON, a schema error in any entry, a number out of
+// range, a NUL in any string, a bad or repeated backend name. A config is
+// valid as a whole or not at all; only loading a plugin fails per backend.
 Config parse_config(std::string_view text, const std::filesystem::path& base_dir, std::string_view source);
+
+// Refuses (throws `code`) a file that someone other than its owner and root
+// could have written: a group- or other-writable file or containing folder
+// (a sticky folder such as /tmp excepted), or one owned by another user.
+// `what` names the file in the message ("config file", "plugin library").
+void require_private_file(const std::filesystem::path& file, std::string_view what, Errc code);
 
 }  // namespace backplane::detail
 

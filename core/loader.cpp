@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
+#include <unordered_set>
 
 namespace backplane::detail {
 namespace fs = std::filesystem;
@@ -78,6 +79,9 @@ void host_log(void* /*ctx*/, int32_t level, const char* message) noexcept {
   }
 }
 
+// The "tried:" list of a library not found shows this many locations.
+constexpr std::size_t kMaxTriedShown = 20;
+
 const bp_host_api kHostApi = {sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
 
 }  // namespace
@@ -86,11 +90,15 @@ const bp_host_api* host_api() noexcept { return &kHostApi; }
 
 fs::path resolve_library(const std::string& spec, const Config& config) {
   fs::path p(spec);
+  // `tried` keeps the order for the message; `seen` makes each candidate
+  // cost O(1), so a long plugin_dirs is searched in linear time.
   std::vector<fs::path> tried;
+  std::unordered_set<std::string> seen;
+  const std::vector<std::string> names = candidate_names(spec);
   auto try_dir = [&](const fs::path& dir) -> std::optional<fs::path> {
-    for (const auto& name : candidate_names(spec)) {
+    for (const auto& name : names) {
       fs::path c = (dir / name).lexically_normal();
-      if (std::find(tried.begin(), tried.end(), c) != tried.end()) continue;
+      if (!seen.insert(c.native()).second) continue;
       tried.push_back(c);
       if (is_file(c)) return fs::absolute(c);
     }
@@ -112,7 +120,9 @@ fs::path resolve_library(const std::string& spec, const Config& config) {
     }
   }
   std::string msg = "library \"" + spec + "\" not found; tried:";
-  for (const auto& t : tried) msg += "\n    " + t.string();
+  const std::size_t shown = std::min(tried.size(), kMaxTriedShown);
+  for (std::size_t i = 0; i < shown; ++i) msg += "\n    " + tried[i].string();
+  if (tried.size() > shown) msg += "\n    ... and " + std::to_string(tried.size() - shown) + " more";
   msg += "\n  (fix the \"library\" path, add its folder to plugin_dirs, or set BACKPLANE_PLUGIN_PATH)";
   throw Error(Errc::plugin_load_failed, msg);
 }
@@ -120,6 +130,8 @@ fs::path resolve_library(const std::string& spec, const Config& config) {
 void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& config) {
   try {
     b.library_path = resolve_library(entry.library, config).string();
+    // Whoever can write the library chooses the code this process runs.
+    require_private_file(b.library_path, "plugin library", Errc::plugin_load_failed);
   } catch (const Error& e) {
     throw Error(e.code(), "backend \"" + b.name + "\": " + e.message());
   }

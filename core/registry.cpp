@@ -169,7 +169,6 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
     b->fallback = entry.fallback;
     std::optional<Error> failure;
     try {
-      if (entry.error) throw *entry.error;
       load_backend(*b, entry, cfg);
     } catch (const Error& e) {
       failure = e;
@@ -248,14 +247,21 @@ Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
     throw Error(Errc::config_error, "config file " + path.string() +
                                         " is not a regular file (a directory?); name the backends.json file itself");
   }
+  // It names the code this process will load: only its owner (or root) may change it.
+  detail::require_private_file(path, "config file", Errc::config_error);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw Error(Errc::config_error, "config file " + path.string() + " cannot be read (check its permissions)");
   }
-  std::stringstream text;
-  text << in.rdbuf();
+  // Read one byte past the limit, never more: parse_config names the limit.
+  std::string text(detail::kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  if (in.bad()) {
+    throw Error(Errc::config_error, "config file " + path.string() + " cannot be read (an I/O error)");
+  }
   const fs::path abs = fs::absolute(path);
-  detail::Config cfg = detail::parse_config(text.str(), abs.parent_path(), path.string());
+  detail::Config cfg = detail::parse_config(text, abs.parent_path(), path.string());
   Registry r(detail::build(cfg, policy));
   r.impl_->config_path = abs;
   return r;
@@ -263,18 +269,21 @@ Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
 
 fs::path Registry::default_config_path() {
   if (const char* env = std::getenv("BACKPLANE_CONFIG"); env != nullptr && env[0] != '\0') return env;
+  // The installed default sits beside the installed library. The current
+  // folder is never searched: a backends.json planted there names code to load.
   std::error_code ec;
-  if (fs::is_regular_file("backends.json", ec)) return fs::absolute("backends.json");
-  // The installed default sits beside the installed library.
   fs::path here = boost::dll::this_line_location(ec);
-  if (!ec) {
-    fs::path installed = (here.parent_path() / BACKPLANE_RELATIVE_CONFIG).lexically_normal();
-    if (fs::is_regular_file(installed, ec)) return installed;
-  }
-  return fs::absolute("backends.json");
+  if (ec) return {};
+  return (here.parent_path() / BACKPLANE_RELATIVE_CONFIG).lexically_normal();
 }
 
-Registry Registry::from_env() { return from_config(default_config_path()); }
+Registry Registry::from_env() {
+  const fs::path path = default_config_path();
+  if (path.empty())
+    throw Error(Errc::config_error, "no config: BACKPLANE_CONFIG is not set and the installed default cannot be "
+                                    "located; set BACKPLANE_CONFIG=FILE or call Registry::from_config(FILE)");
+  return from_config(path);
+}
 
 std::vector<Backend> Registry::backends() const {
   std::vector<Backend> out;

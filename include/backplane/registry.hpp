@@ -130,7 +130,9 @@ enum class RequiredPolicy {
 
 class BACKPLANE_API Registry {
  public:
-  // Reads, validates and loads the config. Backends that fail to load stay
+  // Reads, validates and loads the config. Any schema error anywhere in the
+  // file throws Errc::config_error naming the JSON path, as does a config
+  // file that others than its owner and root can write. Backends that fail to load stay
   // in the registry with status failed (unavailable when the plugin reports
   // that its devices cannot be reached); if any of them is `required`,
   // throws Errc::backend_unavailable listing every failure and reason. A config that
@@ -141,7 +143,8 @@ class BACKPLANE_API Registry {
   static Registry from_json(std::string_view json, const std::filesystem::path& base_dir,
                             std::string_view source_name = "<json>",
                             RequiredPolicy policy = RequiredPolicy::throw_on_failure);
-  // BACKPLANE_CONFIG if set, else ./backends.json, else the installed default.
+  // BACKPLANE_CONFIG if set, else the installed default. The current folder
+  // is never searched: a backends.json there is read only when named.
   static Registry from_env();
   // The path from_env() would read.
   static std::filesystem::path default_config_path();

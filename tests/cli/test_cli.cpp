@@ -344,6 +344,67 @@ TEST_CASE("check: a missing --config file exits 2 naming it") {
   BP_CHECK_CONTAINS(r.err, "does not exist");
 }
 
+// A schema error anywhere makes the whole file invalid: a required entry with
+// a typo is never dropped while the rest "passes".
+TEST_CASE("check: a schema error in any entry exits 2 naming its path, for check and list") {
+  TempDir tmp;
+  const std::string dirs = "\"plugin_dirs\": [" + json_path(plugin_dir()) + "]";
+  struct Case {
+    std::string entry;
+    std::string expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"name": "gpu", "library": "backplane_cpu", "required": true, "requird": true})", "backends[1].requird"},
+           {R"({"name": 5, "library": "backplane_cpu", "required": true})", "backends[1].name"},
+           {R"({"name": "gpu", "library": "backplane_cpu", "required": "yes"})", "backends[1].required"},
+           {R"({"name": "gpu:0", "library": "backplane_cpu", "required": true})", "U+003A"},
+           {R"({"name": "gpu", "library": "backplane_cpu", "options": {"x": 1e400}})", "backends[1].options.x"},
+           {R"({"name": "gpu", "library": "backplane_cpu\u0000x"})", "backends[1].library"}}) {
+    const fs::path config = tmp.write("backends.json", "{\"schema_version\": 1, " + dirs + ", \"backends\": [" +
+                                                           backend_json("cpu", "backplane_cpu", true) + ", " +
+                                                           c.entry + "]}");
+    for (const char* command : {"check", "list"}) {
+      CAPTURE(command);
+      CAPTURE(c.entry);
+      const Result r = cli(tmp, {command, "--config", config.string()});
+      INFO(r.describe());
+      CHECK(r.code == kExitConfig);
+      CHECK(starts_with(r.err, "backplane: error:"));
+      BP_CHECK_CONTAINS(r.err, c.expected);
+      CHECK(r.out.empty());
+    }
+  }
+}
+
+TEST_CASE("check: a deeply nested or oversized config exits 2 naming the limit, never crashing") {
+  TempDir tmp;
+  const std::size_t levels = 100000;
+  const fs::path deep = tmp.write("deep.json", "{\"schema_version\": 1, \"backends\": [" + std::string(levels, '[') +
+                                                   std::string(levels, ']') + "]}");
+  Result r = cli(tmp, {"check", "--config", deep.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitConfig);
+  BP_CHECK_CONTAINS(r.err, "nested deeper than 64");
+
+  const fs::path big = tmp.write("big.json", "{\"schema_version\": 1, \"backends\": []}" + std::string(2u << 20, ' '));
+  r = cli(tmp, {"list", "--config", big.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitConfig);
+  BP_CHECK_CONTAINS(r.err, "1 MiB");
+}
+
+TEST_CASE("check: a config file anyone can write exits 2 saying why and how to fix it") {
+  TempDir tmp;
+  const fs::path config = tmp.write("cfg/backends.json", cpu_and_missing_config(false));
+  fs::permissions(config, fs::perms(0666));
+  const Result r = cli(tmp, {"check", "--config", config.string()});
+  INFO(r.describe());
+  CHECK(r.code == kExitConfig);
+  BP_CHECK_CONTAINS(r.err, "writable by anyone");
+  BP_CHECK_CONTAINS(r.err, "chmod go-w " + config.string());
+  CHECK(r.out.empty());
+}
+
 // ---- conformance ---------------------------------------------------------------
 
 TEST_CASE("conformance: --op add on the cpu backend prints the table, passes and exits 0") {
@@ -417,11 +478,18 @@ TEST_CASE("repo config: the repository backends.json lists cpu loaded with one d
   SUBCASE("list --json --config") {
     expect_repository_listing(cli(tmp, {"list", "--json", "--config", config.string()}), config);
   }
-  SUBCASE("list --json reads ./backends.json without --config") {
-    expect_repository_listing(cli(tmp, {"list", "--json"}, {{}, tmp.path()}), config);
+  SUBCASE("list --json reads BACKPLANE_CONFIG without --config") {
+    expect_repository_listing(cli(tmp, {"list", "--json"}, {{{"BACKPLANE_CONFIG", config.string()}}, {}}), config);
+  }
+  SUBCASE("a backends.json in the current folder is not read unless named") {
+    const Result r = cli(tmp, {"list", "--json"}, {{}, tmp.path()});
+    INFO(r.describe());
+    CHECK(r.code == kExitConfig);
+    BP_CHECK_CONTAINS(r.err, "BACKPLANE_CONFIG");
+    CHECK(r.out.empty());
   }
   SUBCASE("check exits 0") {
-    const Result r = cli(tmp, {"check"}, {{}, tmp.path()});
+    const Result r = cli(tmp, {"check"}, {{{"BACKPLANE_CONFIG", config.string()}}, tmp.path()});
     INFO(r.describe());
     CHECK(r.code == kExitOk);
     BP_CHECK_CONTAINS(r.out, "ok      cpu");
@@ -438,7 +506,7 @@ TEST_CASE("repo config: the repository backends.json works in place from the rel
   const fs::path source = fs::path(BP_TEST_SOURCE_DIR);
   const fs::path config = source / "backends.json";
   expect_repository_listing(cli(tmp, {"list", "--json", "--config", config.string()}), config);
-  const Result r = cli(tmp, {"check"}, {{}, source});
+  const Result r = cli(tmp, {"check", "--config", "backends.json"}, {{}, source});
   INFO(r.describe());
   CHECK(r.code == kExitOk);
   BP_CHECK_CONTAINS(r.out, "all required backends loaded (1 of 1 loaded)");

@@ -3,8 +3,21 @@
 // duplicate names, required backends, and where the config is looked for.
 #include "test_support.hpp"
 
+#include <typeinfo>
+
 using namespace backplane;
 using namespace bptest;
+
+namespace {
+
+// The message of the config_error that loading `json` must throw.
+std::string config_error_of(const std::string& json, RequiredPolicy policy = RequiredPolicy::report) {
+  Error e = error_from([&] { load(json, policy); });
+  CHECK(e.code() == Errc::config_error);
+  return e.message();
+}
+
+}  // namespace
 
 TEST_CASE("config: malformed JSON throws config_error naming the source and the line") {
   const std::string text =
@@ -35,23 +48,15 @@ TEST_CASE("config: from_config names the file and the line of a parse error") {
   BP_CHECK_CONTAINS(e.message(), "line 3");
 }
 
-TEST_CASE("config: a library that is not a string fails only that backend") {
-  Registry r = load(config_json({backend_json("good", "good_c"), R"({"name": "five", "library": 5})"}));
-  std::vector<Backend> all = r.backends();
-  REQUIRE(all.size() == 2);
-  CHECK(all[1].name() == "five");
-  const std::string msg = expect_failed(all[1], Errc::config_error);
+TEST_CASE("config: a library that is not a string makes the whole config invalid") {
+  const std::string msg =
+      config_error_of(config_json({backend_json("good", "good_c"), R"({"name": "five", "library": 5})"}));
   BP_CHECK_CONTAINS(msg, "backends[1].library");
   BP_CHECK_CONTAINS(msg, "expected a string");
-  expect_loaded(all[0]);
-  expect_adds(all[0].device(0));
 }
 
-TEST_CASE("config: required that is not a boolean fails that backend naming the path") {
-  Registry r = load(config_json({R"({"name": "yes", "library": "good_c", "required": "yes"})"}));
-  std::vector<Backend> all = r.backends();
-  REQUIRE(all.size() == 1);
-  const std::string msg = expect_failed(all[0], Errc::config_error);
+TEST_CASE("config: required that is not a boolean makes the whole config invalid naming the path") {
+  const std::string msg = config_error_of(config_json({R"({"name": "yes", "library": "good_c", "required": "yes"})"}));
   BP_CHECK_CONTAINS(msg, "backends[0].required");
   BP_CHECK_CONTAINS(msg, "expected a boolean");
 }
@@ -79,15 +84,21 @@ TEST_CASE("config: an unknown top-level key throws config_error naming it") {
   BP_CHECK_CONTAINS(e.message(), "unknown key");
 }
 
-TEST_CASE("config: an unknown backend key fails that backend naming its path") {
-  Registry r = load(config_json({R"({"name": "typo", "libary": "good_c"})", backend_json("good", "good_c")}));
-  std::vector<Backend> all = r.backends();
-  REQUIRE(all.size() == 2);
-  const std::string msg = expect_failed(all[0], Errc::config_error);
+TEST_CASE("config: an unknown backend key makes the whole config invalid naming its path") {
+  const std::string msg =
+      config_error_of(config_json({R"({"name": "typo", "libary": "good_c"})", backend_json("good", "good_c")}));
   BP_CHECK_CONTAINS(msg, "backends[0].libary");
   BP_CHECK_CONTAINS(msg, "unknown key");
-  expect_loaded(all[1]);
-  expect_adds(all[1].device(0));
+  BP_CHECK_CONTAINS(msg, "did you mean \"library\"");
+}
+
+TEST_CASE("config: a required entry with a typo key is not ignored: the config is invalid") {
+  // "requird" next to a working library: nothing may load, and nothing may
+  // report success with a required backend silently dropped.
+  const std::string msg = config_error_of(config_json({R"({"name": "gpu", "library": "good_c", "requird": true})"}),
+                                          RequiredPolicy::throw_on_failure);
+  BP_CHECK_CONTAINS(msg, "backends[0].requird");
+  BP_CHECK_CONTAINS(msg, "did you mean \"required\"");
 }
 
 TEST_CASE("config: collective_fallback defaults to error") {
@@ -117,46 +128,43 @@ TEST_CASE("config: collective_fallback host names another backend") {
   CHECK(r.backend("staged").collective_fallback().to_string() == "host:good");
 }
 
-TEST_CASE("config: collective_fallback host naming an unknown backend fails that entry") {
-  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:gpu")"),
-                                 backend_json("good", "good_c")}));
-  const std::string msg = expect_failed(r.backend("staged"), Errc::config_error);
+TEST_CASE("config: collective_fallback host naming an unknown backend makes the config invalid") {
+  const std::string msg = config_error_of(config_json(
+      {backend_json("staged", "good_c", false, R"("collective_fallback": "host:gpu")"), backend_json("good", "good_c")}));
   BP_CHECK_CONTAINS(msg, "backends[0].collective_fallback");
   BP_CHECK_CONTAINS(msg, "no backend named \"gpu\"");
   BP_CHECK_CONTAINS(msg, "\"good\"");
-  expect_loaded(r.backend("good"));
 }
 
-TEST_CASE("config: collective_fallback host through itself or through a stager fails") {
-  Registry r = load(config_json({backend_json("self", "good_c", false, R"("collective_fallback": "host:self")"),
-                                 backend_json("a", "good_c", false, R"("collective_fallback": "host:b")"),
-                                 backend_json("b", "good_c", false, R"("collective_fallback": "host:c")"),
+TEST_CASE("config: collective_fallback host through itself or through a stager makes the config invalid") {
+  BP_CHECK_CONTAINS(
+      config_error_of(config_json({backend_json("self", "good_c", false, R"("collective_fallback": "host:self")")})),
+      "cannot stage through itself");
+  const std::string msg =
+      config_error_of(config_json({backend_json("a", "good_c", false, R"("collective_fallback": "host:b")"),
+                                   backend_json("b", "good_c", false, R"("collective_fallback": "host:c")"),
+                                   backend_json("c", "good_c")}));
+  BP_CHECK_CONTAINS(msg, "backends[0].collective_fallback");
+  BP_CHECK_CONTAINS(msg, "itself stages through \"c\"");
+  // The chain's last link alone is fine.
+  Registry r = load(config_json({backend_json("b", "good_c", false, R"("collective_fallback": "host:c")"),
                                  backend_json("c", "good_c")}));
-  BP_CHECK_CONTAINS(expect_failed(r.backend("self"), Errc::config_error), "cannot stage through itself");
-  BP_CHECK_CONTAINS(expect_failed(r.backend("a"), Errc::config_error), "itself stages through \"c\"");
   expect_loaded(r.backend("b"));
   expect_loaded(r.backend("c"));
 }
 
-TEST_CASE("config: an unknown collective_fallback fails that backend naming its path") {
-  Registry r = load(config_json({backend_json("boom", "good_c", false, R"("collective_fallback": "explode")")}));
-  const std::string msg = expect_failed(r.backend("boom"), Errc::config_error);
+TEST_CASE("config: an unknown collective_fallback makes the config invalid naming its path") {
+  const std::string msg =
+      config_error_of(config_json({backend_json("boom", "good_c", false, R"("collective_fallback": "explode")")}));
   BP_CHECK_CONTAINS(msg, "backends[0].collective_fallback");
   BP_CHECK_CONTAINS(msg, "explode");
 }
 
-TEST_CASE("config: a duplicate backend name fails the second entry and keeps the first") {
-  Registry r = load(config_json({backend_json("dup", "good_c"), backend_json("dup", "good_c")}));
-  std::vector<Backend> all = r.backends();
-  REQUIRE(all.size() == 2);
-  expect_loaded(all[0]);
-  const std::string msg = expect_failed(all[1], Errc::config_error);
+TEST_CASE("config: a duplicate backend name makes the config invalid naming both entries") {
+  const std::string msg = config_error_of(config_json({backend_json("dup", "good_c"), backend_json("dup", "good_c")}));
+  BP_CHECK_CONTAINS(msg, "backends[1].name");
   BP_CHECK_CONTAINS(msg, "duplicate");
   BP_CHECK_CONTAINS(msg, "backends[0]");
-  // The name finds the first, working, entry.
-  Backend found = r.backend("dup");
-  expect_loaded(found);
-  expect_adds(found.device(0));
 }
 
 TEST_CASE("config: failed required backends make from_json throw listing every reason") {
@@ -288,29 +296,19 @@ TEST_CASE("config: default_backend naming no backend throws config_error naming 
   BP_CHECK_CONTAINS(e.message(), "\"ghost\"");
 }
 
-TEST_CASE("config: a backend name that is not a string fails only that backend naming the path") {
-  Registry r = load(config_json({R"({"name": 7, "library": "good_c"})", backend_json("good", "good_c")}));
-  std::vector<Backend> all = r.backends();
-  REQUIRE(all.size() == 2);
-  const std::string msg = expect_failed(all[0], Errc::config_error);
+TEST_CASE("config: a backend name that is not a string makes the config invalid naming the path") {
+  const std::string msg =
+      config_error_of(config_json({R"({"name": 7, "library": "good_c", "required": true})", backend_json("good", "good_c")}),
+                      RequiredPolicy::throw_on_failure);
   BP_CHECK_CONTAINS(msg, "backends[0].name");
   BP_CHECK_CONTAINS(msg, "expected a string");
-  CHECK(all[0].devices().empty());
-  expect_loaded(all[1]);
-  CHECK(all[1].name() == "good");
-  expect_adds(all[1].device(0));
 }
 
-TEST_CASE("config: options that is an array fails only that backend naming the path") {
-  Registry r = load(config_json({backend_json("arr", "good_c", false, R"("options": [])"), backend_json("good", "good_c")}));
-  std::vector<Backend> all = r.backends();
-  REQUIRE(all.size() == 2);
-  CHECK(all[0].name() == "arr");
-  const std::string msg = expect_failed(all[0], Errc::config_error);
+TEST_CASE("config: options that is an array makes the config invalid naming the path") {
+  const std::string msg = config_error_of(
+      config_json({backend_json("arr", "good_c", false, R"("options": [])"), backend_json("good", "good_c")}));
   BP_CHECK_CONTAINS(msg, "backends[0].options");
   BP_CHECK_CONTAINS(msg, "expected an object");
-  expect_loaded(all[1]);
-  expect_adds(all[1].device(0));
 }
 
 TEST_CASE("config: a duplicate key in an object throws config_error naming the key") {
@@ -340,4 +338,212 @@ TEST_CASE("config: from_config on a directory throws config_error naming it") {
   CHECK(e.code() == Errc::config_error);
   BP_CHECK_CONTAINS(e.message(), dir.string());
   BP_CHECK_CONTAINS(e.message(), "not a regular file");
+}
+
+// ---- limits: depth, size, numbers -------------------------------------------
+
+TEST_CASE("config: nesting deeper than the limit is refused naming the limit, without recursing") {
+  // Deep enough to overflow the stack of any recursive walk.
+  const std::size_t levels = 200000;
+  const std::string deep = "{\"schema_version\": 1, \"backends\": [], \"x\": " + std::string(levels, '[') +
+                           std::string(levels, ']') + "}";
+  std::string msg = config_error_of(deep);
+  BP_CHECK_CONTAINS(msg, "x[0][0]");
+  BP_CHECK_CONTAINS(msg, "nested deeper than 64");
+  BP_CHECK_CONTAINS(msg, "kMaxConfigDepth");
+  // Inside options too, where any JSON is otherwise allowed.
+  std::string options;
+  for (int i = 0; i < 70; ++i) options += "{\"a\": ";
+  options += "1" + std::string(70, '}');
+  msg = config_error_of(config_json({backend_json("cpu", "good_c", false, "\"options\": " + options)}));
+  BP_CHECK_CONTAINS(msg, "backends[0].options.a");
+  BP_CHECK_CONTAINS(msg, "nested deeper than 64");
+  // 60 levels are fine.
+  std::string ok_options;
+  for (int i = 0; i < 60; ++i) ok_options += "{\"a\": ";
+  ok_options += "1" + std::string(60, '}');
+  Registry r = load(config_json({backend_json("cpu", "good_c", false, "\"options\": " + ok_options)}));
+  expect_loaded(r.backend("cpu"));
+}
+
+TEST_CASE("config: a document over 1 MiB is refused naming the limit") {
+  const std::string big = config_json({backend_json("cpu", "good_c")}) + std::string((1u << 20) + 1, ' ');
+  std::string msg = config_error_of(big);
+  BP_CHECK_CONTAINS(msg, "1 MiB");
+  BP_CHECK_CONTAINS(msg, "kMaxConfigBytes");
+  // From a file as well, which is not read past the limit.
+  TempDir tmp;
+  const fs::path file = tmp.write("big.json", big);
+  Error e = error_from([&] { Registry::from_config(file); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "big.json");
+  BP_CHECK_CONTAINS(e.message(), "1 MiB");
+}
+
+TEST_CASE("config: numbers out of range are config_error naming their path") {
+  SUBCASE("a double overflow inside options") {
+    const std::string msg =
+        config_error_of(config_json({backend_json("cpu", "good_c", false, R"("options": {"threads": 1e400})")}));
+    BP_CHECK_CONTAINS(msg, "backends[0].options.threads");
+    BP_CHECK_CONTAINS(msg, "out of range");
+  }
+  SUBCASE("a double overflow in an array") {
+    const std::string msg = config_error_of(R"({"schema_version": 1, "backends": [], "plugin_dirs": ["a", -1e999]})");
+    BP_CHECK_CONTAINS(msg, "plugin_dirs[1]");
+    BP_CHECK_CONTAINS(msg, "out of range");
+  }
+  SUBCASE("schema_version beyond int64") {
+    const std::string msg = config_error_of(R"({"schema_version": 18446744073709551617, "backends": []})");
+    BP_CHECK_CONTAINS(msg, "schema_version");
+  }
+  SUBCASE("schema_version that wraps to 1 as int64 is still wrong") {
+    // 2^64 + 1 does not fit; 18446744073709551615 is uint64 max, -1 as int64.
+    BP_CHECK_CONTAINS(config_error_of(R"({"schema_version": 18446744073709551615, "backends": []})"),
+                      "does not fit in a signed 64-bit integer");
+    BP_CHECK_CONTAINS(config_error_of(R"({"schema_version": -1, "backends": []})"), "expected 1");
+    BP_CHECK_CONTAINS(config_error_of(R"({"schema_version": 1.0, "backends": []})"), "expected an integer");
+  }
+}
+
+// ---- names and NUL ---------------------------------------------------------
+
+TEST_CASE("config: backend names are 1 to 64 of [A-Za-z0-9_.-], named by code point otherwise") {
+  Registry r = load(config_json({backend_json("My_cpu-2.x", "good_c")}));
+  expect_loaded(r.backend("My_cpu-2.x"));
+  struct Case {
+    std::string name_json;
+    std::string expected;
+  };
+  for (const Case& c : std::vector<Case>{{R"("a\nb")", "U+000A"},
+                                         {R"("a\u001b[31m")", "U+001B"},
+                                         {R"("cpu:0")", "U+003A"},
+                                         {R"("a b")", "U+0020"},
+                                         {R"("caf\u00e9")", "U+00E9"},
+                                         {R"("")", "must not be empty"},
+                                         {"\"" + std::string(65, 'a') + "\"", "at most 64"}}) {
+    INFO(c.name_json);
+    const std::string msg = config_error_of(
+        config_json({"{\"name\": " + c.name_json + ", \"library\": \"good_c\", \"required\": true}"}),
+        RequiredPolicy::throw_on_failure);
+    BP_CHECK_CONTAINS(msg, "backends[0].name");
+    BP_CHECK_CONTAINS(msg, c.expected);
+    // The message itself carries no raw control character to a terminal.
+    CHECK(msg.find('\n') == std::string::npos);
+    CHECK(msg.find('\x1b') == std::string::npos);
+  }
+  CHECK_NOTHROW(load(config_json({backend_json(std::string(64, 'a'), "good_c")})));
+}
+
+TEST_CASE("config: a NUL in any string or key is config_error naming its path") {
+  struct Case {
+    std::string text;
+    std::string path;
+  };
+  for (const Case& c : std::vector<Case>{
+           {config_json({R"({"name": "cpu", "library": "good_c\u0000evil"})"}), "backends[0].library"},
+           {config_json({backend_json("cpu", "good_c", false, R"("options": {"k": "a\u0000b"})")}),
+            "backends[0].options.k"},
+           {config_json({backend_json("cpu", "good_c", false, R"("options": {"k\u0000": 1})")}),
+            "backends[0].options.k\\u0000"},
+           {config_json({backend_json("cpu", "good_c", false, R"("options": {"list": ["x", "\u0000"]})")}),
+            "backends[0].options.list[1]"},
+           {R"({"schema_version": 1, "backends": [], "plugin_dirs": ["a\u0000"]})", "plugin_dirs[0]"},
+           {config_json({backend_json("cpu", "good_c")}, R"("default_backend": "cpu\u0000")"), "default_backend"}}) {
+    INFO(c.text);
+    const std::string msg = config_error_of(c.text);
+    BP_CHECK_CONTAINS(msg, c.path + ": ");
+    BP_CHECK_CONTAINS(msg, "NUL");
+  }
+}
+
+// ---- who may write the config ---------------------------------------------
+
+TEST_CASE("config: a config file anyone can write is refused with the fix") {
+  TempDir tmp;
+  const fs::path file = tmp.write("cfg/backends.json", config_json({backend_json("good", "good_c")}));
+  Registry ok = Registry::from_config(file);  // 0644 under the usual umask
+  expect_loaded(ok.backend("good"));
+
+  fs::permissions(file, fs::perms(0666));
+  Error e = error_from([&] { Registry::from_config(file); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), file.string());
+  BP_CHECK_CONTAINS(e.message(), "writable by anyone");
+  BP_CHECK_CONTAINS(e.message(), "chmod go-w " + file.string());
+
+  fs::permissions(file, fs::perms(0620));
+  BP_CHECK_CONTAINS(error_from([&] { Registry::from_config(file); }).message(), "writable by its group");
+
+  // The folder that holds it counts too: whoever can write it can replace the file.
+  fs::permissions(file, fs::perms(0644));
+  fs::permissions(tmp / "cfg", fs::perms(0777));
+  e = error_from([&] { Registry::from_config(file); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "folder");
+  BP_CHECK_CONTAINS(e.message(), "chmod go-w " + (tmp / "cfg").string());
+  fs::permissions(tmp / "cfg", fs::perms(0755));
+}
+
+// ---- where the default config is looked for --------------------------------
+
+TEST_CASE("config: a backends.json in the current folder is not the default") {
+  TempDir tmp;
+  tmp.write("backends.json", config_json({backend_json("planted", "good_c", true)}));
+  ScopedEnv env("BACKPLANE_CONFIG", std::nullopt);
+  const fs::path before = fs::current_path();
+  fs::current_path(tmp.path());
+  const fs::path chosen = Registry::default_config_path();
+  std::string outcome;
+  try {
+    for (const Backend& b : Registry::from_env().backends()) outcome += b.name() + " ";
+  } catch (const Error& e) {
+    outcome = e.message();
+  }
+  fs::current_path(before);
+  INFO("default_config_path: " << chosen.string() << "; from_env: " << outcome);
+  CHECK(chosen != fs::path("backends.json"));
+  std::error_code ec;
+  CHECK_FALSE(fs::equivalent(chosen, tmp / "backends.json", ec));
+  CHECK(outcome.find("planted") == std::string::npos);
+}
+
+// ---- fuzz -------------------------------------------------------------------
+
+TEST_CASE("config: random mutations of a valid config give a registry or a backplane::Error, nothing else") {
+  const std::string seed_text = config_json(
+      {backend_json("cpu", "good_c", true, R"("options": {"threads": 2, "list": [1, 2.5, "x"]}, "collective_fallback": "local")"),
+       backend_json("staged", "no_such_plugin", false, R"("collective_fallback": "host:cpu")")},
+      R"("default_backend": "cpu")");
+  const std::string alphabet = "{}[]\":,\\ 0123456789-+.eE\nabtrufnl\x01\x7f\xc3\xa9u";
+  std::mt19937 rng(20240611);  // fixed: failures reproduce
+  auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+  std::size_t ok = 0, refused = 0;
+  for (int iter = 0; iter < 3000; ++iter) {
+    std::string text = seed_text;
+    const std::size_t edits = 1 + pick(4);
+    for (std::size_t k = 0; k < edits && !text.empty(); ++k) {
+      const std::size_t at = pick(text.size());
+      switch (pick(5)) {
+        case 0: text[at] = alphabet[pick(alphabet.size())]; break;
+        case 1: text.insert(at, 1, alphabet[pick(alphabet.size())]); break;
+        case 2: text.erase(at, 1 + pick(8)); break;
+        case 3: text.insert(at, text.substr(pick(text.size()), pick(32))); break;
+        default: text.insert(at, std::string(1 + pick(100), pick(2) ? '[' : '{')); break;
+      }
+    }
+    try {
+      Registry r = load(text, pick(2) ? RequiredPolicy::report : RequiredPolicy::throw_on_failure);
+      for (const Backend& b : r.backends()) CHECK_FALSE(b.name().empty());
+      ++ok;
+    } catch (const Error& e) {
+      CHECK_FALSE(e.message().empty());
+      ++refused;
+    } catch (const std::exception& e) {
+      FAIL("iteration " << iter << ": " << typeid(e).name() << ": " << e.what() << "\ninput: " << text);
+    } catch (...) {
+      FAIL("iteration " << iter << ": an exception of unknown type\ninput: " << text);
+    }
+  }
+  CHECK(ok + refused == 3000);
+  CHECK(refused > 0);
 }

@@ -554,3 +554,49 @@ TEST_CASE("resolve: not found lists the directories tried including BACKPLANE_PL
   BP_CHECK_CONTAINS(msg, dir);
   BP_CHECK_CONTAINS(msg, env_dir);
 }
+
+TEST_CASE("resolve: a long plugin_dirs is searched once per folder and the tried list stays short") {
+  TempDir tmp;
+  ScopedEnv no_env("BACKPLANE_PLUGIN_PATH", std::nullopt);
+  tmp.mkdir("base");
+  // 20,000 folders, each named twice: linear work, and each candidate tried once.
+  std::vector<std::string> dirs;
+  for (int i = 0; i < 20000; ++i) dirs.push_back((tmp / ("missing_" + std::to_string(i % 10000))).string());
+  Registry r =
+      Registry::from_json(resolution_config("good_c", dirs), tmp / "base", "resolution", RequiredPolicy::report);
+  const std::string msg = expect_failed(r.backend("b"), Errc::plugin_load_failed);
+  BP_CHECK_CONTAINS(msg, "not found; tried:");
+  BP_CHECK_CONTAINS(msg, (tmp / "base" / "good_c").string());
+  // 3 candidates in base + 3 in each of 10,000 distinct folders; 20 shown.
+  BP_CHECK_CONTAINS(msg, "... and " + std::to_string(3 + 3 * 10000 - 20) + " more");
+  CHECK(std::count(msg.begin(), msg.end(), '\n') <= 25);
+  BP_CHECK_ABSENT(msg, "missing_9999");
+
+  // And found at the end of such a list.
+  const fs::path lib = tmp.copy_fixture("good_c", "last/libgood_c.so");
+  dirs.push_back((tmp / "last").string());
+  CHECK(fs::equivalent(resolved(resolution_config("good_c", dirs), tmp / "base"), lib));
+}
+
+TEST_CASE("loader: a plugin library others can write is refused with the fix, and only that backend fails") {
+  TempDir tmp;
+  ScopedEnv no_env("BACKPLANE_PLUGIN_PATH", std::nullopt);
+  const fs::path lib = tmp.copy_fixture("good_c", "open/libgood_c.so");
+  const std::string config = resolution_config(lib.string());
+  CHECK(fs::equivalent(resolved(config, tmp.path()), lib));  // 0755 / 0644 under the usual umask
+
+  fs::permissions(lib, fs::perms(0777));
+  Registry r = Registry::from_json(config, tmp.path(), "resolution", RequiredPolicy::report);
+  std::string msg = expect_failed(r.backend("b"), Errc::plugin_load_failed);
+  BP_CHECK_CONTAINS(msg, "plugin library " + lib.string());
+  BP_CHECK_CONTAINS(msg, "writable by anyone");
+  BP_CHECK_CONTAINS(msg, "chmod go-w " + lib.string());
+
+  fs::permissions(lib, fs::perms(0755));
+  fs::permissions(tmp / "open", fs::perms(0775));
+  r = Registry::from_json(config, tmp.path(), "resolution", RequiredPolicy::report);
+  msg = expect_failed(r.backend("b"), Errc::plugin_load_failed);
+  BP_CHECK_CONTAINS(msg, "writable by its group");
+  BP_CHECK_CONTAINS(msg, "chmod go-w " + (tmp / "open").string());
+  fs::permissions(tmp / "open", fs::perms(0755));
+}

@@ -56,10 +56,11 @@ fs::path choose_config(const std::string& flag) {
     }
     return path;
   }
-  if (is_file(path)) return path;
+  if (!path.empty() && is_file(path)) return path;
   throw CommandError(kExitConfig,
-                     "no config found: BACKPLANE_CONFIG is not set, there is no backends.json in the current "
-                     "folder, and no installed default (share/backplane/backends.json of the install tree)\n"
+                     "no config found: BACKPLANE_CONFIG is not set and there is no installed default "
+                     "(share/backplane/backends.json of the install tree); a backends.json in the current "
+                     "folder is not read unless named\n"
                      "pass --config FILE or set BACKPLANE_CONFIG=FILE");
 }
 

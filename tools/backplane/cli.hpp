@@ -54,8 +54,8 @@ Command add_launch_command(CLI::App& parent);
 Command add_train_command(CLI::App& parent);
 
 // The config a subcommand reads: `flag` (--config) when not empty, else
-// Registry::default_config_path() (BACKPLANE_CONFIG, ./backends.json, the
-// installed default). Throws CommandError(kExitConfig) when the file is missing.
+// Registry::default_config_path() (BACKPLANE_CONFIG, else the installed
+// default; never ./backends.json unless named). Throws CommandError(kExitConfig) when the file is missing.
 std::filesystem::path choose_config(const std::string& flag);
 
 // Loads every backend of `config` and keeps the failed ones, required or not,

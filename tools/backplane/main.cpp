@@ -18,8 +18,8 @@ namespace backplane::cli {
 namespace {
 
 constexpr const char* kFooter =
-    "Config: --config FILE, else $BACKPLANE_CONFIG, else ./backends.json, else the installed\n"
-    "default (<prefix>/share/backplane/backends.json).\n"
+    "Config: --config FILE, else $BACKPLANE_CONFIG, else the installed default\n"
+    "(<prefix>/share/backplane/backends.json); ./backends.json is read only when named.\n"
     "\n"
     "Exit codes:\n"
     "  0   success\n"
