@@ -141,6 +141,30 @@ struct BackwardOptions {
   std::function<void(Gradients& gradients)> on_backward_end{};
 };
 
+// Hooks every backward() in the process runs, for a layer that consumes
+// gradients whenever they are made rather than at one call site (data-parallel
+// gradient synchronisation, <backplane/distributed.hpp>, is built on this).
+// A layer installs a factory once; each backward() asks every installed
+// factory for a fresh BackwardHooks (per-backward state lives in what the
+// functions capture) and runs them with the contract of BackwardOptions'
+// hooks, in this order: the call's own on_gradient_final, then each
+// installed on_gradient_final in installation order; each installed
+// on_backward_end in installation order, then the call's own. So the call's
+// on_gradient_final sees the local gradient, and its on_backward_end and the
+// returned Gradients see what the installed hooks made of it.
+struct BackwardHooks {
+  std::function<void(const Tensor& param, Tensor& gradient)> on_gradient_final{};
+  std::function<void(Gradients& gradients)> on_backward_end{};
+};
+using BackwardHooksFactory = std::function<BackwardHooks()>;
+// Installs `factory` for every later backward() in the process (thread-safe;
+// a backward already running keeps the hooks it started with). Returns an
+// id for remove_backward_hooks. Throws Errc::invalid_argument for an empty
+// factory.
+BACKPLANE_API uint64_t add_backward_hooks(BackwardHooksFactory factory);
+// Uninstalls the factory `id` names; false if none is installed under it.
+BACKPLANE_API bool remove_backward_hooks(uint64_t id) noexcept;
+
 // Turns recording off on this thread for its lifetime (inference, optimizer
 // updates): ops then record nothing and their outputs do not require grad.
 // Nestable; restores the previous mode when it ends.

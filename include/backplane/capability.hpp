@@ -1,11 +1,11 @@
-// Capability flags a device declares at runtime (mirrors BP_CAP_* in abi.h).
+// Capability flags a device declares at runtime (the bits of BP_CAP_* in abi.h;
+// the core checks that they agree).
 // Every backend-dependent decision is a lookup of these flags.
 #ifndef BACKPLANE_CAPABILITY_HPP_
 #define BACKPLANE_CAPABILITY_HPP_
 
 #include <backplane/export.hpp>
 
-#include <backplane/abi.h>
 #include <backplane/dtype.hpp>
 
 #include <cstdint>
@@ -20,24 +20,24 @@ namespace backplane {
 // (f32 ... i8) says the device holds tensors of that dtype: the core refuses
 // to create, import or move a tensor of a dtype whose flag the device lacks.
 enum class Capability : uint64_t {
-  collective = BP_CAP_COLLECTIVE,
-  async = BP_CAP_ASYNC,
-  host_visible = BP_CAP_HOST_VISIBLE,
-  remote = BP_CAP_REMOTE,
-  matmul = BP_CAP_MATMUL,
-  f32 = BP_CAP_F32,
-  f64 = BP_CAP_F64,
-  i32 = BP_CAP_I32,
-  i64 = BP_CAP_I64,
-  bool_ = BP_CAP_BOOL,
-  f16 = BP_CAP_F16,
-  bf16 = BP_CAP_BF16,
-  u8 = BP_CAP_U8,
-  i8 = BP_CAP_I8,
+  collective = uint64_t{1} << 0,
+  async = uint64_t{1} << 1,
+  host_visible = uint64_t{1} << 2,
+  remote = uint64_t{1} << 3,
+  matmul = uint64_t{1} << 4,
+  f32 = uint64_t{1} << (16 + 1),
+  f64 = uint64_t{1} << (16 + 2),
+  i32 = uint64_t{1} << (16 + 3),
+  i64 = uint64_t{1} << (16 + 4),
+  bool_ = uint64_t{1} << (16 + 5),
+  f16 = uint64_t{1} << (16 + 6),
+  bf16 = uint64_t{1} << (16 + 7),
+  u8 = uint64_t{1} << (16 + 8),
+  i8 = uint64_t{1} << (16 + 9),
 };
 
 // "collective", "async", ..., "f64", "bool"; "unknown" for a value this
-// version does not name. The names are abi.h's (bp_capability_name).
+// version does not name. The names are abi.h's.
 BACKPLANE_API std::string_view to_string(Capability cap) noexcept;
 BACKPLANE_API std::optional<Capability> capability_from_string(std::string_view name) noexcept;
 // The flag that says a device holds tensors of `dtype` (no bit for an

@@ -4,24 +4,23 @@
 
 #include <backplane/export.hpp>
 
-#include <backplane/abi.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
 
 namespace backplane {
 
+// The values are abi.h's bp_dtype values (the core checks that they agree).
 enum class DType : int32_t {
-  f32 = BP_DTYPE_F32,
-  f64 = BP_DTYPE_F64,
-  i32 = BP_DTYPE_I32,
-  i64 = BP_DTYPE_I64,
-  bool_ = BP_DTYPE_BOOL,  // one byte, 0 or 1
-  f16 = BP_DTYPE_F16,
-  bf16 = BP_DTYPE_BF16,
-  u8 = BP_DTYPE_U8,
-  i8 = BP_DTYPE_I8,
+  f32 = 1,
+  f64 = 2,
+  i32 = 3,
+  i64 = 4,
+  bool_ = 5,  // one byte, 0 or 1
+  f16 = 6,
+  bf16 = 7,
+  u8 = 8,
+  i8 = 9,
 };
 
 // Bytes per element; 0 for an unknown value.

@@ -12,6 +12,7 @@
 
 #include <backplane/capability.hpp>
 #include <backplane/dtype.hpp>
+#include <backplane/op.hpp>
 #include <backplane/registry.hpp>
 
 #include <cstdint>
@@ -19,10 +20,10 @@
 
 namespace backplane {
 
-// One op on one dtype (the dtype supports_op is asked with, abi.h) and the
+// One op on one dtype (the dtype Device::supports is asked with) and the
 // part of training that uses it ("backward of relu").
 struct OpRequirement {
-  int32_t op;  // bp_op
+  Op op;
   DType dtype;
   const char* used_by;
 };

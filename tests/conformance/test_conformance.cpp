@@ -3,7 +3,7 @@
 // add/mul/copy on f32 pass, the rest is reported unsupported), and on the
 // skewed fixture (a wrong add must be reported as failing), plus the
 // comparison rules themselves.
-#include <conformance.hpp>
+#include <backplane/conformance.hpp>
 
 #include <backplane/backplane.hpp>
 

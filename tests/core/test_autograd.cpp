@@ -4,7 +4,7 @@
 // graph's memory, and independent graphs on several threads.
 #include "test_support.hpp"
 
-#include "../../core/internal.hpp"  // weak references into the graph, storage identity
+#include "../../core/common/internal.hpp"  // weak references into the graph, storage identity
 
 #include <backplane/backplane.hpp>
 
@@ -813,6 +813,74 @@ TEST_CASE("autograd: on_gradient_final can replace a gradient") {
   const bp::Error e = bptest::error_from([&] { net.loss(x).backward(bad); });
   CHECK(e.code() == bp::Errc::shape_mismatch);
   BP_CHECK_CONTAINS(e.message(), "on_gradient_final");
+}
+
+TEST_CASE("autograd: installed backward hooks run in every backward, after the call's own, until removed") {
+  const Mlp net = Mlp::make(370);
+  const bp::Tensor x = f64({5, 3}, uniform({5, 3}, -1, 1, 380));
+  std::vector<std::string> events;
+  int factories_made = 0;
+  const uint64_t id = bp::add_backward_hooks([&] {
+    ++factories_made;
+    auto seen = std::make_shared<int>(0);  // per-backward state lives in the hooks
+    return bp::BackwardHooks{
+        .on_gradient_final =
+            [&, seen](const bp::Tensor& param, bp::Tensor& gradient) {
+              ++*seen;
+              events.push_back("installed final");
+              if (param.impl() == net.w2.impl()) gradient = bp::full(cpu(), {4, 2}, 3.0, bp::DType::f64);
+            },
+        .on_backward_end =
+            [&, seen](bp::Gradients& grads) {
+              events.push_back("installed end " + std::to_string(*seen));
+              CHECK(grads.get(net.w2)->to_vector<double>() == std::vector<double>(8, 3.0));
+            },
+    };
+  });
+  bp::BackwardOptions options;
+  options.on_gradient_final = [&](const bp::Tensor& param, bp::Tensor& gradient) {
+    events.push_back("call final");
+    // The call's own hook runs first: it sees the local gradient.
+    if (param.impl() == net.w2.impl()) CHECK(gradient.to_vector<double>() != std::vector<double>(8, 3.0));
+  };
+  options.on_backward_end = [&](bp::Gradients& grads) {
+    events.push_back("call end");
+    CHECK(grads.get(net.w2)->to_vector<double>() == std::vector<double>(8, 3.0));
+  };
+  bp::Gradients g = net.loss(x).backward(options);
+  CHECK(g.get(net.w2)->to_vector<double>() == std::vector<double>(8, 3.0));
+  REQUIRE(events.size() == 2 * 4 + 2);  // four leaves, then the two ends
+  for (std::size_t i = 0; i < 8; i += 2) {
+    CHECK(events[i] == "call final");
+    CHECK(events[i + 1] == "installed final");
+  }
+  CHECK(events[8] == "installed end 4");
+  CHECK(events[9] == "call end");
+
+  (void)net.loss(x).backward();
+  CHECK(factories_made == 2);  // a fresh set for each backward
+  CHECK(events.back() == "installed end 4");
+
+  // A replacement of the wrong shape is refused, naming the installed hook.
+  const uint64_t bad = bp::add_backward_hooks([] {
+    return bp::BackwardHooks{.on_gradient_final = [](const bp::Tensor&, bp::Tensor& gradient) {
+      gradient = bp::zeros(cpu(), {1}, bp::DType::f64);
+    }};
+  });
+  const bp::Error e = bptest::error_from([&] { net.loss(x).backward(); });
+  CHECK(e.code() == bp::Errc::shape_mismatch);
+  BP_CHECK_CONTAINS(e.message(), "installed backward hook");
+  CHECK(bp::remove_backward_hooks(bad));
+
+  CHECK(bp::remove_backward_hooks(id));
+  CHECK_FALSE(bp::remove_backward_hooks(id));
+  events.clear();
+  (void)net.loss(x).backward();
+  CHECK(events.empty());
+  CHECK(factories_made == 3);  // the failed backward made one; none since removal
+
+  const bp::Error empty = bptest::error_from([] { (void)bp::add_backward_hooks(bp::BackwardHooksFactory{}); });
+  CHECK(empty.code() == bp::Errc::invalid_argument);
 }
 
 TEST_CASE("autograd: a leaf with no handle left gets no gradient and no call") {

@@ -1,6 +1,7 @@
 // Capability flags that decide something in the core: dtype flags (create,
 // move, import), 'matmul', 'remote' (no DLPack export), an unavailable
 // backend, device memory, and the training requirements a device must meet.
+#include <backplane/abi.h>  // the plugin-side names these tests check against
 #include <backplane/dlpack.hpp>
 
 #include <dlpack/dlpack.h>
@@ -135,9 +136,9 @@ TEST_CASE("capabilities: matmul on a device without 'matmul' is capability_missi
   // f32_only answers yes to every supports_op question; the flag decides first.
   const Device d = device_of("f32_only");
   REQUIRE_FALSE(d.capabilities().has(Capability::matmul));
-  CHECK_FALSE(d.supports(BP_OP_MATMUL, DType::f32));  // the flag decides, as for the op
-  CHECK_FALSE(d.supports(BP_OP_ADD, DType::f64));     // no f64 flag: no f64 op
-  CHECK(d.supports(BP_OP_ADD, DType::f32));
+  CHECK_FALSE(d.supports(backplane::Op::matmul, DType::f32));  // the flag decides, as for the op
+  CHECK_FALSE(d.supports(backplane::Op::add, DType::f64));     // no f64 flag: no f64 op
+  CHECK(d.supports(backplane::Op::add, DType::f32));
   const Tensor a = Tensor::from_vector<float>(d, {2, 2}, {1, 2, 3, 4});
   const Error e = error_from([&] { matmul(a, a); });
   CHECK(e.code() == Errc::capability_missing);
@@ -149,9 +150,9 @@ TEST_CASE("capabilities: matmul on a device without 'matmul' is capability_missi
 TEST_CASE("capabilities: a failing supports_op status is a no, logged once at debug") {
   LogCapture logs(LogLevel::debug);
   const Device d = device_of("gaps");
-  CHECK_FALSE(d.supports(BP_OP_SOFTMAX, DType::f32));
-  CHECK_FALSE(d.supports(BP_OP_SOFTMAX, DType::f32));  // cached
-  CHECK(d.supports(BP_OP_ADD, DType::f32));
+  CHECK_FALSE(d.supports(backplane::Op::softmax, DType::f32));
+  CHECK_FALSE(d.supports(backplane::Op::softmax, DType::f32));  // cached
+  CHECK(d.supports(backplane::Op::add, DType::f32));
   const auto lines = logs.at(LogLevel::debug, "softmax table is corrupt");
   CHECK(lines.size() == 1);
   if (!lines.empty()) BP_CHECK_CONTAINS(lines[0], "softmax");
@@ -250,18 +251,18 @@ TEST_CASE("unavailable: a required unavailable backend fails from_config naming 
 
 TEST_CASE("requirements: the training list covers the forward, backward and evaluation ops") {
   const TrainingRequirements req = training_requirements(DType::f32);
-  auto has = [&](int32_t op, DType dtype) {
+  auto has = [&](Op op, DType dtype) {
     for (const OpRequirement& r : req.ops)
       if (r.op == op && r.dtype == dtype) return true;
     return false;
   };
-  for (int32_t op : {BP_OP_MATMUL, BP_OP_ADD, BP_OP_RELU, BP_OP_LOG_SOFTMAX, BP_OP_GATHER, BP_OP_MEAN,
-                     BP_OP_SUM, BP_OP_COPY, BP_OP_FILL, BP_OP_RAND_UNIFORM, BP_OP_CAST, BP_OP_ARGMAX}) {
+  for (Op op : {Op::matmul, Op::add, Op::relu, Op::log_softmax, Op::gather, Op::mean, Op::sum, Op::copy,
+                Op::fill, Op::rand_uniform, Op::cast, Op::argmax}) {
     CAPTURE(op);
     CHECK(has(op, DType::f32));
   }
-  CHECK(has(BP_OP_ARANGE, DType::i64));
-  CHECK(has(BP_OP_CAST, DType::bool_));
+  CHECK(has(Op::arange, DType::i64));
+  CHECK(has(Op::cast, DType::bool_));
   for (std::size_t i = 0; i < req.ops.size(); ++i)
     for (std::size_t j = i + 1; j < req.ops.size(); ++j)
       CHECK_FALSE((req.ops[i].op == req.ops[j].op && req.ops[i].dtype == req.ops[j].dtype));

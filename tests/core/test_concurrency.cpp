@@ -36,7 +36,7 @@ TEST_CASE("concurrency: threads share a registry and run ops on one device") {
           if (got[0] != want || got[3] != want) ++wrong;
           bp::Tensor x = bp::Tensor::from_vector(opaque, {3}, std::vector<float>{v, 1, 2});
           if ((x + x).to_vector<float>() != std::vector<float>{2 * v, 2, 4}) ++wrong;
-          if (!cpu.supports(BP_OP_ADD, bp::DType::f32) || cpu.supports(BP_OP_MATMUL, bp::DType::i32)) ++wrong;
+          if (!cpu.supports(backplane::Op::add, bp::DType::f32) || cpu.supports(backplane::Op::matmul, bp::DType::i32)) ++wrong;
         }
       } catch (...) {
         ++wrong;

@@ -1,6 +1,7 @@
 // DLPack interop: to_dlpack / from_dlpack on the cpu plugin (zero-copy both
 // ways, via buffer_pointer and buffer_import) and on the opaque fixture (host
 // copies); every invalid input runs the producer's deleter exactly once.
+#include <backplane/abi.h>  // the plugin-side names these tests check against
 #include <backplane/dlpack.hpp>
 
 #include <dlpack/dlpack.h>

@@ -5,6 +5,8 @@
 // backend; libraries are found in the documented order.
 #include "test_support.hpp"
 
+#include <backplane/abi.h>  // the plugin-side names these tests check against
+
 #include <algorithm>
 #include <cctype>
 
@@ -93,9 +95,9 @@ TEST_CASE("loader: a plugin written in C loads and describes itself and its devi
   CHECK_FALSE(d.capabilities().has(Capability::collective));
   CHECK(d.backend().name() == "good");
   CHECK(d == b.devices()[0]);
-  CHECK(d.supports(BP_OP_ADD, DType::f32));
-  CHECK_FALSE(d.supports(BP_OP_MUL, DType::f32));
-  CHECK_FALSE(d.supports(BP_OP_ADD, DType::f64));
+  CHECK(d.supports(backplane::Op::add, DType::f32));
+  CHECK_FALSE(d.supports(backplane::Op::mul, DType::f32));
+  CHECK_FALSE(d.supports(backplane::Op::add, DType::f64));
   // device_memory is NULL in its table: not supported, never called.
   CHECK_FALSE(d.memory().has_value());
 }

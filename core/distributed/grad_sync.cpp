@@ -1,9 +1,10 @@
 // The job's default rendezvous and per-device process groups, and the
 // bucketed gradient all-reduce that backward() runs for registered
-// parameters (see <backplane/distributed.hpp>).
-#include "grad_sync.hpp"
+// parameters (see <backplane/distributed.hpp>), installed as backward hooks
+// (add_backward_hooks in <backplane/autograd.hpp>).
+#include "distributed/grad_sync.hpp"
 
-#include "internal.hpp"
+#include "common/internal.hpp"
 
 #include <backplane/distributed.hpp>
 #include <backplane/ops.hpp>
@@ -247,5 +248,23 @@ void GradSync::finish(Gradients& grads) {
   reduced_.clear();
 }
 
+namespace {
+
+// Installed when the library loads, through the public hooks every
+// backward() runs: the final gradient of each registered parameter goes to
+// this backward's GradSync, and the reduced ones replace the local ones at
+// the end. The autograd engine itself knows nothing of distribution.
+[[maybe_unused]] const uint64_t g_grad_sync_hooks = add_backward_hooks([] {
+  auto sync = std::make_shared<GradSync>();
+  return BackwardHooks{
+      .on_gradient_final =
+          [sync](const Tensor& param, Tensor& gradient) {
+            if (param.impl()->distributed) sync->add(param, gradient);
+          },
+      .on_backward_end = [sync](Gradients& grads) { sync->finish(grads); },
+  };
+});
+
+}  // namespace
 }  // namespace detail
 }  // namespace backplane

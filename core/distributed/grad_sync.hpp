@@ -1,6 +1,6 @@
 // Gradient synchronisation inside backward (the contract is in
-// <backplane/distributed.hpp>): the autodiff engine hands each final
-// gradient of a registered parameter to a GradSync, which packs them into
+// <backplane/distributed.hpp>): a backward hook installed at load hands each
+// final gradient of a registered parameter to a GradSync, which packs them into
 // per-(device, dtype) buckets and all-reduces (mean) each full bucket
 // through the job's process group for that device.
 #ifndef BACKPLANE_CORE_GRAD_SYNC_HPP_

@@ -2,8 +2,8 @@
 // capability and collective_fallback (direct, staged through a host backend,
 // or local), and calls the plugin's collective entries with the job's store
 // exposed as bp_kv_store callbacks.
-#include "internal.hpp"
-#include "op_common.hpp"
+#include "common/internal.hpp"
+#include "tensor/op_common.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/process_group.hpp>

@@ -1,8 +1,8 @@
 // Shape ops and placement: reshape, permute, transpose and slice as views
 // sharing the buffer; cat (one strided COPY per input into the output);
 // index_select and gather; contiguous; to(device) across backends.
-#include "autograd.hpp"
-#include "op_common.hpp"
+#include "autograd/autograd.hpp"
+#include "tensor/op_common.hpp"
 
 #include <algorithm>
 #include <cstring>

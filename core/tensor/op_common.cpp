@@ -1,5 +1,5 @@
 // Validation helpers, op names and the execute call of the op front-end.
-#include "op_common.hpp"
+#include "tensor/op_common.hpp"
 
 #include <array>
 #include <cmath>

@@ -9,7 +9,7 @@
 #ifndef BACKPLANE_CORE_AUTOGRAD_HPP_
 #define BACKPLANE_CORE_AUTOGRAD_HPP_
 
-#include "internal.hpp"
+#include "common/internal.hpp"
 
 #include <backplane/autograd.hpp>
 #include <backplane/tensor.hpp>

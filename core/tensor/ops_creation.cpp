@@ -1,7 +1,7 @@
 // Creation ops: zeros/ones/full (BP_OP_FILL), arange, rand_uniform and randn.
 // The plugin sees no inputs and one contiguous output; the core checks every
 // scalar so a plugin never converts a value its dtype cannot hold.
-#include "op_common.hpp"
+#include "tensor/op_common.hpp"
 
 #include <cmath>
 #include <limits>

@@ -4,7 +4,7 @@
 #ifndef BACKPLANE_CONFORMANCE_SUITE_HPP_
 #define BACKPLANE_CONFORMANCE_SUITE_HPP_
 
-#include "conformance.hpp"
+#include <backplane/conformance.hpp>
 
 #include <backplane/abi.h>
 #include <backplane/error.hpp>

@@ -34,6 +34,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <utility>
 
@@ -104,6 +105,7 @@ std::vector<Tally> tally(const std::vector<CaseResult>& results) {
       Tally row;
       row.op = r.op;
       row.dtype = r.dtype;
+      row.plugin_op = r.plugin_op;
       rows.push_back(std::move(row));
     }
     Tally& t = rows[it->second];
@@ -132,6 +134,87 @@ std::vector<Tally> tally(const std::vector<CaseResult>& results) {
   std::stable_sort(rows.begin(), rows.end(),
                    [&](const Tally& a, const Tally& b) { return rank(a) < rank(b); });
   return rows;
+}
+
+std::string op_family(const std::string& plugin_op) {
+  switch (op_code(plugin_op)) {
+    case BP_OP_ADD: case BP_OP_SUB: case BP_OP_MUL: case BP_OP_DIV: case BP_OP_POW: case BP_OP_MAXIMUM:
+    case BP_OP_MINIMUM:
+      return "binary";
+    case BP_OP_EQ: case BP_OP_NE: case BP_OP_LT: case BP_OP_LE: case BP_OP_GT: case BP_OP_GE: case BP_OP_WHERE:
+      return "compare";
+    case BP_OP_NEG: case BP_OP_ABS: case BP_OP_EXP: case BP_OP_LOG: case BP_OP_SQRT: case BP_OP_TANH:
+    case BP_OP_SIGMOID: case BP_OP_RELU: case BP_OP_SIN: case BP_OP_COS: case BP_OP_CLAMP:
+      return "unary";
+    case BP_OP_CAST: return "cast";
+    case BP_OP_FILL: case BP_OP_ARANGE: case BP_OP_RAND_UNIFORM: case BP_OP_RANDN: return "creation";
+    case BP_OP_SUM: case BP_OP_MEAN: case BP_OP_MAX: case BP_OP_MIN: case BP_OP_ARGMAX: case BP_OP_ARGMIN:
+      return "reduce";
+    case BP_OP_SOFTMAX: case BP_OP_LOG_SOFTMAX: return "softmax";
+    case BP_OP_MATMUL: return "matmul";
+    case BP_OP_INDEX_SELECT: case BP_OP_GATHER: return "index";
+    case BP_OP_COPY: return "copy";
+    default: return "other";
+  }
+}
+
+std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResult>& results) {
+  // Per family (first-seen order), per plugin op (first-seen order): its
+  // dtypes (abi.h order) and the suite ops that needed it.
+  struct OpEntry {
+    std::string name;
+    std::set<int32_t> dtypes;
+    std::vector<std::string> users;
+  };
+  struct FamilyEntry {
+    std::string family;
+    std::vector<OpEntry> ops;
+    int cases = 0;
+  };
+  // Only an (op, dtype) with no case that ran: a partly supported one keeps its table row.
+  std::set<std::pair<std::string, std::string>> ran;
+  for (const CaseResult& r : results)
+    if (r.outcome != CaseResult::Outcome::unsupported) ran.emplace(r.op, r.dtype);
+  std::vector<FamilyEntry> families;
+  for (const CaseResult& r : results) {
+    if (r.outcome != CaseResult::Outcome::unsupported || ran.count({r.op, r.dtype}) > 0) continue;
+    const std::string name = r.plugin_op.empty() ? r.op : r.plugin_op;
+    const std::string family = op_family(r.plugin_op);
+    auto f = std::find_if(families.begin(), families.end(), [&](const FamilyEntry& e) { return e.family == family; });
+    if (f == families.end()) f = families.insert(families.end(), FamilyEntry{family, {}, 0});
+    ++f->cases;
+    auto op = std::find_if(f->ops.begin(), f->ops.end(), [&](const OpEntry& e) { return e.name == name; });
+    if (op == f->ops.end()) op = f->ops.insert(f->ops.end(), OpEntry{name, {}, {}});
+    op->dtypes.insert(dtype_code(r.dtype));
+    if (r.op != name && std::find(op->users.begin(), op->users.end(), r.op) == op->users.end())
+      op->users.push_back(r.op);
+  }
+  std::vector<UnsupportedFamily> out;
+  for (FamilyEntry& f : families) {
+    // Ops with the same dtypes (and no other users) share one clause.
+    std::vector<std::pair<std::string, std::string>> clauses;  // (ops, " on dtypes (for ...)")
+    for (OpEntry& op : f.ops) {
+      std::string tail = " on";
+      bool first = true;
+      for (int32_t d : op.dtypes) {
+        tail += std::string(first ? " " : ", ") + (d < BP_DTYPE_COUNT_ ? bp_dtype_name(d) : "?");
+        first = false;
+      }
+      if (!op.users.empty()) {
+        std::sort(op.users.begin(), op.users.end());
+        tail += " (for";
+        for (std::size_t i = 0; i < op.users.size(); ++i) tail += (i == 0 ? " " : ", ") + op.users[i];
+        tail += ")";
+      }
+      auto same = std::find_if(clauses.begin(), clauses.end(), [&](const auto& c) { return c.second == tail; });
+      if (same != clauses.end()) same->first += ", " + op.name;
+      else clauses.emplace_back(op.name, tail);
+    }
+    UnsupportedFamily u{f.family, {}, f.cases};
+    for (const auto& [ops, tail] : clauses) u.text += (u.text.empty() ? "" : "; ") + ops + tail;
+    out.push_back(std::move(u));
+  }
+  return out;
 }
 
 namespace {
@@ -187,11 +270,20 @@ const std::vector<std::string>& op_names() {
 
 namespace {
 
+// The plugin op a case needs, by abi.h's name: its code's, else the suite
+// op's own name when that is a plugin op (cast), else "".
+std::string plugin_op_of(const Case& c) {
+  if (c.code != BP_OP_INVALID) return bp_op_name(c.code);
+  return op_code(c.op) != BP_OP_INVALID ? c.op : std::string();
+}
+
 Verdict run_case(const Context& ctx, const Case& c) {
-  const Verdict unsupported{CaseResult::Outcome::unsupported, ctx.device.id() + " does not support " + c.op +
-                                                                  " on " + std::string(to_string(c.dtype))};
+  const std::string needed = plugin_op_of(c);
+  const Verdict unsupported{CaseResult::Outcome::unsupported,
+                            ctx.device.id() + " does not support the plugin op " + needed + " on " +
+                                std::string(to_string(c.dtype)) + (needed == c.op ? "" : " (needed by " + c.op + ")")};
   try {
-    if (c.code != BP_OP_INVALID && !ctx.device.supports(c.code, c.dtype)) return unsupported;
+    if (c.code != BP_OP_INVALID && !ctx.device.supports(static_cast<Op>(c.code), c.dtype)) return unsupported;
     if (c.large_bytes > 0) {
       const std::string need = "a large case: needs about " + gib(c.large_bytes);
       if (ctx.max_bytes == 0)
@@ -237,7 +329,7 @@ std::vector<CaseResult> run_conformance(const Device& device, const Options& opt
   for (const Case& c : all_cases()) {
     if (!options.op.empty() && c.op != options.op) continue;
     const Verdict v = run_case(ctx, c);
-    CaseResult r{c.op, std::string(to_string(c.dtype)), c.name, v.outcome, v.detail};
+    CaseResult r{c.op, std::string(to_string(c.dtype)), c.name, v.outcome, v.detail, plugin_op_of(c)};
     if (options.on_result) options.on_result(r);
     results.push_back(std::move(r));
   }

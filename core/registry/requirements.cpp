@@ -1,8 +1,8 @@
 // The (op, dtype) pairs and capabilities training needs, and the up-front
 // check against a device. The list is derived from what the training path
 // calls; keep it in step with core/nn.cpp and core/autograd_ops.cpp.
-#include "internal.hpp"
-#include "op_common.hpp"
+#include "common/internal.hpp"
+#include "tensor/op_common.hpp"
 
 #include <backplane/requirements.hpp>
 
@@ -16,33 +16,33 @@ TrainingRequirements training_requirements(DType dtype) {
   constexpr DType kAccuracy = DType::f64;  // nn::accuracy counts hits in f64
   const std::vector<OpRequirement> all = {
       // Forward: nn::Linear, relu, nn::cross_entropy.
-      {BP_OP_RAND_UNIFORM, dtype, "nn::Linear initialisation"},
-      {BP_OP_MATMUL, dtype, "nn::Linear"},
-      {BP_OP_ADD, dtype, "nn::Linear bias, gradient accumulation, optimizers"},
-      {BP_OP_RELU, dtype, "relu"},
-      {BP_OP_LOG_SOFTMAX, dtype, "nn::cross_entropy"},
-      {BP_OP_GATHER, dtype, "nn::cross_entropy"},
-      {BP_OP_MEAN, dtype, "nn::cross_entropy"},
-      {BP_OP_NEG, dtype, "nn::cross_entropy and its backward"},
+      {Op::rand_uniform, dtype, "nn::Linear initialisation"},
+      {Op::matmul, dtype, "nn::Linear"},
+      {Op::add, dtype, "nn::Linear bias, gradient accumulation, optimizers"},
+      {Op::relu, dtype, "relu"},
+      {Op::log_softmax, dtype, "nn::cross_entropy"},
+      {Op::gather, dtype, "nn::cross_entropy"},
+      {Op::mean, dtype, "nn::cross_entropy"},
+      {Op::neg, dtype, "nn::cross_entropy and its backward"},
       // Backward (autograd_ops.cpp).
-      {BP_OP_SUM, dtype, "backward of broadcasting, log_softmax and gather"},
-      {BP_OP_COPY, dtype, "backward of mean and gather, gradient buckets, optimizers"},
-      {BP_OP_FILL, dtype, "scalars and zeros (backward, optimizers)"},
-      {BP_OP_DIV, dtype, "backward of mean, Adam"},
-      {BP_OP_MUL, dtype, "backward of log_softmax and gather, optimizers"},
-      {BP_OP_SUB, dtype, "backward of log_softmax, optimizers"},
-      {BP_OP_EXP, dtype, "backward of log_softmax"},
-      {BP_OP_GT, dtype, "backward of relu"},
-      {BP_OP_WHERE, dtype, "backward of relu"},
-      {BP_OP_ARANGE, kIndex, "backward of gather (one-hot)"},
-      {BP_OP_EQ, kIndex, "backward of gather (one-hot), nn::accuracy"},
-      {BP_OP_CAST, DType::bool_, "backward of gather (one-hot), nn::accuracy"},
-      {BP_OP_CAST, dtype, "backward of gather (one-hot)"},
-      {BP_OP_SQRT, dtype, "Adam"},
+      {Op::sum, dtype, "backward of broadcasting, log_softmax and gather"},
+      {Op::copy, dtype, "backward of mean and gather, gradient buckets, optimizers"},
+      {Op::fill, dtype, "scalars and zeros (backward, optimizers)"},
+      {Op::div, dtype, "backward of mean, Adam"},
+      {Op::mul, dtype, "backward of log_softmax and gather, optimizers"},
+      {Op::sub, dtype, "backward of log_softmax, optimizers"},
+      {Op::exp, dtype, "backward of log_softmax"},
+      {Op::gt, dtype, "backward of relu"},
+      {Op::where, dtype, "backward of relu"},
+      {Op::arange, kIndex, "backward of gather (one-hot)"},
+      {Op::eq, kIndex, "backward of gather (one-hot), nn::accuracy"},
+      {Op::cast, DType::bool_, "backward of gather (one-hot), nn::accuracy"},
+      {Op::cast, dtype, "backward of gather (one-hot)"},
+      {Op::sqrt, dtype, "Adam"},
       // Evaluation.
-      {BP_OP_ARGMAX, dtype, "nn::accuracy"},
-      {BP_OP_CAST, kAccuracy, "nn::accuracy"},
-      {BP_OP_SUM, kAccuracy, "nn::accuracy"},
+      {Op::argmax, dtype, "nn::accuracy"},
+      {Op::cast, kAccuracy, "nn::accuracy"},
+      {Op::sum, kAccuracy, "nn::accuracy"},
   };
   TrainingRequirements r;
   for (const OpRequirement& req : all) {
@@ -78,9 +78,9 @@ void require_training_support(const Device& device, DType dtype, int32_t world_s
   std::vector<std::string> ops;
   for (const OpRequirement& r : req.ops) {
     if (!caps.has(capability_for(r.dtype))) continue;
-    if (r.op == BP_OP_MATMUL && !caps.has(Capability::matmul)) continue;
-    if (!backend->supports(index, r.op, static_cast<int32_t>(r.dtype)))
-      ops.push_back(std::string(detail::op_name(r.op)) + " on " + std::string(to_string(r.dtype)) + " (" +
+    if (r.op == Op::matmul && !caps.has(Capability::matmul)) continue;
+    if (!backend->supports(index, static_cast<int32_t>(r.op), static_cast<int32_t>(r.dtype)))
+      ops.push_back(std::string(to_string(r.op)) + " on " + std::string(to_string(r.dtype)) + " (" +
                     r.used_by + ")");
   }
   if (flags.empty() && ops.empty()) return;

@@ -3,8 +3,8 @@
 // copies a strided one first) and, for a reduction, an output with the
 // input's rank and extent 1 on the axis; keepdim=false and all-axes results
 // are reshapes of that output done here.
-#include "autograd.hpp"
-#include "op_common.hpp"
+#include "autograd/autograd.hpp"
+#include "tensor/op_common.hpp"
 
 namespace backplane {
 namespace {

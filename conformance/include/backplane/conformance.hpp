@@ -6,8 +6,8 @@
 // run_conformance(device, options), or run `backplane conformance --config F
 // --backend NAME`. Thread-safety: run_conformance may run on several devices
 // at once from different threads; one call is single-threaded.
-#ifndef BACKPLANE_CONFORMANCE_CONFORMANCE_HPP_
-#define BACKPLANE_CONFORMANCE_CONFORMANCE_HPP_
+#ifndef BACKPLANE_CONFORMANCE_HPP_
+#define BACKPLANE_CONFORMANCE_HPP_
 
 #include <backplane/dtype.hpp>
 #include <backplane/registry.hpp>
@@ -33,6 +33,9 @@ struct CaseResult {
                   // the case needs (an operand's dtype flag): not a failure
   } outcome = Outcome::pass;
   std::string detail;  // why it failed / was skipped / was unsupported; with verbose, the error of a pass
+  // The plugin op (abi.h's bp_op_name) the case needs: "copy" for to, reshape,
+  // cat, ...; "" for a case that needs none.
+  std::string plugin_op;
 };
 
 // "pass", "fail", "skipped", "unsupported".
@@ -70,8 +73,28 @@ struct Tally {
   int skipped = 0;
   int unsupported = 0;
   std::string first_failure;  // "<case>: <detail>" of the first failure ("" when none)
+  std::string plugin_op;      // as CaseResult::plugin_op
 };
 std::vector<Tally> tally(const std::vector<CaseResult>& results);
+
+// The family of a plugin op, for grouping: "binary" (add ... minimum),
+// "compare" (eq ... ge, where), "unary" (neg ... clamp), "cast", "creation"
+// (fill, arange, rand_uniform, randn), "reduce" (sum ... argmin), "softmax",
+// "matmul", "index" (index_select, gather), "copy"; "other" for "" or an
+// unknown name.
+std::string op_family(const std::string& plugin_op);
+
+// The wholly unsupported (op, dtype) pairs (no case ran) of one op family, in
+// one line, by plugin-op name:
+// "sum, mean, max on i32, i64; argmax on bool" (ops with the same dtypes share
+// a clause; a plugin op needed by suite ops of other names lists them:
+// "copy on f64 (for cat, reshape, to)"). Families in the order of the suite.
+struct UnsupportedFamily {
+  std::string family;
+  std::string text;
+  int cases = 0;
+};
+std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResult>& results);
 
 // ---- comparison (also for tests of the suite itself) ------------------------
 
@@ -97,4 +120,4 @@ Tolerance tolerance_for(const std::string& op, DType dtype);
 
 }  // namespace backplane::conformance
 
-#endif  // BACKPLANE_CONFORMANCE_CONFORMANCE_HPP_
+#endif  // BACKPLANE_CONFORMANCE_HPP_

@@ -7,7 +7,7 @@
 
 #include <dlpack/dlpack.h>
 
-#include "internal.hpp"
+#include "common/internal.hpp"
 
 #include <algorithm>
 #include <cstdint>

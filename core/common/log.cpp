@@ -14,10 +14,20 @@ namespace {
 
 LogLevel initial_level() {
   const char* env = std::getenv("BACKPLANE_LOG_LEVEL");
-  if (env == nullptr) return LogLevel::info;
+  if (env == nullptr || env[0] == '\0') return LogLevel::info;
   if (std::strcmp(env, "debug") == 0) return LogLevel::debug;
   if (std::strcmp(env, "warning") == 0) return LogLevel::warning;
   if (std::strcmp(env, "error") == 0) return LogLevel::error;
+  if (std::strcmp(env, "info") != 0) {
+    // Straight to stderr: the sink is being built, and a typo must not pass silently.
+    std::string value(env);
+    if (value.size() > 64) value = value.substr(0, 61) + "...";
+    for (char& c : value)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+    const std::string line = "backplane: warning: BACKPLANE_LOG_LEVEL=\"" + value +
+                             "\" is not a log level; using info (valid: debug, info, warning, error)\n";
+    std::fwrite(line.data(), 1, line.size(), stderr);
+  }
   return LogLevel::info;
 }
 
@@ -33,6 +43,10 @@ Sink& sink() {
   static Sink* s = new Sink;
   return *s;
 }
+
+// Built when the library loads, so an invalid BACKPLANE_LOG_LEVEL is reported
+// once, up front, even by a process that never logs.
+[[maybe_unused]] const bool kSinkBuilt = (sink(), true);
 
 const char* level_name(LogLevel level) {
   switch (level) {

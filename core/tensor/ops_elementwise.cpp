@@ -2,8 +2,8 @@
 // broadcast operands described with stride 0, never materialised), where
 // with three-way broadcasting, unary math, clamp and cast. Inputs may be
 // strided; outputs are contiguous.
-#include "autograd.hpp"
-#include "op_common.hpp"
+#include "autograd/autograd.hpp"
+#include "tensor/op_common.hpp"
 
 #include <cmath>
 #include <optional>

@@ -1,13 +1,13 @@
 // The autodiff engine: grad mode, leaves, Gradients, and the backward sweep
 // (dependency counting over the recorded graph, run in a deterministic order).
-#include "autograd.hpp"
-#include "grad_sync.hpp"
+#include "autograd/autograd.hpp"
 
-#include "op_common.hpp"
+#include "tensor/op_common.hpp"
 
 #include <backplane/ops.hpp>
 
 #include <atomic>
+#include <mutex>
 #include <queue>
 #include <string>
 #include <unordered_map>
@@ -20,6 +20,35 @@ namespace {
 thread_local bool t_grad_enabled = true;
 // 0 is never used: Gradients reads it as "not a leaf".
 std::atomic<uint64_t> g_next_seq{1};
+
+// The factories add_backward_hooks installed, in installation order.
+struct InstalledHooks {
+  std::mutex mutex;
+  uint64_t next_id = 1;
+  std::vector<std::pair<uint64_t, std::shared_ptr<const BackwardHooksFactory>>> factories;
+};
+
+InstalledHooks& installed_hooks() {
+  static InstalledHooks* hooks = new InstalledHooks();  // used from other libraries' static destructors
+  return *hooks;
+}
+
+// One backward's hooks: the installed factories' fresh hooks, snapshotted at
+// the start so that installing or removing during a backward affects only
+// later ones.
+std::vector<BackwardHooks> make_installed_hooks() {
+  std::vector<std::shared_ptr<const BackwardHooksFactory>> factories;
+  {
+    InstalledHooks& h = installed_hooks();
+    std::lock_guard lock(h.mutex);
+    if (h.factories.empty()) return {};
+    for (const auto& [id, factory] : h.factories) factories.push_back(factory);
+  }
+  std::vector<BackwardHooks> hooks;
+  hooks.reserve(factories.size());
+  for (const auto& factory : factories) hooks.push_back((*factory)());
+  return hooks;
+}
 
 }  // namespace
 
@@ -170,7 +199,7 @@ Gradients run_backward(const Tensor& root, const BackwardOptions& options) {
   // 2. Run nodes whose contributions are all in, latest-recorded first (the
   // seq order is deterministic); a leaf's gradient is final at that moment.
   Gradients grads;
-  GradSync sync;  // all-reduces the gradients of registered parameters
+  std::vector<BackwardHooks> installed = make_installed_hooks();
   std::priority_queue<std::pair<uint64_t, std::size_t>> ready;
   std::size_t done = 0;
   auto deliver = [&](std::size_t i) {
@@ -189,7 +218,12 @@ Gradients run_backward(const Tensor& root, const BackwardOptions& options) {
       require_matching(param, gradient,
                        "Tensor::backward: the gradient on_gradient_final gave for " + param.to_string());
     }
-    if (param.impl()->distributed) sync.add(param, gradient);
+    for (const BackwardHooks& hooks : installed) {
+      if (!hooks.on_gradient_final) continue;
+      hooks.on_gradient_final(param, gradient);
+      require_matching(param, gradient,
+                       "Tensor::backward: the gradient an installed backward hook gave for " + param.to_string());
+    }
     grads.set(param, std::move(gradient));
   };
   items[0].grad = std::move(seed);
@@ -222,13 +256,37 @@ Gradients run_backward(const Tensor& root, const BackwardOptions& options) {
                                     std::to_string(items.size()) +
                                     " graph nodes never became ready; this is a bug in backplane: please "
                                     "report it");
-  sync.finish(grads);
+  for (const BackwardHooks& hooks : installed)
+    if (hooks.on_backward_end) hooks.on_backward_end(grads);
   if (options.on_backward_end) options.on_backward_end(grads);
   return grads;
 }
 
 }  // namespace
 }  // namespace detail
+
+// ---- installed backward hooks ----------------------------------------------------
+
+uint64_t add_backward_hooks(BackwardHooksFactory factory) {
+  if (!factory) throw Error(Errc::invalid_argument, "add_backward_hooks: an empty factory");
+  detail::InstalledHooks& h = detail::installed_hooks();
+  auto shared = std::make_shared<const BackwardHooksFactory>(std::move(factory));
+  std::lock_guard lock(h.mutex);
+  const uint64_t id = h.next_id++;
+  h.factories.emplace_back(id, std::move(shared));
+  return id;
+}
+
+bool remove_backward_hooks(uint64_t id) noexcept {
+  detail::InstalledHooks& h = detail::installed_hooks();
+  std::lock_guard lock(h.mutex);
+  for (auto it = h.factories.begin(); it != h.factories.end(); ++it) {
+    if (it->first != id) continue;
+    h.factories.erase(it);
+    return true;
+  }
+  return false;
+}
 
 // ---- grad mode -----------------------------------------------------------------
 

@@ -3,9 +3,9 @@
 // they run on the tensors' own device whatever its backend; two helpers
 // (expand, embed) issue FILL/COPY directly where the op set has no
 // equivalent (broadcast_to, a strided write into zeros).
-#include "autograd.hpp"
+#include "autograd/autograd.hpp"
 
-#include "op_common.hpp"
+#include "tensor/op_common.hpp"
 
 #include <backplane/ops.hpp>
 

@@ -2,8 +2,8 @@
 // 2-D operands pass with their own strides; batched ones are described with
 // the output's batch dims (stride 0 where an operand is broadcast) and their
 // own strides on the last two dims, so nothing is materialised.
-#include "autograd.hpp"
-#include "op_common.hpp"
+#include "autograd/autograd.hpp"
+#include "tensor/op_common.hpp"
 
 namespace backplane {
 namespace {
