@@ -6,8 +6,9 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build g++ pkg-config python3 git
   libboost-dev nlohmann-json3-dev doctest-dev libcli11-dev
-  libopenblas-dev libdlpack-dev libgloo-dev
+  libopenblas-dev libdlpack-dev libgloo-dev libssl-dev
   libopenmpi-dev openmpi-bin zlib1g-dev
+  iproute2
 )
 
 missing=()

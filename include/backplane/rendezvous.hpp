@@ -34,6 +34,12 @@ class BACKPLANE_API Store {
  public:
   virtual ~Store();
   virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // set, waiting at most `timeout` (and never longer than timeout()) for the
+  // store to take the value: for failure paths, which must not stall on a
+  // hung store host. Errc::timeout says the time actually waited. The
+  // default implementation is set().
+  virtual void set_with_timeout(const std::string& key, const std::vector<uint8_t>& value,
+                                std::chrono::milliseconds timeout);
   // Blocks until `key` exists, then returns its value.
   virtual std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds timeout) = 0;
   // Blocks until every key exists.
@@ -58,16 +64,25 @@ struct TcpStoreOptions {
   int32_t rank = 0;                // this rank, checked at the handshake
   int32_t world_size = 1;          // must agree across ranks
   std::chrono::milliseconds timeout = kDefaultTimeout;
+  // The job secret every rank proves at the handshake. Unset: read from
+  // BACKPLANE_JOB_TOKEN, else from the file BACKPLANE_JOB_TOKEN_FILE names
+  // (which only its owner may read or write). Empty: no secret.
+  std::optional<std::string> job_token;
 };
 
-// The TCP store. The server side (is_server) listens on `port` (on the
-// loopback address when `host` is "localhost" or a loopback IP, else on
-// every interface) and serves on its own thread until the TcpStore is
-// destroyed; both sides connect as a client. Construction returns once the
-// client is connected and its handshake (rank, world size) was accepted;
-// until then it retries for `timeout` (Errc::timeout naming the address).
-// Limits: keys 1..4096 bytes, values up to 1 GiB. Timeouts of 10 years or
-// more wait forever.
+// The TCP store. The server side (is_server) listens on `port` (on loopback
+// only when `host` resolves to a loopback address, in any spelling: "127.1",
+// "LOCALHOST", "::ffff:127.0.0.1"; else on every interface) and serves on its
+// own thread until the TcpStore is destroyed; both sides connect as a client.
+// Every connection proves the job secret (HMAC-SHA256 challenge-response,
+// both ways) before it is told anything; a server beyond loopback refuses to
+// start without a secret (Errc::invalid_argument saying how to give one).
+// Construction returns once the client is connected and its handshake
+// (secret, rank, world size) was accepted; until then it retries for
+// `timeout` (Errc::timeout naming the address). A rank with another secret
+// gets Errc::invalid_argument. Limits: keys 1..4096 bytes, values up to
+// 1 GiB; the server's limits per connection are in docs/security.md.
+// Timeouts of 10 years or more wait forever.
 BACKPLANE_API std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options);
 
 // Where this process sits in a job, and the store that joins the job.

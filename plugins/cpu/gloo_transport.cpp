@@ -228,7 +228,10 @@ CommFailure GlooRun::translate(const std::exception& e, int expected, Direction 
               base + "timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + who +
                   (direction == Direction::receive ? " to send its data" : " to receive our data") +
                   " (is that rank still running, and did every rank call " + op_ +
-                  " with the same arguments in the same order?)" + gloo};
+                  " with the same arguments in the same order?; " +
+                  std::to_string(
+                      std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_)).count()) +
+                  " ms had passed, measured)" + gloo};
     case LinkError::peer_lost: {
       const std::string cause = board_.read(peer);
       if (!cause.empty())

@@ -1,6 +1,11 @@
 // The host's key-value store for the collectives (see kv_store.hpp).
 #include "kv_store.hpp"
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <utility>
 
@@ -72,7 +77,31 @@ std::vector<char> store_get(const bp_kv_store& kv, const std::string& key, int64
   return bytes != nullptr ? std::vector<char>(bytes, bytes + args.size) : std::vector<char>();
 }
 
+// Gloo's full-mesh connect publishes, under key "<rank>", its tcp::Address
+// objects back to back: a sockaddr_storage (filled by getsockname only as
+// far as the address family needs, the rest uninitialised stack memory)
+// and a sequence number. Zeroes what the family does not use, so that no
+// stray memory reaches the store.
+constexpr std::size_t kGlooAddressBytes = sizeof(sockaddr_storage) + sizeof(ssize_t);
+
+bool is_address_list_key(const std::string& key) {
+  return !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+}
+
 }  // namespace
+
+void zero_address_padding(std::vector<char>& value) {
+  if (value.empty() || value.size() % kGlooAddressBytes != 0) return;
+  for (std::size_t at = 0; at < value.size(); at += kGlooAddressBytes) {
+    sa_family_t family = 0;
+    std::memcpy(&family, value.data() + at, sizeof family);
+    const std::size_t used = family == AF_INET    ? sizeof(sockaddr_in)
+                             : family == AF_INET6 ? sizeof(sockaddr_in6)
+                                                  : sizeof(sa_family_t);
+    std::fill(value.begin() + static_cast<std::ptrdiff_t>(at + used),
+              value.begin() + static_cast<std::ptrdiff_t>(at + sizeof(sockaddr_storage)), 0);
+  }
+}
 
 std::string missing_store_entries(const bp_kv_store& kv) {
   std::string missing;
@@ -94,6 +123,12 @@ GlooStore::GlooStore(const bp_kv_store& kv, std::string prefix, Clock::time_poin
     : kv_(kv), prefix_(std::move(prefix)), deadline_(deadline) {}
 
 void GlooStore::set(const std::string& key, const std::vector<char>& data) {
+  if (is_address_list_key(key)) {
+    std::vector<char> clean = data;
+    zero_address_padding(clean);
+    store_set(kv_, prefix_ + key, clean.data(), clean.size(), key);
+    return;
+  }
   store_set(kv_, prefix_ + key, data.data(), data.size(), key);
 }
 
@@ -129,6 +164,13 @@ int64_t GlooStore::remaining_ms(const char* operation, const std::vector<std::st
 void FailureBoard::publish(int32_t rank, const std::string& message) const noexcept {
   if (kv_ == nullptr) return;
   try {
+    // bp_kv_store's set has no timeout: on a hung store host it would block
+    // for the store's whole timeout, after the collective's own. A get with
+    // timeout 0 of a key this rank set at comm_create is answered at once
+    // by a live store and gives up within the host's short reply grace on
+    // a hung one; only a store that answered is written to.
+    const std::string probe = prefix_ + "conn/" + std::to_string(rank);
+    store_get(*kv_, probe, 0, probe);
     const std::string key = prefix_ + "failed/" + std::to_string(rank);
     store_set(*kv_, key, message.data(), message.size(), key);
   } catch (...) {

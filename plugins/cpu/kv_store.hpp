@@ -26,6 +26,11 @@ struct StoreFailure {
   std::string detail;             // the store's message
 };
 
+// Zeroes the unused bytes of each Gloo TCP address in an address list that
+// Gloo's full-mesh connect publishes (see kv_store.cpp); leaves a value of
+// another shape as it is.
+void zero_address_padding(std::vector<char>& value);
+
 // Checks that a store has every entry this plugin calls; "" when it does,
 // else what is missing.
 std::string missing_store_entries(const bp_kv_store& kv);
@@ -56,8 +61,10 @@ class GlooStore final : public gloo::rendezvous::Store {
 
 // Where a failing rank leaves its error ("<prefix>failed/<rank>") before it
 // closes its connections, so that a peer which sees them close can report the
-// root cause rather than only "rank 2 closed". Best effort and never
-// blocking: the store may be what failed. Safe from any thread.
+// root cause rather than only "rank 2 closed". Best effort and bounded: the
+// store may be what failed, so publish first checks, with a zero-timeout get
+// of this rank's "conn/<rank>" key, that the store answers at all, and
+// writes only then. Safe from any thread.
 class FailureBoard {
  public:
   FailureBoard() = default;  // a group of one: nothing to tell

@@ -5,12 +5,17 @@
 #define BACKPLANE_PLUGINS_CPU_LISTEN_ADDRESS_HPP_
 
 #include <gloo/transport/tcp/attr.h>
+#include <sys/socket.h>
 
 #include <string>
 
 #include "collectives.hpp"
 
 namespace backplane::cpu {
+
+// 127.0.0.0/8, ::1 and IPv4-mapped 127.x (::ffff:127.0.0.1): the rule the
+// core's rendezvous store uses to decide whether it listens on loopback only.
+bool is_loopback(const sockaddr* address);
 
 struct ListenAddress {
   gloo::transport::tcp::attr attr;

@@ -5,6 +5,8 @@
 
 #include <backplane/rendezvous.hpp>
 
+#include "distributed/store_wire.hpp"
+
 #include <doctest/doctest.h>
 
 #include <arpa/inet.h>
@@ -32,6 +34,8 @@ namespace {
 std::vector<uint8_t> bytes(std::string_view s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
+constexpr std::string_view kSecret = "test-store-secret";
+
 uint16_t port_of(const bp::Store& store) {
   const std::string a = store.address();
   return static_cast<uint16_t>(std::stoi(a.substr(a.rfind(':') + 1)));
@@ -45,6 +49,7 @@ bp::TcpStoreOptions options(int32_t rank, int32_t world_size, uint16_t port, mil
   o.rank = rank;
   o.world_size = world_size;
   o.timeout = timeout;
+  o.job_token = std::string(kSecret);
   return o;
 }
 
@@ -104,6 +109,23 @@ class RawConnection {
     out.resize(got);
     return out;
   }
+  // The store's handshake with the job secret, through the real codec; the
+  // verdict, or -1 when the server sent none.
+  int authenticate(int32_t rank, int32_t world_size, std::string_view secret = kSecret) {
+    namespace w = bp::store_wire;
+    const w::Nonce nonce = w::random_nonce();
+    const auto h = w::make_hello(nonce);
+    send(std::vector<uint8_t>(h.begin(), h.end()));
+    const std::vector<uint8_t> challenge = read(w::kChallengeBytes);
+    if (challenge.size() != w::kChallengeBytes) return -1;
+    w::Nonce server_nonce{};
+    std::memcpy(server_nonce.data(), challenge.data() + w::kHelloPrefixBytes, w::kNonceBytes);
+    const auto p = w::make_proof(w::client_proof(secret, nonce, server_nonce, rank, world_size), rank, world_size);
+    send(std::vector<uint8_t>(p.begin(), p.end()));
+    const std::vector<uint8_t> verdict = read(w::kVerdictBytes);
+    if (verdict.size() != w::kVerdictBytes) return -1;
+    return w::get_u16(verdict.data() + 6);
+  }
   // True when the server closed the connection (EOF or reset), false when
   // it kept it open past the read timeout.
   bool closed_by_peer() {
@@ -119,33 +141,23 @@ class RawConnection {
   int fd_ = -1;
 };
 
-// The protocol's fixed-size pieces, big-endian (see core/store.cpp).
+// Frame pieces, through the real codec (core/distributed/store_wire.hpp).
 void put32(std::vector<uint8_t>& v, uint32_t x) {
-  for (int i = 3; i >= 0; --i) v.push_back(static_cast<uint8_t>(x >> (8 * i)));
+  uint8_t b[4];
+  bp::store_wire::put_u32(b, x);
+  v.insert(v.end(), b, b + 4);
 }
 void put64(std::vector<uint8_t>& v, uint64_t x) {
-  for (int i = 7; i >= 0; --i) v.push_back(static_cast<uint8_t>(x >> (8 * i)));
-}
-std::vector<uint8_t> hello(int32_t rank, int32_t world_size) {
-  std::vector<uint8_t> v = {'B', 'P', 'S', 'T', 0, 1, 0, 0};
-  put32(v, static_cast<uint32_t>(rank));
-  put32(v, static_cast<uint32_t>(world_size));
-  return v;
+  uint8_t b[8];
+  bp::store_wire::put_u64(b, x);
+  v.insert(v.end(), b, b + 8);
 }
 void append(std::vector<uint8_t>& v, std::string_view s) {
   for (char c : s) v.push_back(static_cast<uint8_t>(c));
 }
 std::vector<uint8_t> frame_header(uint32_t payload_bytes, uint8_t kind, uint64_t id) {
-  std::vector<uint8_t> v;
-  put32(v, payload_bytes);
-  v.push_back(kind);
-  for (int i = 0; i < 3; ++i) v.push_back(0);
-  put64(v, id);
-  return v;
-}
-uint16_t verdict_of(const std::vector<uint8_t>& welcome) {
-  REQUIRE(welcome.size() == 16);
-  return static_cast<uint16_t>((welcome[6] << 8) | welcome[7]);
+  const bp::store_wire::Header h = bp::store_wire::make_header(payload_bytes, kind, id);
+  return std::vector<uint8_t>(h.begin(), h.end());
 }
 
 // Unsets every variable from_env reads for a scope, and restores them all.
@@ -445,22 +457,19 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A frame announcing 4 GiB.
     RawConnection c(port);
-    c.send(hello(1, 8));
-    CHECK(verdict_of(c.read(16)) == 0);
+    CHECK(c.authenticate(1, 8) == 0);
     c.send(frame_header(0xffffffffu, 1, 1));
     CHECK(c.closed_by_peer());
   }
   {  // An unknown opcode.
     RawConnection c(port);
-    c.send(hello(2, 8));
-    CHECK(verdict_of(c.read(16)) == 0);
+    CHECK(c.authenticate(2, 8) == 0);
     c.send(frame_header(0, 0x7f, 1));
     CHECK(c.closed_by_peer());
   }
   {  // A get whose key length runs past the payload.
     RawConnection c(port);
-    c.send(hello(3, 8));
-    CHECK(verdict_of(c.read(16)) == 0);
+    CHECK(c.authenticate(3, 8) == 0);
     std::vector<uint8_t> f = frame_header(14, 2, 1);
     put64(f, 1000);
     put32(f, 100);
@@ -470,16 +479,14 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A frame cut short by the client going away: the server just drops it.
     RawConnection c(port);
-    c.send(hello(4, 8));
-    CHECK(verdict_of(c.read(16)) == 0);
+    CHECK(c.authenticate(4, 8) == 0);
     std::vector<uint8_t> f = frame_header(1000, 1, 1);
     append(f, "xxxxxxxxxx");
     c.send(f);
   }
   {  // Nonzero reserved header bytes.
     RawConnection c(port);
-    c.send(hello(5, 8));
-    CHECK(verdict_of(c.read(16)) == 0);
+    CHECK(c.authenticate(5, 8) == 0);
     std::vector<uint8_t> f = frame_header(0, 6, 1);
     f[6] = 1;
     c.send(f);
@@ -487,14 +494,12 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A rank outside the world: refused with its verdict, then closed.
     RawConnection c(port);
-    c.send(hello(9, 8));
-    CHECK(verdict_of(c.read(16)) == 3);
+    CHECK(c.authenticate(9, 8) == 3);
     CHECK(c.closed_by_peer());
   }
   {  // An empty key in a well-framed set.
     RawConnection c(port);
-    c.send(hello(6, 8));
-    CHECK(verdict_of(c.read(16)) == 0);
+    CHECK(c.authenticate(6, 8) == 0);
     std::vector<uint8_t> f = frame_header(5, 1, 1);
     put32(f, 0);
     f.push_back('v');
@@ -503,8 +508,7 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A well-formed set and get over the raw protocol are answered.
     RawConnection c(port);
-    c.send(hello(7, 8));
-    CHECK(verdict_of(c.read(16)) == 0);
+    CHECK(c.authenticate(7, 8) == 0);
     std::vector<uint8_t> f = frame_header(4 + 3 + 2, 1, 41);
     put32(f, 3);
     append(f, "rawok");

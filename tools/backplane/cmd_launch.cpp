@@ -118,6 +118,8 @@ Command add_launch_command(CLI::App& parent) {
   sub->footer(
       "Each rank gets the launcher's environment plus RANK and LOCAL_RANK (0..N-1), WORLD_SIZE and\n"
       "LOCAL_WORLD_SIZE (N), MASTER_ADDR, MASTER_PORT, and BACKPLANE_TIMEOUT when --timeout is given.\n"
+      "Each job gets a fresh random BACKPLANE_JOB_TOKEN (the secret its ranks prove to the rendezvous\n"
+      "store) unless BACKPLANE_JOB_TOKEN or BACKPLANE_JOB_TOKEN_FILE is already set.\n"
       "Ranks read stdin from /dev/null. Their stdout and stderr are relayed line by line to the\n"
       "launcher's stdout and stderr, each line prefixed \"[rank K] \"; lines never interleave, and a\n"
       "line longer than 64 KiB is relayed in pieces.\n"

@@ -20,6 +20,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -75,6 +76,26 @@ class Fd {
  private:
   int fd_ = -1;
 };
+
+[[noreturn]] void fail_system(const std::string& what, int err);
+
+// A fresh job secret: 32 random bytes from the kernel, as 64 hex digits.
+std::string fresh_job_token() {
+  unsigned char bytes[32];
+  std::size_t got = 0;
+  while (got < sizeof bytes) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_system("cannot make a job secret (getrandom; set BACKPLANE_JOB_TOKEN yourself)", errno);
+    got += static_cast<std::size_t>(n);
+  }
+  std::string hex;
+  for (unsigned char b : bytes) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  return hex;
+}
 
 [[noreturn]] void fail_system(const std::string& what, int err) {
   throw CommandError(kExitFailed, "launch: " + what + ": " + std::strerror(err));
@@ -342,6 +363,10 @@ class Launcher {
     base_env_.push_back("MASTER_PORT=" + std::to_string(spec_.master_port));
     if (spec_.timeout)
       base_env_.push_back(std::string(kTimeoutVariable) + "=" + std::to_string(*spec_.timeout));
+    // Each job gets its own secret for the rendezvous store, unless the
+    // launcher's caller gave one (then every rank inherits it).
+    if (std::getenv("BACKPLANE_JOB_TOKEN") == nullptr && std::getenv("BACKPLANE_JOB_TOKEN_FILE") == nullptr)
+      base_env_.push_back("BACKPLANE_JOB_TOKEN=" + fresh_job_token());
 
     dev_null_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!dev_null_.valid()) fail_system("cannot open /dev/null", errno);

@@ -1,0 +1,493 @@
+// The rendezvous store under attack: impostors without the job secret,
+// floods of connections that never authenticate, half-sent and oversized
+// frames, loopback spellings, the secret file's permissions, a hung store
+// host, and a bounded fuzzer of frames against the decoder and a live
+// server. Limits are lowered through their environment variables.
+#include "test_support.hpp"
+
+#include <backplane/rendezvous.hpp>
+
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "distributed/store_wire.hpp"
+
+namespace bp = backplane;
+namespace w = backplane::store_wire;
+using namespace std::chrono_literals;
+using std::chrono::milliseconds;
+
+namespace {
+
+constexpr const char* kSecret = "security-test-secret";
+
+std::vector<uint8_t> bytes(std::string_view s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+std::string text(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+uint16_t port_of(const bp::Store& store) {
+  const std::string a = store.address();
+  return static_cast<uint16_t>(std::stoi(a.substr(a.rfind(':') + 1)));
+}
+
+bp::TcpStoreOptions options(int32_t rank, int32_t world_size, uint16_t port, std::string secret = kSecret,
+                            milliseconds timeout = 10s) {
+  bp::TcpStoreOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.timeout = timeout;
+  o.job_token = std::move(secret);
+  return o;
+}
+
+std::shared_ptr<bp::Store> host(int32_t world_size, std::string secret = kSecret) {
+  bp::TcpStoreOptions o = options(0, world_size, 0, std::move(secret));
+  o.is_server = true;
+  return bp::make_tcp_store(o);
+}
+
+// Sets an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      ::setenv(name_, old_->c_str(), 1);
+    } else {
+      ::unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// A plain loopback socket; reads give up after a few seconds.
+class Raw {
+ public:
+  explicit Raw(uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    timeval tv{5, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  }
+  ~Raw() { ::close(fd_); }
+  Raw(const Raw&) = delete;
+  Raw& operator=(const Raw&) = delete;
+
+  // False when the peer is gone.
+  bool send(const void* data, std::size_t n) {
+    return ::send(fd_, data, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
+  }
+  std::vector<uint8_t> read(std::size_t n) {
+    std::vector<uint8_t> out(n);
+    std::size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::recv(fd_, out.data() + got, n - got, 0);
+      if (r <= 0) break;
+      got += static_cast<std::size_t>(r);
+    }
+    out.resize(got);
+    return out;
+  }
+  bool closed_by_peer() {
+    uint8_t b;
+    for (;;) {
+      const ssize_t r = ::recv(fd_, &b, 1, 0);
+      if (r == 0) return true;
+      if (r < 0) return errno == ECONNRESET;
+    }
+  }
+  // The handshake through the real codec: the verdict, or -1 when none came.
+  int authenticate(int32_t rank, int32_t world_size, std::string_view secret = kSecret) {
+    const w::Nonce nonce = w::random_nonce();
+    const auto h = w::make_hello(nonce);
+    send(h.data(), h.size());
+    const std::vector<uint8_t> c = read(w::kChallengeBytes);
+    if (c.size() != w::kChallengeBytes) return -1;
+    w::Nonce server_nonce{};
+    std::memcpy(server_nonce.data(), c.data() + w::kHelloPrefixBytes, w::kNonceBytes);
+    const auto p = w::make_proof(w::client_proof(secret, nonce, server_nonce, rank, world_size), rank, world_size);
+    send(p.data(), p.size());
+    const std::vector<uint8_t> v = read(w::kVerdictBytes);
+    if (v.size() != w::kVerdictBytes) return -1;
+    return w::get_u16(v.data() + 6);
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// Connects rank `rank`, retrying while the server frees a slot the test closed.
+std::shared_ptr<bp::Store> join(int32_t rank, int32_t world_size, uint16_t port) {
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    try {
+      return bp::make_tcp_store(options(rank, world_size, port));
+    } catch (const bp::Error& e) {
+      if (e.code() != bp::Errc::invalid_argument) throw;
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  return nullptr;
+}
+
+long resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return resident * ::sysconf(_SC_PAGESIZE);
+}
+
+}  // namespace
+
+TEST_CASE("store security: a rank with another secret gets a clear error and the real rank still joins") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  auto server = host(2);
+  const uint16_t port = port_of(*server);
+  for (const std::string& wrong : {std::string("another-secret"), std::string()}) {
+    bp::Error e = bptest::error_from([&] { bp::make_tcp_store(options(1, 2, port, wrong, 3s)); });
+    CHECK(e.code() == bp::Errc::invalid_argument);
+    BP_CHECK_CONTAINS(e.message(), "the store at 127.0.0.1:" + std::to_string(port) +
+                                       " refused this process's job secret: ranks must share "
+                                       "BACKPLANE_JOB_TOKEN");
+  }
+  // An impostor that answers the challenge with a guess is closed without a word.
+  {
+    Raw c(port);
+    CHECK(c.authenticate(1, 2, "guess") == -1);
+    CHECK(c.closed_by_peer());
+  }
+  CHECK(logs.at(bp::LogLevel::warning, "failed to prove the job secret").size() == 1);
+  auto rank1 = join(1, 2, port);
+  REQUIRE(rank1);
+  rank1->set("k", bytes("v"));
+  CHECK(text(server->get("k", 1s)) == "v");
+}
+
+TEST_CASE("store security: nothing about the job reaches a client before it proves the secret") {
+  auto server = host(7);
+  const uint16_t port = port_of(*server);
+  {  // The challenge is nonce and proof only: the world size (7) is not in it.
+    Raw c(port);
+    const auto h = w::make_hello(w::random_nonce());
+    c.send(h.data(), h.size());
+    const std::vector<uint8_t> challenge = c.read(w::kChallengeBytes);
+    REQUIRE(challenge.size() == w::kChallengeBytes);
+    CHECK(w::get_u16(challenge.data() + 6) == 0);
+    // A wrong proof: the connection closes with no verdict at all.
+    std::vector<uint8_t> proof(w::kProofBytes, 0);
+    c.send(proof.data(), proof.size());
+    CHECK(c.read(w::kVerdictBytes).empty());
+  }
+  {  // Another protocol version is told so, with world size 0.
+    Raw c(port);
+    auto h = w::make_hello(w::random_nonce());
+    w::put_u16(h.data() + 4, 1);
+    c.send(h.data(), 8);
+    const std::vector<uint8_t> v = c.read(w::kVerdictBytes);
+    REQUIRE(v.size() == w::kVerdictBytes);
+    CHECK(w::get_u16(v.data() + 6) == static_cast<uint16_t>(w::Verdict::version_mismatch));
+    CHECK(w::get_u32(v.data() + 8) == 0);
+  }
+  {  // Only after the proof: the verdict carries the world size.
+    Raw c(port);
+    CHECK(c.authenticate(3, 7) == 0);
+  }
+}
+
+TEST_CASE("store security: beyond loopback the store refuses to start without a secret") {
+  bp::TcpStoreOptions o = options(0, 1, 0, "");
+  o.is_server = true;
+  o.host = "0.0.0.0";
+  bp::Error e = bptest::error_from([&] { bp::make_tcp_store(o); });
+  CHECK(e.code() == bp::Errc::invalid_argument);
+  BP_CHECK_CONTAINS(e.message(), "export BACKPLANE_JOB_TOKEN=$(openssl rand -hex 32)");
+  BP_CHECK_CONTAINS(e.message(), "mpirun -x BACKPLANE_JOB_TOKEN");
+  BP_CHECK_CONTAINS(e.message(), "0.0.0.0:");
+}
+
+TEST_CASE("store security: every loopback spelling binds loopback only") {
+  bptest::LogCapture logs(bp::LogLevel::debug);
+  for (const char* spelling : {"127.1", "LOCALHOST", "::ffff:127.0.0.1", "127.0.0.2"}) {
+    CAPTURE(spelling);
+    bp::TcpStoreOptions o = options(0, 1, 0, "");
+    o.is_server = true;
+    o.host = spelling;
+    std::shared_ptr<bp::Store> s;
+    // Without a secret only a loopback store may start: the refusal would say otherwise.
+    CHECK_NOTHROW(s = bp::make_tcp_store(o));
+    if (s) {
+      s->set("k", bytes("v"));
+      CHECK(text(s->get("k", 1s)) == "v");
+    }
+  }
+  CHECK(logs.at(bp::LogLevel::debug, "(loopback only)").size() == 4);
+  CHECK(logs.at(bp::LogLevel::debug, "listening (every interface)").empty());
+}
+
+TEST_CASE("store security: a flood of connections that never authenticate does not lock out a rank") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  ScopedEnv cap("BACKPLANE_STORE_MAX_UNAUTHENTICATED", "4");
+  ScopedEnv deadline("BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS", "300");
+  auto server = host(2);
+  const uint16_t port = port_of(*server);
+  std::vector<std::unique_ptr<Raw>> flood;
+  for (int i = 0; i < 12; ++i) flood.push_back(std::make_unique<Raw>(port));
+  auto rank1 = join(1, 2, port);
+  REQUIRE(rank1);
+  rank1->set("in", bytes("yes"));
+  CHECK(text(server->get("in", 1s)) == "yes");
+  for (auto& c : flood) CHECK(c->closed_by_peer());
+  CHECK_FALSE(logs.at(bp::LogLevel::warning, "accepting pauses").empty());
+  CHECK_FALSE(logs.at(bp::LogLevel::warning, "did not complete the authenticated handshake within 0.3 s").empty());
+}
+
+TEST_CASE("store security: half-sent frames are dropped at the idle deadline") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  ScopedEnv idle("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", "300");
+  auto server = host(3);
+  const uint16_t port = port_of(*server);
+  {  // Half a header.
+    Raw c(port);
+    REQUIRE(c.authenticate(1, 3) == 0);
+    const w::Header h = w::make_header(10, static_cast<uint8_t>(w::Op::set), 1);
+    c.send(h.data(), 5);
+    CHECK(c.closed_by_peer());
+  }
+  {  // A header and part of its payload.
+    Raw c(port);
+    REQUIRE(c.authenticate(2, 3) == 0);
+    const w::Header h = w::make_header(100, static_cast<uint8_t>(w::Op::set), 1);
+    c.send(h.data(), h.size());
+    c.send("0123456789", 10);
+    CHECK(c.closed_by_peer());
+  }
+  CHECK(logs.at(bp::LogLevel::warning, "and then nothing for 0.3 s").size() == 2);
+  auto rank1 = join(1, 3, port);
+  REQUIRE(rank1);
+  CHECK(rank1->add("n", 2) == 2);
+}
+
+TEST_CASE("store security: a huge announced frame allocates only what arrives, and a client's memory is capped") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  ScopedEnv client_cap("BACKPLANE_STORE_MAX_CLIENT_BYTES", std::to_string(256 << 10));
+  auto server = host(3);
+  const uint16_t port = port_of(*server);
+  {
+    ScopedEnv idle("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", "60000");
+    Raw c(port);
+    REQUIRE(c.authenticate(1, 3) == 0);
+    // Over the per-client cap: closed before a byte of payload is read.
+    const w::Header h = w::make_header(std::size_t{64} << 20, static_cast<uint8_t>(w::Op::set), 1);
+    const long before = resident_bytes();
+    c.send(h.data(), h.size());
+    c.send("k", 1);
+    CHECK(c.closed_by_peer());
+    CHECK(resident_bytes() - before < (32L << 20));
+  }
+  BP_CHECK_CONTAINS(logs.at(bp::LogLevel::error, "BACKPLANE_STORE_MAX_CLIENT_BYTES").at(0), "limit per client");
+  auto rank2 = join(2, 3, port);
+  REQUIRE(rank2);
+  // Within the cap values are stored; past it the connection is closed.
+  rank2->set("small", std::vector<uint8_t>(100 << 10, 1));
+  CHECK(bptest::error_from([&] { rank2->set("big", std::vector<uint8_t>(200 << 10, 2)); }).code() ==
+        bp::Errc::io_error);
+  CHECK(server->get("small", 1s).size() == (100 << 10));
+  CHECK_FALSE(server->check({"big"}));
+}
+
+TEST_CASE("store security: a huge announced frame with 1 byte sent does not pin its announced size") {
+  ScopedEnv idle("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", "60000");
+  auto server = host(2);
+  const uint16_t port = port_of(*server);
+  Raw c(port);
+  REQUIRE(c.authenticate(1, 2) == 0);
+  const long before = resident_bytes();
+  const w::Header h = w::make_header(std::size_t{64} << 20, static_cast<uint8_t>(w::Op::set), 1);
+  c.send(h.data(), h.size());
+  c.send("\0", 1);
+  // The server reads the byte and waits for more; it keeps serving others meanwhile.
+  server->set("alive", bytes("1"));
+  CHECK(text(server->get("alive", 1s)) == "1");
+  CHECK(resident_bytes() - before < (32L << 20));
+}
+
+TEST_CASE("store security: the secret file must be private") {
+  char path[] = "/tmp/bp_token_XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  const std::string token = "file-secret";
+  REQUIRE(::write(fd, (token + "\n").data(), token.size() + 1) == static_cast<ssize_t>(token.size() + 1));
+  ::close(fd);
+  ScopedEnv file("BACKPLANE_JOB_TOKEN_FILE", path);
+  ::unsetenv("BACKPLANE_JOB_TOKEN");
+  bp::TcpStoreOptions o = options(0, 2, 0);
+  o.is_server = true;
+  o.job_token.reset();  // from the environment
+  REQUIRE(::chmod(path, 0644) == 0);
+  bp::Error e = bptest::error_from([&] { bp::make_tcp_store(o); });
+  CHECK(e.code() == bp::Errc::invalid_argument);
+  BP_CHECK_CONTAINS(e.message(), "chmod 600");
+  BP_CHECK_CONTAINS(e.message(), "BACKPLANE_JOB_TOKEN_FILE");
+  REQUIRE(::chmod(path, 0600) == 0);
+  auto server = bp::make_tcp_store(o);
+  // The file's secret, its newline dropped, is the one the ranks share.
+  auto rank1 = bp::make_tcp_store(options(1, 2, port_of(*server), token));
+  rank1->set("k", bytes("v"));
+  CHECK(text(server->get("k", 1s)) == "v");
+  ::unlink(path);
+}
+
+TEST_CASE("store security: failure paths on a hung store host are bounded and say the time waited") {
+  // A store host that authenticates and then never answers (as if stopped).
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::listen(listener, 4) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const uint16_t port = ntohs(addr.sin_port);
+  std::atomic<int> conn{-1};
+  std::thread hung([&] {
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    conn = fd;
+    std::vector<uint8_t> hello(w::kHelloBytes);
+    if (::recv(fd, hello.data(), hello.size(), MSG_WAITALL) != static_cast<ssize_t>(hello.size())) return;
+    w::Nonce cn{}, sn = w::random_nonce();
+    std::memcpy(cn.data(), hello.data() + w::kHelloPrefixBytes, w::kNonceBytes);
+    const auto challenge = w::make_challenge(sn, w::server_proof(kSecret, cn, sn));
+    ::send(fd, challenge.data(), challenge.size(), MSG_NOSIGNAL);
+    std::vector<uint8_t> proof(w::kProofBytes);
+    if (::recv(fd, proof.data(), proof.size(), MSG_WAITALL) != static_cast<ssize_t>(proof.size())) return;
+    const auto verdict = w::make_verdict(w::Verdict::accepted, 2);
+    ::send(fd, verdict.data(), verdict.size(), MSG_NOSIGNAL);
+  });
+  auto client = bp::make_tcp_store(options(1, 2, port, kSecret, 300s));
+  hung.join();
+  bp::Error e = bptest::error_from([&] { client->set_with_timeout("failed/1", bytes("boom"), 300ms); });
+  CHECK(e.code() == bp::Errc::timeout);
+  BP_CHECK_CONTAINS(e.message(), "no reply from the rendezvous store");
+  BP_CHECK_CONTAINS(e.message(), "after 0.");  // measured, well under the store's 300 s
+  // A zero-timeout get (the plugin's probe before publishing) gives up within the reply grace.
+  e = bptest::error_from([&] { client->get("conn/1", 0ms); });
+  CHECK(e.code() == bp::Errc::timeout);
+  BP_CHECK_CONTAINS(e.message(), "no reply from the rendezvous store");
+  client.reset();
+  if (conn >= 0) ::close(conn);
+  ::close(listener);
+}
+
+TEST_CASE("store security: fuzzed frames neither crash the decoder nor stop the server") {
+  std::mt19937_64 rng(0x5eed5u);
+  const w::Limits limits;
+  auto random_bytes = [&](std::size_t n) {
+    std::vector<uint8_t> v(n);
+    for (auto& b : v) b = static_cast<uint8_t>(rng());
+    return v;
+  };
+  // Valid payloads of each kind, mutated.
+  const std::vector<std::pair<w::Op, std::vector<uint8_t>>> seeds = {
+      {w::Op::set, w::encode_set("key", "value", 5)},
+      {w::Op::get, w::encode_get("key", 1000)},
+      {w::Op::wait, w::encode_wait({"a", "bb", "ccc"}, 1000)},
+      {w::Op::add, w::encode_add("n", -3)},
+      {w::Op::check, w::encode_check({"a", "b"})},
+      {w::Op::remove, w::encode_remove("key")},
+  };
+  auto mutate = [&](std::vector<uint8_t> v) {
+    const int edits = 1 + static_cast<int>(rng() % 4);
+    for (int i = 0; i < edits; ++i) {
+      switch (rng() % 4) {
+        case 0:
+          if (!v.empty()) v[rng() % v.size()] = static_cast<uint8_t>(rng());
+          break;
+        case 1:
+          if (!v.empty()) v.resize(rng() % v.size());
+          break;
+        case 2:
+          for (auto b : random_bytes(rng() % 16)) v.push_back(b);
+          break;
+        default:
+          if (v.size() >= 4) w::put_u32(v.data() + (rng() % (v.size() - 3)), static_cast<uint32_t>(rng()));
+      }
+    }
+    return v;
+  };
+  int decoded = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const auto& [op, payload] = seeds[rng() % seeds.size()];
+    const std::vector<uint8_t> m = i % 5 == 0 ? random_bytes(rng() % 64) : mutate(payload);
+    const w::DecodedRequest d = w::decode_request(op, m);
+    CHECK((d.request.has_value() != !d.error.empty()));
+    if (d.request) {
+      ++decoded;
+      for (const auto& k : d.request->keys) CHECK((!k.empty() && k.size() <= w::kMaxKeyBytes));
+      if (op == w::Op::set) CHECK(d.request->value_offset <= m.size());
+    }
+    const std::vector<uint8_t> header = random_bytes(w::kHeaderBytes);
+    const w::DecodedHeader h = w::decode_request_header(header.data(), limits);
+    if (h.header) CHECK(h.header->payload_bytes <= limits.max_payload(*w::to_op(h.header->kind)));
+  }
+  CHECK(decoded > 0);
+
+  // Against a live server: authenticated connections sending mutated frames.
+  bptest::LogCapture quiet(bp::LogLevel::error);
+  ScopedEnv idle("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", "200");
+  auto server = host(2);
+  const uint16_t port = port_of(*server);
+  for (int round = 0; round < 60; ++round) {
+    Raw c(port);
+    if (c.authenticate(1, 2) != 0) {
+      std::this_thread::sleep_for(20ms);  // the previous round's close is still in flight
+      continue;
+    }
+    for (int f = 0; f < 50; ++f) {
+      const auto& [op, payload] = seeds[rng() % seeds.size()];
+      std::vector<uint8_t> body = rng() % 3 == 0 ? payload : mutate(payload);
+      w::Header h = w::make_header(body.size(), static_cast<uint8_t>(op), rng());
+      if (rng() % 8 == 0) h[rng() % h.size()] = static_cast<uint8_t>(rng());
+      std::vector<uint8_t> frame(h.begin(), h.end());
+      frame.insert(frame.end(), body.begin(), body.end());
+      if (!c.send(frame.data(), frame.size())) break;
+    }
+  }
+  auto rank1 = join(1, 2, port);
+  REQUIRE(rank1);
+  rank1->set("after-fuzz", bytes("ok"));
+  CHECK(text(server->get("after-fuzz", 1s)) == "ok");
+}
