@@ -1,7 +1,7 @@
 // Plugin loading: resolve the file, dlopen it with Boost.DLL (RTLD_NOW, so an
 // unresolved symbol fails here and not later), check the ABI table, create
 // the instance and enumerate devices. Each failure names what and where.
-#include "loader.hpp"
+#include "registry/loader.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/version.hpp>
@@ -9,11 +9,14 @@
 #include <boost/dll/shared_library.hpp>
 
 #include <algorithm>
+#include <cxxabi.h>
 #include <dlfcn.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <sstream>
+#include <typeinfo>
 #include <unordered_set>
 
 namespace backplane::detail {
@@ -79,6 +82,16 @@ void host_log(void* /*ctx*/, int32_t level, const char* message) noexcept {
   }
 }
 
+// The type of the exception being handled, demangled ("int", "std::runtime_error").
+std::string demangled_current_type() {
+  const std::type_info* type = abi::__cxa_current_exception_type();
+  if (type == nullptr) return "unknown";
+  int status = 0;
+  std::unique_ptr<char, decltype(&std::free)> name(abi::__cxa_demangle(type->name(), nullptr, nullptr, &status),
+                                                    &std::free);
+  return status == 0 && name ? std::string(name.get()) : std::string(type->name());
+}
+
 // The "tried:" list of a library not found shows this many locations.
 constexpr std::size_t kMaxTriedShown = 20;
 
@@ -87,6 +100,30 @@ const bp_host_api kHostApi = {sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, n
 }  // namespace
 
 const bp_host_api* host_api() noexcept { return &kHostApi; }
+
+void rethrow_if_forced_unwind() {
+  try {
+    throw;
+  } catch (abi::__forced_unwind&) {
+    throw;
+  } catch (...) {
+  }
+}
+
+Error entry_threw(const BackendImpl& b, std::string_view entry, Errc code) {
+  std::string what;
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    what = "threw an exception (" + demangled_current_type() + ": " + e.what() + ")";
+  } catch (...) {
+    what = "threw a non-standard exception (of type " + demangled_current_type() + ")";
+  }
+  const std::string where = b.library_path.empty() ? b.library : b.library_path;
+  return Error(code, "backend \"" + b.name + "\" (" + where + "): plugin entry " + std::string(entry) + " " + what +
+                         "; plugin entries must return a status and never throw (a C++ plugin should define "
+                         "its entries with plugin.hpp's BP_DEFINE_PLUGIN, which turns exceptions into statuses)");
+}
 
 fs::path resolve_library(const std::string& spec, const Config& config) {
   fs::path p(spec);
@@ -154,7 +191,7 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   auto entry_fn = lib->get<const bp_plugin_api*(const bp_host_api*)>(BP_PLUGIN_ENTRY_SYMBOL);
   b.library_handle = lib;
 
-  const bp_plugin_api* table = entry_fn(&kHostApi);
+  const bp_plugin_api* table = call_entry(b, BP_PLUGIN_ENTRY_SYMBOL, Errc::plugin_load_failed, entry_fn, &kHostApi);
   if (table == nullptr) fail(Errc::plugin_load_failed, b, BP_PLUGIN_ENTRY_SYMBOL " returned NULL (the plugin refused to start)");
 
   if (!BP_HAS_FIELD(bp_plugin_api, abi_minor, table->struct_size)) {
@@ -210,10 +247,12 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   args.backend_name = b.name.c_str();
   args.options_json = entry.options_json.c_str();
   args.host = &kHostApi;
-  bp_status* created = a.create(&args);
+  constexpr Errc kLoad = Errc::plugin_load_failed;
+  bp_status* created = call_entry(b, "create", kLoad, a.create, &args);
   if (created != nullptr && args.plugin != nullptr) {
-    a.destroy(args.plugin);  // a failing create() should not hand one out; free it if it did
+    bp_plugin* handed_out = args.plugin;  // a failing create() should not hand one out; free it if it did
     args.plugin = nullptr;
+    call_entry(b, "destroy", kLoad, a.destroy, handed_out);
   }
   try {
     b.check(created, "create");
@@ -228,13 +267,13 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
     bp_device_count_args count{};
     count.struct_size = sizeof(count);
     count.plugin = b.plugin;
-    if (bp_status* st = a.device_count(&count)) {
+    if (bp_status* st = call_entry(b, "device_count", kLoad, a.device_count, &count)) {
       // UNAVAILABLE is an answer, not a failure: the backend is kept, with no
       // devices and the plugin's reason ("CUDA driver not found: ...").
-      if (a.status_code(st) == BP_STATUS_UNAVAILABLE) {
-        const char* raw = a.status_message(st);
+      if (call_entry(b, "status_code", kLoad, a.status_code, st) == BP_STATUS_UNAVAILABLE) {
+        const char* raw = call_entry(b, "status_message", kLoad, a.status_message, st);
         std::string reason = raw != nullptr && raw[0] != '\0' ? raw : "(the plugin gave no reason)";
-        a.status_free(st);
+        call_entry(b, "status_free", kLoad, a.status_free, st);
         b.status = Backend::Status::unavailable;
         b.error = std::move(reason);
         b.error_code = Errc::backend_unavailable;
@@ -250,7 +289,7 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
       info.struct_size = sizeof(info);
       info.plugin = b.plugin;
       info.device = d;
-      b.check(a.device_info(&info), "device_info(" + std::to_string(d) + ")");
+      b.check(call_entry(b, "device_info", kLoad, a.device_info, &info), "device_info(" + std::to_string(d) + ")");
       DeviceRecord rec;
       rec.name = info.name != nullptr ? info.name : b.device_id(d);
       rec.capabilities = Capabilities(info.capabilities);

@@ -2,8 +2,11 @@
 #ifndef BACKPLANE_CORE_LOADER_HPP_
 #define BACKPLANE_CORE_LOADER_HPP_
 
-#include "config.hpp"
-#include "internal.hpp"
+#include "config/config.hpp"
+#include "common/internal.hpp"
+
+#include <string_view>
+#include <utility>
 
 namespace backplane::detail {
 
@@ -17,6 +20,31 @@ std::filesystem::path resolve_library(const std::string& spec, const Config& con
 // and enumerates its devices. Throws backplane::Error on any failure; `b`
 // then holds whatever was learnt before it (e.g. the ABI version).
 void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& config);
+
+// The Error for an exception that escaped plugin entry `entry` of `b` (to be
+// called inside a catch): `code`, naming the backend, its library, the entry
+// and the exception's type (and what() for a std::exception).
+Error entry_threw(const BackendImpl& b, std::string_view entry, Errc code);
+
+// Rethrows the current exception when it is the unwinding of a cancelled
+// thread (abi::__forced_unwind), which must never be swallowed.
+void rethrow_if_forced_unwind();
+
+// Calls the plugin entry `fn`. abi.h forbids exceptions across the ABI, and
+// plugin.hpp's wrappers keep that promise, but a C++ plugin can throw through
+// an extern "C" entry that does not use them: any exception becomes
+// backplane::Error(code) (entry_threw), so it fails only this backend at load
+// (plugin_load_failed) or only this call afterwards (internal). A forced
+// unwind (thread cancellation) passes through untouched.
+template <class Fn, class... Args>
+decltype(auto) call_entry(const BackendImpl& b, std::string_view entry, Errc code, Fn fn, Args&&... args) {
+  try {
+    return fn(std::forward<Args>(args)...);
+  } catch (...) {
+    rethrow_if_forced_unwind();
+    throw entry_threw(b, entry, code);
+  }
+}
 
 }  // namespace backplane::detail
 

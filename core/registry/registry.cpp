@@ -1,8 +1,8 @@
 // Registry, Backend and Device: building the registry from a config and the
 // read-only views over what was loaded.
-#include "config.hpp"
-#include "internal.hpp"
-#include "loader.hpp"
+#include "config/config.hpp"
+#include "common/internal.hpp"
+#include "registry/loader.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/registry.hpp>
@@ -13,12 +13,25 @@
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 namespace backplane {
 namespace detail {
 
+namespace {
+constexpr Errc kCallFailed = Errc::internal;  // a plugin entry that throws after loading
+}  // namespace
+
 BackendImpl::~BackendImpl() {
-  if (plugin != nullptr && api.destroy != nullptr) api.destroy(plugin);
+  if (plugin == nullptr || api.destroy == nullptr) return;
+  try {
+    call_entry(*this, "destroy", kCallFailed, api.destroy, plugin);
+  } catch (const Error& e) {  // a destructor cannot fail: the plugin instance is abandoned
+    try {
+      log(LogLevel::error, e.message());
+    } catch (...) {
+    }
+  }
 }
 
 Errc errc_from_status(int32_t code) noexcept {
@@ -38,10 +51,10 @@ Errc errc_from_status(int32_t code) noexcept {
 
 void BackendImpl::check(bp_status* status, std::string_view what) const {
   if (status == nullptr) return;
-  const int32_t code = api.status_code(status);
-  const char* raw = api.status_message(status);
+  const int32_t code = call_entry(*this, "status_code", kCallFailed, api.status_code, status);
+  const char* raw = call_entry(*this, "status_message", kCallFailed, api.status_message, status);
   std::string message = raw != nullptr && raw[0] != '\0' ? raw : "(the plugin gave no message)";
-  api.status_free(status);
+  call_entry(*this, "status_free", kCallFailed, api.status_free, status);
   if (code == BP_STATUS_OK) return;  // a plugin that returns an OK status object
   throw Error(errc_from_status(code), "backend \"" + name + "\": " + std::string(what) + ": " + message);
 }
@@ -64,12 +77,12 @@ bool BackendImpl::supports(int32_t device, int32_t op, int32_t dtype) {
     args.device = device;
     args.op = op;
     args.dtype = dtype;
-    bp_status* st = api.supports_op(&args);
+    bp_status* st = call_entry(*this, "supports_op", kCallFailed, api.supports_op, &args);
     if (st == nullptr) return args.supported != 0;
-    const int32_t code = api.status_code(st);
-    const char* raw = api.status_message(st);
+    const int32_t code = call_entry(*this, "status_code", kCallFailed, api.status_code, st);
+    const char* raw = call_entry(*this, "status_message", kCallFailed, api.status_message, st);
     std::string message = raw != nullptr ? raw : "";
-    api.status_free(st);
+    call_entry(*this, "status_free", kCallFailed, api.status_free, st);
     if (code == BP_STATUS_OK) return args.supported != 0;
     const char* op_text = bp_op_name(op);
     const char* code_text = bp_status_code_name(code);
@@ -111,7 +124,8 @@ void BackendImpl::synchronize_if_async(int32_t device, std::string_view what) co
   args.struct_size = sizeof(args);
   args.plugin = plugin;
   args.device = device;
-  check(api.synchronize(&args), std::string(what) + ": synchronize " + device_id(device));
+  check(call_entry(*this, "synchronize", kCallFailed, api.synchronize, &args),
+        std::string(what) + ": synchronize " + device_id(device));
 }
 
 std::byte* BackendImpl::host_pointer(int32_t device, bp_buffer* buffer, std::string_view what) const {
@@ -120,7 +134,8 @@ std::byte* BackendImpl::host_pointer(int32_t device, bp_buffer* buffer, std::str
   args.struct_size = sizeof(args);
   args.plugin = plugin;
   args.buffer = buffer;
-  check(api.buffer_pointer(&args), std::string(what) + ": buffer_pointer on " + device_id(device));
+  check(call_entry(*this, "buffer_pointer", kCallFailed, api.buffer_pointer, &args),
+        std::string(what) + ": buffer_pointer on " + device_id(device));
   if (args.data == nullptr || (args.dl_device_type != BP_DL_CPU && args.dl_device_type != BP_DL_CUDA_HOST))
     throw Error(Errc::device_error,
                 "backend \"" + name + "\": " + std::string(what) + ": device " + device_id(device) +
@@ -134,14 +149,14 @@ void BackendImpl::write(bp_buffer* buffer, uint64_t offset, const void* src, uin
                         std::string_view what) const {
   bp_buffer_copy_args args = copy_args(buffer, offset, size);
   args.src = src;
-  check(api.buffer_write(&args), what);
+  check(call_entry(*this, "buffer_write", kCallFailed, api.buffer_write, &args), what);
 }
 
 void BackendImpl::read(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size,
                        std::string_view what) const {
   bp_buffer_copy_args args = copy_args(buffer, offset, size);
   args.dst = dst;
-  check(api.buffer_read(&args), what);
+  check(call_entry(*this, "buffer_read", kCallFailed, api.buffer_read, &args), what);
 }
 
 bp_buffer_copy_args BackendImpl::copy_args(bp_buffer* buffer, uint64_t offset, uint64_t size) const noexcept {
@@ -174,6 +189,10 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
       failure = e;
     } catch (const std::exception& e) {  // e.g. bad_alloc, filesystem_error: still only this backend fails
       failure = Error(Errc::plugin_load_failed, "backend \"" + b->name + "\": " + e.what());
+    } catch (...) {  // plugin calls are wrapped (call_entry); this keeps any other escape to this backend
+      rethrow_if_forced_unwind();
+      failure = Error(Errc::plugin_load_failed,
+                      "backend \"" + b->name + "\": loading threw a non-standard exception");
     }
     if (failure) {
       const Error& e = *failure;
@@ -181,8 +200,13 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
       b->error = e.message();
       b->error_code = e.code();
       // Nothing of a failed plugin is used: release it now.
-      if (b->plugin != nullptr) b->api.destroy(b->plugin);
-      b->plugin = nullptr;
+      if (bp_plugin* instance = std::exchange(b->plugin, nullptr)) {
+        try {
+          call_entry(*b, "destroy", Errc::plugin_load_failed, b->api.destroy, instance);
+        } catch (const Error& d) {  // the backend has failed already; the instance is abandoned
+          log(LogLevel::debug, d.message());
+        }
+      }
       b->devices.clear();
       b->capabilities = Capabilities();
       b->library_handle.reset();
@@ -374,20 +398,21 @@ std::optional<MemoryInfo> Device::memory() const {
   args.struct_size = sizeof(args);
   args.plugin = b.plugin;
   args.device = index_;
-  b.check(b.api.device_memory(&args), "device_memory of " + id());
+  b.check(detail::call_entry(b, "device_memory", detail::kCallFailed, b.api.device_memory, &args),
+          "device_memory of " + id());
   return MemoryInfo{args.free_bytes, args.total_bytes};
 }
 Backend Device::backend() const {
   record(backend_, index_);
   return Backend(backend_);
 }
-bool Device::supports(int32_t op, DType dtype) const {
+bool Device::supports(Op op, DType dtype) const {
   const Capabilities caps = record(backend_, index_).capabilities;
   // The flags decide first, as they do for the ops themselves: no answer the
   // plugin gives makes a dtype it does not hold, or MATMUL without 'matmul', run.
   if (!caps.has(capability_for(dtype))) return false;
-  if (op == BP_OP_MATMUL && !caps.has(Capability::matmul)) return false;
-  return backend_->supports(index_, op, static_cast<int32_t>(dtype));
+  if (op == Op::matmul && !caps.has(Capability::matmul)) return false;
+  return backend_->supports(index_, static_cast<int32_t>(op), static_cast<int32_t>(dtype));
 }
 void Device::synchronize() const {
   record(backend_, index_);
@@ -396,7 +421,8 @@ void Device::synchronize() const {
   args.struct_size = sizeof(args);
   args.plugin = backend_->plugin;
   args.device = index_;
-  backend_->check(backend_->api.synchronize(&args), "synchronize " + id());
+  backend_->check(detail::call_entry(*backend_, "synchronize", detail::kCallFailed, backend_->api.synchronize, &args),
+                  "synchronize " + id());
 }
 
 }  // namespace backplane

@@ -2,6 +2,7 @@
 // status (and the reason when it failed or is unavailable), capabilities and
 // devices with their memory; as an aligned tree, or as one JSON object with --json.
 #include "cli.hpp"
+#include "isolate.hpp"
 
 #include <backplane/capability.hpp>
 #include <backplane/error.hpp>
@@ -22,96 +23,37 @@ namespace backplane::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using Json = nlohmann::ordered_json;
 
 struct ListOptions {
   std::string config;
   bool json = false;
+  bool isolate = false;
+  int timeout_seconds = kDefaultLoadTimeoutSeconds;
 };
 
 constexpr std::size_t kKeyWidth = 14;
 
-std::optional<std::string> default_backend_name(const Registry& registry) {
-  try {
-    return registry.default_backend().name();
-  } catch (const Error&) {
-    return std::nullopt;  // no default and nothing loaded
-  }
+// A string field of a report, "" for null.
+std::string text_of(const Json& info, const char* key) {
+  const Json& v = info[key];
+  return v.is_string() ? v.get<std::string>() : std::string();
 }
 
-Json or_null(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); }
+// "collective, host_visible, f64" or "none", as Capabilities::to_string.
+std::string capabilities_text(const Json& names) {
+  std::string out;
+  for (const Json& n : names) out += (out.empty() ? "" : ", ") + n.get<std::string>();
+  return out.empty() ? "none" : out;
+}
 
 // ---- JSON --------------------------------------------------------------------
 
-// The device's memory, or nullopt with `error` set when the plugin failed to
-// answer (a listing shows it rather than failing).
-std::optional<MemoryInfo> memory_of(const Device& device, std::string& error) {
-  try {
-    return device.memory();
-  } catch (const Error& e) {
-    error = e.message();
-    return std::nullopt;
-  }
-}
-
-Json device_json(const Device& device) {
-  Json attributes = Json::object();
-  for (const auto& [key, value] : device.attributes()) attributes[key] = value;
-  std::string error;
-  const std::optional<MemoryInfo> memory = memory_of(device, error);
-  // null when the plugin does not report memory (or failed to: memory_error).
-  Json j{{"index", device.index()},
-         {"name", device.name()},
-         {"capabilities", device.capabilities().names()},
-         {"attributes", std::move(attributes)},
-         {"memory_bytes", memory ? Json(memory->total_bytes) : Json(nullptr)},
-         {"memory_free_bytes", memory ? Json(memory->free_bytes) : Json(nullptr)}};
-  if (!error.empty()) j["memory_error"] = error;
-  return j;
-}
-
-const char* status_name(Backend::Status status) {
-  switch (status) {
-    case Backend::Status::loaded:
-      return "loaded";
-    case Backend::Status::unavailable:
-      return "unavailable";
-    case Backend::Status::failed:
-      return "failed";
-  }
-  return "failed";
-}
-
-Json backend_json(const Backend& backend) {
-  Json j;
-  j["name"] = backend.name();
-  j["library"] = backend.library();
-  j["library_path"] = or_null(backend.library_path());
-  j["version"] = or_null(backend.version());
-  j["abi_version"] = or_null(backend.abi_version());
-  j["status"] = status_name(backend.status());
-  j["error"] = backend.loaded() ? Json(nullptr) : Json(backend.error());
-  const std::optional<Errc> code = backend.error_code();
-  j["error_code"] = code ? Json(to_string(*code)) : Json(nullptr);
-  j["required"] = backend.required();
-  j["collective_fallback"] = backend.collective_fallback().to_string();
-  Json devices = Json::array();
-  if (backend.loaded()) {
-    j["capabilities"] = backend.capabilities().names();
-    for (const Device& device : backend.devices()) devices.push_back(device_json(device));
-  } else {
-    j["capabilities"] = Json::array();
-  }
-  j["devices"] = std::move(devices);
-  return j;
-}
-
-std::string list_json(const Registry& registry, const fs::path& config) {
+std::string list_json(const RegistryReport& report) {
   Json root;
-  root["config"] = shown_config_path(registry, config).string();
-  root["default_backend"] = or_null(default_backend_name(registry).value_or(""));
+  root["config"] = report.config.string();
+  root["default_backend"] = report.default_backend ? Json(*report.default_backend) : Json(nullptr);
   Json backends = Json::array();
-  for (const Backend& backend : registry.backends()) backends.push_back(backend_json(backend));
+  for (const BackendReport& backend : report.backends) backends.push_back(backend.info);
   root["backends"] = std::move(backends);
   // Plugin messages may carry bytes that are not UTF-8 (file names): replace them.
   return root.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
@@ -129,100 +71,106 @@ void field(std::string& out, std::size_t indent, std::string_view key, std::stri
   out += '\n';
 }
 
-std::string attributes_text(const std::map<std::string, std::string>& attributes) {
+std::string attributes_text(const Json& attributes) {
   if (attributes.empty()) return "none";
   std::size_t width = 0;
-  for (const auto& [key, value] : attributes) width = std::max(width, key.size());
+  for (const auto& [key, value] : attributes.items()) width = std::max(width, key.size());
   std::string text;
-  for (const auto& [key, value] : attributes) {
+  for (const auto& [key, value] : attributes.items()) {
     if (!text.empty()) text += '\n';
     text += key;
     text.append(width - key.size() + 2, ' ');
-    text += value;
+    text += value.get<std::string>();
   }
   return text;
 }
 
-void device_text(std::string& out, const Device& device) {
-  out += "    [" + std::to_string(device.index()) + "] " + device.id() + "  " + device.name() + "\n";
+void device_text(std::string& out, const std::string& backend_name, const Json& device) {
+  out += "    [" + std::to_string(device["index"].get<int64_t>()) + "] " + backend_name + ":" +
+         std::to_string(device["index"].get<int64_t>()) + "  " + text_of(device, "name") + "\n";
   constexpr std::size_t kIndent = 8;
-  field(out, kIndent, "capabilities", device.capabilities().to_string());
-  std::string error;
-  const std::optional<MemoryInfo> memory = memory_of(device, error);
+  field(out, kIndent, "capabilities", capabilities_text(device["capabilities"]));
+  const std::string error = device.contains("memory_error") ? text_of(device, "memory_error") : std::string();
+  const bool memory = !device["memory_bytes"].is_null() && !device["memory_free_bytes"].is_null();
   field(out, kIndent, "memory",
-        memory ? format_bytes(memory->total_bytes) + " (" + format_bytes(memory->free_bytes) + " free)"
+        memory ? format_bytes(device["memory_bytes"].get<uint64_t>()) + " (" +
+                     format_bytes(device["memory_free_bytes"].get<uint64_t>()) + " free)"
         : error.empty() ? std::string("not reported")
                         : "unknown (" + error + ")");
-  field(out, kIndent, "attributes", attributes_text(device.attributes()));
+  field(out, kIndent, "attributes", attributes_text(device["attributes"]));
 }
 
-void backend_text(std::string& out, const Backend& backend, bool is_default) {
-  out += backend.name();
+void backend_text(std::string& out, const Json& info, bool is_default) {
+  const std::string name = text_of(info, "name");
+  const std::string error = text_of(info, "error");
+  const std::string code = text_of(info, "error_code");
+  out += name;
   if (is_default) out += "  (default)";
   out += '\n';
-  const std::optional<Errc> code = backend.error_code();
-  const bool unavailable = backend.status() == Backend::Status::unavailable;
-  if (backend.loaded()) {
+  const bool loaded = info["status"] == "loaded";
+  const bool unavailable = info["status"] == "unavailable";
+  if (loaded) {
     field(out, 2, "status", "loaded");
   } else if (unavailable) {
     field(out, 2, "status", "unavailable");
   } else {
-    field(out, 2, "status", std::string("FAILED") + (code ? std::string(" (") + to_string(*code) + ")" : ""));
+    field(out, 2, "status", std::string("FAILED") + (!code.empty() ? " (" + code + ")" : ""));
   }
-  field(out, 2, "required", backend.required() ? "yes" : "no");
-  field(out, 2, "library", backend.library().empty() ? "(none)" : backend.library());
-  field(out, 2, "resolved", backend.library_path().empty() ? "(not found)" : backend.library_path());
-  if (!backend.version().empty()) field(out, 2, "version", backend.version());
-  if (!backend.abi_version().empty()) field(out, 2, "abi", backend.abi_version());
-  const std::string fallback = "collective_fallback: " + backend.collective_fallback().to_string();
+  field(out, 2, "required", info["required"].get<bool>() ? "yes" : "no");
+  const std::string library = text_of(info, "library");
+  const std::string library_path = text_of(info, "library_path");
+  field(out, 2, "library", library.empty() ? "(none)" : library);
+  field(out, 2, "resolved", library_path.empty() ? "(not found)" : library_path);
+  if (const std::string version = text_of(info, "version"); !version.empty()) field(out, 2, "version", version);
+  if (const std::string abi = text_of(info, "abi_version"); !abi.empty()) field(out, 2, "abi", abi);
+  const std::string fallback = "collective_fallback: " + text_of(info, "collective_fallback");
   if (unavailable) {  // loaded, but no device can be reached: the plugin's reason
     field(out, 2, "collectives", fallback);
-    field(out, 2, "devices",
-          "0 (" + (backend.error().empty() ? std::string("no reason given") : backend.error()) + ")");
+    field(out, 2, "devices", "0 (" + (error.empty() ? std::string("no reason given") : error) + ")");
     return;
   }
-  if (!backend.loaded()) {
+  if (!loaded) {
     field(out, 2, "collectives", fallback);
-    field(out, 2, "error", backend.error().empty() ? "(no reason given)" : backend.error());
+    field(out, 2, "error", error.empty() ? "(no reason given)" : error);
     return;
   }
-  const Capabilities caps = backend.capabilities();
-  field(out, 2, "collectives", caps.has(Capability::collective) ? "yes" : "no (" + fallback + ")");
-  field(out, 2, "capabilities", caps.to_string());
-  const std::vector<Device> devices = backend.devices();
+  const Json& caps = info["capabilities"];
+  const bool collective = std::find(caps.begin(), caps.end(), Json(to_string(Capability::collective))) != caps.end();
+  field(out, 2, "collectives", collective ? "yes" : "no (" + fallback + ")");
+  field(out, 2, "capabilities", capabilities_text(caps));
+  const Json& devices = info["devices"];
   field(out, 2, "devices", std::to_string(devices.size()));
-  for (const Device& device : devices) device_text(out, device);
+  for (const Json& device : devices) device_text(out, name, device);
 }
 
-std::string list_text(const Registry& registry, const fs::path& config) {
-  const std::vector<Backend> backends = registry.backends();
-  const std::optional<std::string> default_name = default_backend_name(registry);
-  const auto loaded =
-      std::count_if(backends.begin(), backends.end(), [](const Backend& b) { return b.loaded(); });
-  const auto unavailable = std::count_if(backends.begin(), backends.end(), [](const Backend& b) {
-    return b.status() == Backend::Status::unavailable;
-  });
+std::string list_text(const RegistryReport& report) {
+  const std::vector<BackendReport>& backends = report.backends;
+  const auto loaded = std::count_if(backends.begin(), backends.end(),
+                                    [](const BackendReport& b) { return b.info["status"] == "loaded"; });
+  const auto unavailable = std::count_if(backends.begin(), backends.end(),
+                                         [](const BackendReport& b) { return b.info["status"] == "unavailable"; });
 
   std::string out;
-  field(out, 0, "config", shown_config_path(registry, config).string(), 10);
+  field(out, 0, "config", report.config.string(), 10);
   std::string counts = std::to_string(backends.size()) + " configured, " + std::to_string(loaded) + " loaded";
   if (unavailable > 0) counts += ", " + std::to_string(unavailable) + " unavailable";
   field(out, 0, "backends", counts, 10);
   // One line per unavailable backend up front: "cuda: 0 devices (CUDA driver not found: ...)".
-  for (const Backend& backend : backends)
-    if (backend.status() == Backend::Status::unavailable)
-      out += backend.name() + ": 0 devices (" + backend.error() + ")\n";
-  for (const Backend& backend : backends) {
+  for (const BackendReport& backend : backends)
+    if (backend.info["status"] == "unavailable")
+      out += text_of(backend.info, "name") + ": 0 devices (" + text_of(backend.info, "error") + ")\n";
+  for (const BackendReport& backend : backends) {
     out += '\n';
-    backend_text(out, backend, default_name && *default_name == backend.name());
+    backend_text(out, backend.info, report.default_backend && *report.default_backend == text_of(backend.info, "name"));
   }
   return out;
 }
 
 int run_list(const ListOptions& options) {
   const fs::path config = choose_config(options.config);
-  const Registry registry = load_for_report(config);
-  const std::string out = options.json ? list_json(registry, config) : list_text(registry, config);
+  const RegistryReport report =
+      options.isolate ? report_isolated(config, options.timeout_seconds) : report_in_process(config);
+  const std::string out = options.json ? list_json(report) : list_text(report);
   std::cout << out << std::flush;
   return kExitOk;
 }
@@ -235,6 +183,12 @@ Command add_list_command(CLI::App& parent) {
       "list", "Show every configured backend: library, version, status, capabilities and devices");
   sub->add_option("-c,--config", options->config, "The backends.json to read")->type_name("FILE");
   sub->add_flag("--json", options->json, "Print one JSON object instead of the table");
+  sub->add_flag("--isolate", options->isolate,
+                "Load each backend in a child process, so a plugin that crashes or hangs is reported, not fatal");
+  sub->add_option("--timeout", options->timeout_seconds,
+                  "With --isolate: seconds each backend may take to load before it is killed")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(1, 86400));
   sub->footer("Exits 0 once the config was read, even when backends failed (see 'backplane check').");
   return {sub, [options] { return run_list(*options); }};
 }

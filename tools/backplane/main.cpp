@@ -2,6 +2,7 @@
 // subcommand, and turns every failure into "backplane: error: ..." plus a
 // documented exit code. Subcommands live in cmd_*.cpp.
 #include "cli.hpp"
+#include "isolate.hpp"
 
 #include <backplane/error.hpp>
 #include <backplane/version.hpp>
@@ -50,6 +51,7 @@ int run(int argc, char** argv) {
       add_conformance_command(app),
       add_launch_command(app),
       add_train_command(app),
+      add_load_backend_command(app),  // hidden: the child process of an isolated check
   };
 
   try {
