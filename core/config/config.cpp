@@ -1,7 +1,7 @@
 // backends.json parsing. Every error names the JSON path of the offending
 // value ("backends[1].library: expected a string, got number 5"), and any
 // error makes the whole file invalid.
-#include "config.hpp"
+#include "config/config.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <ostream>
 #include <set>
 #include <unordered_map>
 
@@ -290,6 +291,32 @@ std::string owner_fix(const std::filesystem::path& p) {
 
 }  // namespace
 
+}  // namespace backplane::detail
+
+namespace backplane {
+
+// The spelling backends.json uses for each kind (parse_fallback reads it back).
+std::string to_string(CollectiveFallback::Kind kind) {
+  switch (kind) {
+    case CollectiveFallback::Kind::error: return "error";
+    case CollectiveFallback::Kind::local: return "local";
+    case CollectiveFallback::Kind::host: return "host";
+  }
+  return "unknown";
+}
+
+std::string to_string(const CollectiveFallback& fallback) { return fallback.to_string(); }
+
+std::ostream& operator<<(std::ostream& out, CollectiveFallback::Kind kind) { return out << to_string(kind); }
+
+std::ostream& operator<<(std::ostream& out, const CollectiveFallback& fallback) {
+  return out << to_string(fallback);
+}
+
+}  // namespace backplane
+
+namespace backplane::detail {
+
 void require_private_file(const std::filesystem::path& file, std::string_view what, Errc code) {
   namespace fs = std::filesystem;
   std::error_code ec;
@@ -407,8 +434,18 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
 
   if (root.contains("default_backend")) {
     cfg.default_backend = c.string_at(root["default_backend"], "default_backend");
-    if (first_seen.find(cfg.default_backend) == first_seen.end())
-      c.fail("default_backend", quote(cfg.default_backend) + " is not the name of any entry in backends");
+    if (first_seen.find(cfg.default_backend) == first_seen.end()) {
+      std::string names, best;
+      std::size_t best_d = std::max<std::size_t>(3, cfg.default_backend.size() / 3 + 1);
+      for (const BackendConfig& b : cfg.backends) {
+        names += (names.empty() ? "" : ", ") + quote(b.name);
+        const std::size_t d = edit_distance(cfg.default_backend, b.name);
+        if (d < best_d) best_d = d, best = b.name;
+      }
+      c.fail("default_backend", quote(cfg.default_backend) + " is not the name of any entry in backends" +
+                                    (best.empty() ? "" : " (did you mean " + quote(best) + "?)") +
+                                    (names.empty() ? "" : "; configured: " + names));
+    }
   }
   return cfg;
 }

@@ -1,13 +1,18 @@
 // Tensor handles: allocation through the plugin, host transfer, metadata.
-#include "internal.hpp"
-#include "op_common.hpp"
+#include "common/internal.hpp"
+#include "tensor/op_common.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/ops.hpp>
 #include <backplane/tensor.hpp>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <vector>
 
 namespace backplane {
 namespace detail {
@@ -226,10 +231,175 @@ void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {
                   "buffer_read from " + s.backend->device_id(s.device));
 }
 
+namespace {
+
+// NumPy's summary rule: past kSummariseAbove elements, each dimension longer
+// than 2 * kEdgeItems shows its first and last kEdgeItems entries around "...".
+constexpr int64_t kSummariseAbove = 1000;
+constexpr int64_t kEdgeItems = 3;
+
+double half_to_double(uint16_t h) {
+  const int exponent = (h >> 10) & 0x1f;
+  const int mantissa = h & 0x3ff;
+  double v;
+  if (exponent == 0) v = std::ldexp(mantissa, -24);
+  else if (exponent == 31) v = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN()
+                                             : std::numeric_limits<double>::infinity();
+  else v = std::ldexp(mantissa + 1024, exponent - 25);
+  return (h & 0x8000) != 0 ? -v : v;
+}
+
+std::string float_text(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", v);
+  std::string text = buf;
+  if (text.find_first_of(".e") == std::string::npos) text += '.';  // "1." as NumPy: a float, not an int
+  return text;
+}
+
+// One element, from its bytes in the tensor's dtype.
+std::string element_text(DType dtype, const unsigned char* p) {
+  auto as = [p](auto zero) {
+    std::memcpy(&zero, p, sizeof zero);
+    return zero;
+  };
+  switch (dtype) {
+    case DType::f32: return float_text(as(float{}));
+    case DType::f64: return float_text(as(double{}));
+    case DType::f16: return float_text(half_to_double(as(uint16_t{})));
+    case DType::bf16: {
+      const uint32_t bits = static_cast<uint32_t>(as(uint16_t{})) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof f);
+      return float_text(f);
+    }
+    case DType::i32: return std::to_string(as(int32_t{}));
+    case DType::i64: return std::to_string(as(int64_t{}));
+    case DType::u8: return std::to_string(as(uint8_t{}));
+    case DType::i8: return std::to_string(as(int8_t{}));
+    case DType::bool_: return as(uint8_t{}) != 0 ? "true" : "false";
+  }
+  return "?";
+}
+
+// The indices shown along one dimension; -1 marks the "..." between the edges.
+std::vector<int64_t> shown_indices(int64_t extent, bool summarise) {
+  std::vector<int64_t> out;
+  if (summarise && extent > 2 * kEdgeItems) {
+    for (int64_t i = 0; i < kEdgeItems; ++i) out.push_back(i);
+    out.push_back(-1);
+    for (int64_t i = extent - kEdgeItems; i < extent; ++i) out.push_back(i);
+  } else {
+    for (int64_t i = 0; i < extent; ++i) out.push_back(i);
+  }
+  return out;
+}
+
+// Nested brackets over the shown indices; `texts` holds the shown elements in
+// row-major order, right-aligned to one width; `indent` is the column of the
+// outermost '['.
+void format_level(const std::vector<std::vector<int64_t>>& shown, std::size_t dim, const std::vector<std::string>& texts,
+                  std::size_t& next, std::size_t indent, std::string& out) {
+  out += '[';
+  const std::vector<int64_t>& idx = shown[dim];
+  const bool innermost = dim + 1 == shown.size();
+  for (std::size_t k = 0; k < idx.size(); ++k) {
+    if (k > 0) {
+      out += ',';
+      if (innermost) {
+        out += ' ';
+      } else {
+        out.append(shown.size() - dim - 1, '\n');  // a blank line between blocks of rank >= 3
+        out.append(indent + dim + 1, ' ');
+      }
+    }
+    if (idx[k] < 0) {
+      out += "...";
+    } else if (innermost) {
+      out += texts[next++];
+    } else {
+      format_level(shown, dim + 1, texts, next, indent, out);
+    }
+  }
+  out += ']';
+}
+
+}  // namespace
+
 std::string Tensor::to_string() const {
   if (!impl_) return "Tensor(undefined)";
-  return "Tensor(shape=" + impl_->shape.to_string() + ", dtype=" + std::string(backplane::to_string(impl_->dtype)) +
-         ", device=" + device().id() + ")";
+  const std::string meta = "shape=" + impl_->shape.to_string() +
+                           ", dtype=" + std::string(backplane::to_string(impl_->dtype)) + ", device=" + device().id();
+  try {
+    const auto& t = *impl_;
+    const std::size_t size = dtype_size(t.dtype);
+    const int64_t n = t.shape.numel();
+    const int rank = t.shape.rank();
+    if (size == 0) return "Tensor(" + meta + ")";
+    if (n == 0) return "Tensor([], " + meta + ")";
+    const bool summarise = n > kSummariseAbove;
+    std::vector<std::vector<int64_t>> shown;
+    for (int d = 0; d < rank; ++d) shown.push_back(shown_indices(t.shape[d], summarise));
+
+    std::vector<std::string> texts;
+    if (!summarise) {
+      // Small: the whole tensor through read_into (which synchronises the device).
+      std::vector<unsigned char> bytes(static_cast<std::size_t>(n) * size);
+      read_into(t.dtype, bytes.data(), static_cast<std::size_t>(n));
+      texts.reserve(static_cast<std::size_t>(n));
+      for (int64_t i = 0; i < n; ++i) texts.push_back(element_text(t.dtype, bytes.data() + i * size));
+    } else {
+      // Large: only the shown elements, each run of the innermost dimension in
+      // one buffer_read (synchronising, as read_into's), at most 6^rank values.
+      const auto& s = *t.storage;
+      const std::string what = "buffer_read from " + s.backend->device_id(s.device);
+      std::vector<std::vector<int64_t>> outer;  // shown indices of dims 0..rank-2, without "..."
+      for (int d = 0; d + 1 < rank; ++d) {
+        outer.emplace_back();
+        for (int64_t i : shown[static_cast<std::size_t>(d)])
+          if (i >= 0) outer.back().push_back(i);
+      }
+      std::vector<int64_t> inner;
+      for (int64_t i : shown.back())
+        if (i >= 0) inner.push_back(i);
+      const int64_t inner_stride = t.strides[rank - 1];
+      std::vector<std::size_t> pos(outer.size(), 0);
+      std::vector<unsigned char> run;
+      while (true) {
+        int64_t base = 0;
+        for (std::size_t d = 0; d < outer.size(); ++d) base += outer[d][pos[d]] * t.strides[static_cast<int>(d)];
+        for (std::size_t k = 0; k < inner.size();) {
+          std::size_t len = 1;  // consecutive indices read together when the dimension is dense
+          while (inner_stride == 1 && k + len < inner.size() && inner[k + len] == inner[k] + static_cast<int64_t>(len))
+            ++len;
+          run.resize(len * size);
+          const int64_t first = base + inner[k] * inner_stride;
+          s.backend->read(s.buffer, t.byte_offset + static_cast<uint64_t>(first) * size, run.data(), len * size, what);
+          for (std::size_t j = 0; j < len; ++j) texts.push_back(element_text(t.dtype, run.data() + j * size));
+          k += len;
+        }
+        std::size_t d = outer.size();
+        while (d > 0 && ++pos[d - 1] == outer[d - 1].size()) pos[--d] = 0;
+        if (d == 0) break;
+      }
+    }
+    std::size_t width = 0;
+    for (const std::string& text : texts) width = std::max(width, text.size());
+    for (std::string& text : texts) text.insert(0, width - text.size(), ' ');
+    std::string values;
+    if (rank == 0) {
+      values = texts.at(0);
+    } else {
+      std::size_t next = 0;
+      format_level(shown, 0, texts, next, std::string("Tensor(").size(), values);
+    }
+    return "Tensor(" + values + ", " + meta + ")";
+  } catch (const std::exception&) {
+    // Values that cannot be read (a device error, an undefined buffer): the metadata still helps.
+    return "Tensor(" + meta + ")";
+  }
 }
 
 }  // namespace backplane

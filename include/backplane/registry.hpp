@@ -12,9 +12,11 @@
 #include <backplane/capability.hpp>
 #include <backplane/dtype.hpp>
 #include <backplane/error.hpp>
+#include <backplane/op.hpp>
 
 #include <cstdint>
 #include <filesystem>
+#include <iosfwd>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,6 +41,11 @@ struct BACKPLANE_API CollectiveFallback {
   std::string host_backend;  // for Kind::host: the backend to stage through
   std::string to_string() const;  // "error", "local", "host:cpu"
 };
+// "error", "local", "host" / "host:cpu", as backends.json spells them; `<<` writes the same.
+BACKPLANE_API std::string to_string(CollectiveFallback::Kind kind);
+BACKPLANE_API std::string to_string(const CollectiveFallback& fallback);
+BACKPLANE_API std::ostream& operator<<(std::ostream& out, CollectiveFallback::Kind kind);
+BACKPLANE_API std::ostream& operator<<(std::ostream& out, const CollectiveFallback& fallback);
 
 // A device's memory as its plugin reports it (device_memory in abi.h).
 struct MemoryInfo {
@@ -62,9 +69,9 @@ class BACKPLANE_API Device {
   // plugin does not report memory. Throws what the plugin reports.
   std::optional<MemoryInfo> memory() const;
   Backend backend() const;
-  // Whether the device can run `op` (a bp_op value) on dtype: false without
-  // the dtype's flag (or 'matmul' for MATMUL), else the plugin's cached answer.
-  bool supports(int32_t op, DType dtype) const;
+  // Whether the device can run `op` on dtype: false without the dtype's flag
+  // (or 'matmul' for Op::matmul), else the plugin's cached answer.
+  bool supports(Op op, DType dtype) const;
   // Waits for queued work; surfaces errors of asynchronous ops.
   void synchronize() const;
 

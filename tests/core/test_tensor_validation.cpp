@@ -40,7 +40,7 @@ TEST_CASE("tensor: describes its shape dtype and device") {
   CHECK(t.nbytes() == 24);
   CHECK(t.is_contiguous());
   CHECK(t.device() == cpu.device);
-  CHECK(t.to_string() == "Tensor(shape=[2, 3], dtype=f32, device=cpu:0)");
+  CHECK(t.to_string() == "Tensor([[1., 2., 3.],\n        [4., 5., 6.]], shape=[2, 3], dtype=f32, device=cpu:0)");
   Tensor s = Tensor::from_vector<double>(cpu.device, {}, {2.5});
   CHECK(s.rank() == 0);
   CHECK(s.numel() == 1);

@@ -111,7 +111,7 @@ expect "$host_out" '^backend example: loaded' "the example backend to load"
 
 step "run examples/ddp_host_app with 2 ranks through the installed launcher"
 ddp_out="$("$prefix/bin/backplane" launch -n 2 --timeout 60 -- "$tmp/ddp_host_app/ddp_host_app" "$config_file" \
-  "$prefix/share/backplane/digits.csv.gz" 1 2>&1)" || { echo "$ddp_out" >&2; fail "ddp_host_app failed"; }
+  1 2>&1)" || { echo "$ddp_out" >&2; fail "ddp_host_app failed"; }
 echo "$ddp_out"
 expect "$ddp_out" '^\[rank 0\] test accuracy 0\.' "ddp_host_app's test accuracy from rank 0"
 
@@ -158,6 +158,12 @@ mkdir "$tmp/cwd"
 default_json="$(cd "$tmp/cwd" && env -u BACKPLANE_CONFIG -u BACKPLANE_PLUGIN_PATH \
   "$prefix/bin/backplane" list --json)" || fail "backplane list (installed default config) failed"
 json_check "$default_json" "cpu" || { echo "$default_json" >&2; fail "installed default config"; }
+
+step "installed backplane train from another folder finds the installed config and data"
+train_out="$(cd "$tmp/cwd" && env -u BACKPLANE_CONFIG -u BACKPLANE_PLUGIN_PATH \
+  "$prefix/bin/backplane" train --nproc 1 --epochs 1 2>&1)" || { echo "$train_out" >&2; fail "installed train"; }
+expect "$train_out" " on /.*/share/backplane/digits\.csv\.gz " "the installed digits data"
+expect "$train_out" '^test accuracy 0\.' "a test accuracy"
 
 step "installed backplane --version"
 "$prefix/bin/backplane" --version | grep -q "^backplane [0-9]" || fail "backplane --version"

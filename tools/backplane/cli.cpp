@@ -5,11 +5,17 @@
 #include <backplane/error.hpp>
 #include <backplane/version.hpp>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <system_error>
+#include <vector>
 
 namespace backplane::cli {
 namespace fs = std::filesystem;
@@ -29,6 +35,66 @@ void print_prefixed(std::string_view prefix, std::string_view message) {
   std::fflush(stdout);
   std::cerr << text;
   std::cerr.flush();
+}
+
+// The folders a config's relative "library" is looked up in, as the loader
+// does: the config's own folder, its plugin_dirs, then BACKPLANE_PLUGIN_PATH.
+std::vector<fs::path> library_search_dirs(const fs::path& config) {
+  std::error_code ec;
+  const fs::path base = fs::absolute(config, ec).parent_path();
+  std::vector<fs::path> dirs{base};
+  std::ifstream in(config);
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("plugin_dirs") && j["plugin_dirs"].is_array())
+    for (const nlohmann::json& d : j["plugin_dirs"])
+      if (d.is_string()) {
+        const fs::path p = d.get<std::string>();
+        dirs.push_back((p.is_absolute() ? p : base / p).lexically_normal());
+      }
+  if (const char* env = std::getenv("BACKPLANE_PLUGIN_PATH")) {
+    std::stringstream list(env);
+    std::string dir;
+    while (std::getline(list, dir, ':'))
+      if (!dir.empty()) dirs.emplace_back(dir);
+  }
+  return dirs;
+}
+
+// A library not found: the plugin folders this config actually searches, the
+// closest library name found in them, and how plugins get there from here
+// (a build tree, an install tree).
+std::string library_not_found_hint(const Backend& backend, const fs::path& config) {
+  const std::vector<fs::path> dirs = library_search_dirs(config);
+  std::vector<std::string> names;  // "backplane_cpu" for libbackplane_cpu.so
+  std::vector<fs::path> existing;
+  std::error_code ec;
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    if (!fs::is_directory(dirs[i], ec)) continue;
+    if (i > 0) existing.push_back(dirs[i]);
+    for (const fs::directory_entry& e : fs::directory_iterator(dirs[i], ec)) {
+      const std::string file = e.path().filename().string();
+      if (file.size() > 6 && file.rfind("lib", 0) == 0 && file.ends_with(".so")) names.push_back(file.substr(3, file.size() - 6));
+    }
+  }
+  std::string spec = fs::path(backend.library()).filename().string();
+  if (spec.rfind("lib", 0) == 0 && spec.ends_with(".so")) spec = spec.substr(3, spec.size() - 6);
+  std::string hint = "no plugin library \"" + backend.library() + "\" in the folders " + config.string() +
+                     " searches" + did_you_mean(spec, names);
+  std::string shown;
+  for (std::size_t i = 1; i < dirs.size(); ++i) shown += (shown.empty() ? "" : ", ") + dirs[i].string();
+  if (!shown.empty()) hint += " (plugin_dirs: " + shown + ")";
+  if (existing.empty())
+    return hint + "; none of its plugin_dirs exists: fix plugin_dirs in " + config.string() +
+           " or build the plugins first";
+  // A folder of a CMake build tree: say how to build into it; else it is an install tree's.
+  for (const fs::path& dir : existing) {
+    for (fs::path up = dir; !up.empty() && up != up.parent_path(); up = up.parent_path()) {
+      if (!fs::exists(up / "CMakeCache.txt", ec)) continue;
+      return hint + "; is the plugin built? `cmake --build " + up.string() + "` puts the bundled plugins in " +
+             dir.string() + ", or fix the \"library\" value";
+    }
+  }
+  return hint + "; install the plugin into " + existing.front().string() + " or fix the \"library\" value";
 }
 
 }  // namespace
@@ -56,12 +122,57 @@ fs::path choose_config(const std::string& flag) {
     }
     return path;
   }
+  // Beside this executable first (the build tree's generated default, or the
+  // install tree's), then beside the library (a relocated library).
+  const fs::path share = share_dir();
+  if (!share.empty() && is_file(share / "backends.json")) return share / "backends.json";
   if (!path.empty() && is_file(path)) return path;
   throw CommandError(kExitConfig,
-                     "no config found: BACKPLANE_CONFIG is not set and there is no installed default "
-                     "(share/backplane/backends.json of the install tree); a backends.json in the current "
-                     "folder is not read unless named\n"
-                     "pass --config FILE or set BACKPLANE_CONFIG=FILE");
+                     "no config found: BACKPLANE_CONFIG is not set and there is no default config beside this "
+                     "program (" + (share.empty() ? std::string("share/backplane") : share.string()) +
+                         "/backends.json); a backends.json in the current folder is not read unless named\n"
+                         "pass --config FILE or set BACKPLANE_CONFIG=FILE");
+}
+
+fs::path share_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::canonical("/proc/self/exe", ec);
+  if (ec) return {};
+  return (exe.parent_path() / BACKPLANE_CLI_SHARE_DIR).lexically_normal();
+}
+
+std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates) {
+  // At most a third of the name changed (and at least two edits allowed), so
+  // "cpuu" finds "cpu" but "gpu0" does not find "cpu".
+  std::size_t best_d = std::max<std::size_t>(3, name.size() / 3 + 1);
+  const std::string* best = nullptr;
+  for (const std::string& c : candidates) {
+    std::vector<std::size_t> row(c.size() + 1);
+    for (std::size_t j = 0; j <= c.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= name.size(); ++i) {
+      std::size_t diag = row[0];
+      row[0] = i;
+      for (std::size_t j = 1; j <= c.size(); ++j) {
+        const std::size_t up = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (name[i - 1] == c[j - 1] ? 0 : 1)});
+        diag = up;
+      }
+    }
+    if (row[c.size()] < best_d && c != name) best_d = row[c.size()], best = &c;
+  }
+  return best == nullptr ? std::string() : " (did you mean \"" + *best + "\"?)";
+}
+
+Backend find_backend(const Registry& registry, const std::string& name, int code) {
+  std::vector<std::string> names;
+  for (const Backend& b : registry.backends()) {
+    if (b.name() == name) return b;
+    names.push_back(b.name());
+  }
+  std::string known;
+  for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
+  throw CommandError(code, "no backend named \"" + name + "\" in " + registry.config_path().string() +
+                               did_you_mean(name, names) + "; configured: " + (known.empty() ? "none" : known));
 }
 
 Registry load_for_report(const fs::path& config) {
@@ -139,9 +250,7 @@ std::string failure_hint(const Backend& backend, const fs::path& config) {
     return "the plugin's table breaks the ABI rules named above; fix the plugin (set the entries its "
            "capability flags promise, or drop those flags) and rebuild it";
   }
-  if (backend.library_path().empty()) {
-    return "is the plugin built? `cmake --build --preset release` puts the bundled plugins in build/plugins";
-  }
+  if (backend.library_path().empty()) return library_not_found_hint(backend, config);
   if (error.find("cannot load:") != std::string::npos) {
     return "a dependency is missing or the plugin is linked wrongly; try: ldd " + backend.library_path();
   }

@@ -1,11 +1,11 @@
-// `backplane conformance`: runs the conformance suite (tests/conformance) on
+// `backplane conformance`: runs the conformance suite (conformance/) on
 // every device of one backend (or of every loaded backend, or one device) and
 // prints a pass/fail table per (op, dtype) and a summary. Exit 0 when no case
 // failed, 1 when one did (or a backend under test failed to load), 2 on a
 // config problem, 64 on a bad command line.
 #include "cli.hpp"
 
-#include <conformance.hpp>
+#include <backplane/conformance.hpp>
 
 #include <backplane/error.hpp>
 #include <backplane/registry.hpp>
@@ -67,10 +67,22 @@ Device peer_for(const Registry& registry, const Backend& tested) {
   return first.value_or(Device{});
 }
 
-std::string table(const std::vector<bc::Tally>& rows) {
+// A row's op: the suite's name, with the plugin op it runs on when that is
+// named otherwise ("to (copy)", "reshape (copy)").
+std::string row_name(const bc::Tally& t) {
+  return t.plugin_op.empty() || t.plugin_op == t.op ? t.op : t.op + " (" + t.plugin_op + ")";
+}
+
+// The rows that ran at least one case; an (op, dtype) that is wholly
+// unsupported is left to the per-family lines below the table.
+std::string table(const std::vector<bc::Tally>& all) {
+  std::vector<bc::Tally> rows;
+  for (const bc::Tally& t : all)
+    if (t.passed + t.failed + t.skipped > 0) rows.push_back(t);
+  if (rows.empty()) return "(no case ran: every op is unsupported)\n";
   std::size_t op_width = 2, dtype_width = 5;
   for (const bc::Tally& t : rows) {
-    op_width = std::max(op_width, t.op.size());
+    op_width = std::max(op_width, row_name(t).size());
     dtype_width = std::max(dtype_width, t.dtype.size());
   }
   op_width += 2;
@@ -78,7 +90,7 @@ std::string table(const std::vector<bc::Tally>& rows) {
   std::string out =
       pad("op", op_width) + pad("dtype", dtype_width) + "  pass  fail  skip  unsup  first failure\n";
   for (const bc::Tally& t : rows) {
-    out += pad(t.op, op_width) + pad(t.dtype, dtype_width) + pad_left(std::to_string(t.passed), 6) +
+    out += pad(row_name(t), op_width) + pad(t.dtype, dtype_width) + pad_left(std::to_string(t.passed), 6) +
            pad_left(std::to_string(t.failed), 6) + pad_left(std::to_string(t.skipped), 6) +
            pad_left(std::to_string(t.unsupported), 7);
     if (!t.first_failure.empty()) out += "  " + one_line(t.first_failure, kDetailWidth);
@@ -104,12 +116,7 @@ int run_conformance_command(const ConformanceOptions& options) {
   // failed to load are reported; a required one among them fails the run).
   std::vector<Backend> backends;
   if (!options.backend.empty()) {
-    try {
-      backends.push_back(registry.backend(options.backend));
-    } catch (const Error& e) {
-      if (e.code() != Errc::not_found) throw;
-      throw CommandError(kExitConfig, e.message());
-    }
+    backends.push_back(find_backend(registry, options.backend, kExitConfig));
   } else {
     if (one_device) throw CommandError(kExitUsage, "--device needs --backend NAME");
     backends = registry.backends();
@@ -171,6 +178,9 @@ int run_conformance_command(const ConformanceOptions& options) {
     const std::vector<bc::CaseResult> results = bc::run_conformance(device, run_options);
     const std::vector<bc::Tally> rows = bc::tally(results);
     std::cout << (options.verbose ? "\n" : "") << table(rows);
+    for (const bc::UnsupportedFamily& f : bc::unsupported_by_family(results))
+      std::cout << "unsupported: " << f.family << ": " << f.text << " (" << f.cases << " case"
+                << (f.cases == 1 ? "" : "s") << ")\n";
     int passed = 0, failed = 0, skipped = 0, unsupported = 0;
     for (const bc::Tally& t : rows) {
       passed += t.passed;

@@ -8,7 +8,7 @@
 #include "launcher.hpp"
 #include "svg_plot.hpp"
 
-#include "../../examples/common/digits.hpp"
+#include "digits.hpp"
 
 #include <backplane/backplane.hpp>
 
@@ -52,6 +52,7 @@ struct TrainOptions {
   std::string data;
   std::string metrics_out;
   std::string plot;
+  std::string plot_scale = "log";
   double bucket_mb = 25;
   double train_fraction = 0.8;
   bool nproc_given = false;
@@ -64,16 +65,17 @@ bool in_a_job() {
   return false;
 }
 
+// --data, else the copy beside the default config (share_dir(): the build
+// tree's or the install tree's), wherever the tool is run from.
 fs::path find_data(const std::string& flag) {
   if (!flag.empty()) return flag;
-  std::vector<fs::path> candidates{fs::path("data") / "digits.csv.gz"};
+  const fs::path share = share_dir();
   std::error_code ec;
-  const fs::path exe = fs::canonical("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(exe.parent_path().parent_path() / "share" / "backplane" / "digits.csv.gz");
-  for (const fs::path& p : candidates)
-    if (fs::is_regular_file(p, ec)) return p;
-  throw CommandError(kExitFailed, "cannot find the digits data (looked for data/digits.csv.gz in the current "
-                                  "folder and in the installed share/backplane); pass --data FILE");
+  if (!share.empty() && fs::is_regular_file(share / "digits.csv.gz", ec)) return share / "digits.csv.gz";
+  throw CommandError(kExitFailed, "cannot find the digits data: it belongs at " +
+                                      (share.empty() ? std::string("share/backplane") : share.string()) +
+                                      "/digits.csv.gz beside this program (the build and `cmake --install` put "
+                                      "it there); pass --data FILE");
 }
 
 // Each rank's rows of one epoch, like PyTorch's DistributedSampler: one
@@ -120,7 +122,7 @@ void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t ste
 Backend chosen_backend(const Registry& registry, const std::string& name, const fs::path& config) {
   std::optional<Backend> found;
   try {
-    found.emplace(name.empty() ? registry.default_backend() : registry.backend(name));
+    found.emplace(name.empty() ? registry.default_backend() : find_backend(registry, name, kExitFailed));
   } catch (const Error& e) {
     throw CommandError(kExitFailed, e.message());
   }
@@ -290,14 +292,22 @@ int train_rank(const TrainOptions& o) {
       if (!out) throw CommandError(kExitFailed, "cannot write --metrics-out " + o.metrics_out);
     }
     if (!o.plot.empty()) {
+      // Step k of epoch e (1-based) sits at e - 1 + k / steps: the epoch
+      // spans (e - 1, e], so its mean belongs at its middle, e - 0.5.
       std::vector<double> ex(epoch_loss.size()), sx(step_loss.size());
-      for (std::size_t i = 0; i < ex.size(); ++i) ex[i] = static_cast<double>(i + 1);
+      for (std::size_t i = 0; i < ex.size(); ++i) ex[i] = static_cast<double>(i) + 0.5;
       const double steps_per_epoch = static_cast<double>(step_loss.size()) / std::max(1, o.epochs);
       for (std::size_t i = 0; i < sx.size(); ++i) sx[i] = static_cast<double>(i + 1) / steps_per_epoch;
+      ChartOptions chart;
+      chart.title = "backplane train: MLP 64-128-10 on digits, world size " + std::to_string(world) + ", " +
+                    o.optimizer + " lr " + format_number(o.lr) + ", batch " + std::to_string(o.batch_size) +
+                    " per rank";
+      chart.x_label = "epoch";
+      chart.y_label = "cross-entropy loss";
+      chart.log_y = o.plot_scale == "log";
       const std::string svg = svg_line_chart(
-          "backplane train: MLP 64-128-10 on digits, " + std::to_string(world) + " rank(s)", "epoch",
-          "cross-entropy loss",
-          {Series{"rank 0 step loss", sx, step_loss, "#9ecae1"}, Series{"epoch mean over ranks", ex, epoch_loss, "#d62728"}});
+          chart, {Series{"rank 0 step loss", sx, step_loss, "#9ecae1"},
+                  Series{"epoch mean over ranks (at mid-epoch)", ex, epoch_loss, "#d62728", /*markers=*/true}});
       std::ofstream out(o.plot);
       out << svg;
       if (!out) throw CommandError(kExitFailed, "cannot write --plot " + o.plot);
@@ -369,9 +379,12 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--seed", o->seed, "Seed of the split, the shuffles and the initialisation (default 0)");
   app->add_option("--backend", o->backend, "Backend to train on (default: the config's default_backend)");
   app->add_option("--config", o->config, "backends.json to use");
-  app->add_option("--data", o->data, "The digits CSV (default data/digits.csv.gz)");
+  app->add_option("--data", o->data,
+                  "The digits CSV (default: digits.csv.gz in share/backplane beside this program)");
   app->add_option("--metrics-out", o->metrics_out, "Write a JSON summary here");
   app->add_option("--plot", o->plot, "Write the loss curve here (SVG)");
+  app->add_option("--plot-scale", o->plot_scale, "The plot's loss axis: log (default) or linear")
+      ->check(CLI::IsMember({"log", "linear"}));
   app->add_option("--bucket-mb", o->bucket_mb, "Gradient bucket size in MiB (default 25)")
       ->check(CLI::Range(1.0 / 1024, 1024.0 * 1024));
   Command c;
