@@ -127,7 +127,13 @@ class KvStoreBridge {
       if (args->key == nullptr || (args->value == nullptr && args->size > 0))
         throw Error(Errc::invalid_argument, "bp_kv_store.set: key or value is NULL");
       const auto* p = static_cast<const uint8_t*>(args->value);
-      self.store_->set(args->key, std::vector<uint8_t>(p, p + args->size));
+      std::vector<uint8_t> value(p, p + args->size);
+      // timeout_ms came in 2.1: read only when the plugin's struct has it.
+      const bool bounded = BP_HAS_FIELD(bp_kv_set_args, timeout_ms, args->struct_size) && args->timeout_ms > 0;
+      if (bounded)
+        self.store_->set_with_timeout(args->key, value, std::chrono::milliseconds(args->timeout_ms));
+      else
+        self.store_->set(args->key, value);
     });
   }
   static bp_status* get(bp_kv_get_args* args) {

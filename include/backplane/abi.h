@@ -16,6 +16,7 @@
  *       enforces (renumbered: bits 16+dtype; BP_CAP_INT64 became BP_CAP_I64),
  *       name tables here. A major bump was right: no plugin outside
  *       backplane's own tree had been built against 1.x.
+ *  2.1  bp_kv_set_args.timeout_ms: a bounded set, for failure reports.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -200,7 +201,7 @@ extern "C" {
 #endif
 
 #define BP_ABI_MAJOR 2
-#define BP_ABI_MINOR 0
+#define BP_ABI_MINOR 1
 
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_plugin_entry"
 
@@ -510,6 +511,11 @@ typedef struct bp_kv_set_args {
   const char *key;
   const void *value;
   uint64_t size;
+  /* 2.1: the longest the set may wait for the store to take the value, in
+   * ms; <= 0 means the store's own timeout. For failure paths, which must
+   * not stall on a hung store host. [cpu] A host reads it only when
+   * struct_size covers it. */
+  int64_t timeout_ms;
 } bp_kv_set_args;
 
 typedef struct bp_kv_get_args {

@@ -52,14 +52,20 @@ struct StoreValue {
   }
 };
 
+// How long publishing a failure may wait for the store: short and fixed, so
+// that a hung store host costs the survivors one timeout, not two.
+constexpr int64_t kPublishTimeoutMs = 2000;
+
+// timeout_ms <= 0: the store's own timeout.
 void store_set(const bp_kv_store& kv, const std::string& key, const void* data, uint64_t size,
-               const std::string& named) {
+               const std::string& named, int64_t timeout_ms = 0) {
   bp_kv_set_args args{};
   args.struct_size = sizeof(args);
   args.ctx = kv.ctx;
   args.key = key.c_str();
   args.value = data;
   args.size = size;
+  args.timeout_ms = timeout_ms;
   StoreStatus(kv, kv.set(&args)).check("set", {named});
 }
 
@@ -164,15 +170,11 @@ int64_t GlooStore::remaining_ms(const char* operation, const std::vector<std::st
 void FailureBoard::publish(int32_t rank, const std::string& message) const noexcept {
   if (kv_ == nullptr) return;
   try {
-    // bp_kv_store's set has no timeout: on a hung store host it would block
-    // for the store's whole timeout, after the collective's own. A get with
-    // timeout 0 of a key this rank set at comm_create is answered at once
-    // by a live store and gives up within the host's short reply grace on
-    // a hung one; only a store that answered is written to.
-    const std::string probe = prefix_ + "conn/" + std::to_string(rank);
-    store_get(*kv_, probe, 0, probe);
+    // A bounded set: on a hung store host an unbounded one would block for
+    // the store's whole timeout after the collective's own, so survivors
+    // would wait two timeouts instead of one.
     const std::string key = prefix_ + "failed/" + std::to_string(rank);
-    store_set(*kv_, key, message.data(), message.size(), key);
+    store_set(*kv_, key, message.data(), message.size(), key, kPublishTimeoutMs);
   } catch (...) {
     // Nothing to do: the peers then report the closed connection alone.
   }

@@ -62,9 +62,8 @@ class GlooStore final : public gloo::rendezvous::Store {
 // Where a failing rank leaves its error ("<prefix>failed/<rank>") before it
 // closes its connections, so that a peer which sees them close can report the
 // root cause rather than only "rank 2 closed". Best effort and bounded: the
-// store may be what failed, so publish first checks, with a zero-timeout get
-// of this rank's "conn/<rank>" key, that the store answers at all, and
-// writes only then. Safe from any thread.
+// store may be what failed, so publish waits at most 2 s for it (the set's
+// timeout_ms, ABI 2.1). Safe from any thread.
 class FailureBoard {
  public:
   FailureBoard() = default;  // a group of one: nothing to tell

@@ -159,10 +159,15 @@ static void check_layout(void) {
   /* Every required entry lies before the first optional one that follows
    * execute: a table cut right after execute still holds all of them. */
   EXPECT(offsetof(bp_plugin_api, execute) + sizeof(void (*)(void)) <= offsetof(bp_plugin_api, synchronize));
-#if BP_ABI_MINOR == 0
-  /* In 2.0 nothing follows barrier: a field appended without a minor bump
-   * would break BP_HAS_FIELD checks against 2.0 plugins' struct_size. */
+#if BP_ABI_MINOR <= 1
+  /* Up to 2.1 nothing follows barrier: a field appended without a minor bump
+   * would break BP_HAS_FIELD checks against older plugins' struct_size. */
   EXPECT(sizeof(bp_plugin_api) == offsetof(bp_plugin_api, barrier) + sizeof(void (*)(void)));
+#endif
+#if BP_ABI_MINOR == 1
+  /* 2.1 appended timeout_ms to bp_kv_set_args, and nothing else. */
+  EXPECT(sizeof(bp_kv_set_args) == offsetof(bp_kv_set_args, timeout_ms) + sizeof(int64_t));
+  EXPECT(!BP_HAS_FIELD(bp_kv_set_args, timeout_ms, offsetof(bp_kv_set_args, timeout_ms)));
 #endif
 
   /* BP_HAS_FIELD: a field is visible only when it lies wholly inside size. */

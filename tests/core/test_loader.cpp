@@ -32,7 +32,7 @@ std::string resolution_config(const std::string& library, const std::vector<std:
   return "{\"schema_version\": 1, \"plugin_dirs\": [" + dirs + "], \"backends\": [" + backend_json("b", library) + "]}";
 }
 
-// This host's ABI version, "2.0".
+// This host's ABI version, "2.1".
 std::string host_abi() { return std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR); }
 
 std::string lower(std::string text) {

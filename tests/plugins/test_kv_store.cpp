@@ -1,0 +1,62 @@
+// The cpu plugin's side of the host's key-value store, against a recording
+// store: publishing a failure asks for a bounded set (ABI 2.1's timeout_ms),
+// so a hung store host cannot hold a failing rank for the store's whole
+// timeout; the values it writes are exactly the message.
+#include "cpu/kv_store.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Recorder {
+  std::map<std::string, std::string> values;
+  std::vector<int64_t> set_timeouts;
+  std::vector<std::size_t> set_struct_sizes;
+};
+
+bp_status* record_set(bp_kv_set_args* args) {
+  auto* r = static_cast<Recorder*>(args->ctx);
+  r->set_struct_sizes.push_back(args->struct_size);
+  r->set_timeouts.push_back(BP_HAS_FIELD(bp_kv_set_args, timeout_ms, args->struct_size) ? args->timeout_ms : -1);
+  r->values[args->key] = std::string(static_cast<const char*>(args->value), args->size);
+  return nullptr;
+}
+bp_status* never_get(bp_kv_get_args*) { return nullptr; }
+bp_status* never_wait(bp_kv_wait_args*) { return nullptr; }
+void free_value(void*, uint8_t*) {}
+int32_t status_code(const bp_status*) { return BP_STATUS_IO; }
+const char* status_message(const bp_status*) { return ""; }
+void status_free(bp_status*) {}
+
+bp_kv_store recording_store(Recorder& r) {
+  bp_kv_store kv{};
+  kv.struct_size = sizeof kv;
+  kv.ctx = &r;
+  kv.set = record_set;
+  kv.get = never_get;
+  kv.wait = never_wait;
+  kv.free_value = free_value;
+  kv.status_code = status_code;
+  kv.status_message = status_message;
+  kv.status_free = status_free;
+  return kv;
+}
+
+}  // namespace
+
+TEST_CASE("kv store: publishing a failure is one bounded set of exactly the message") {
+  Recorder r;
+  const bp_kv_store kv = recording_store(r);
+  const backplane::cpu::FailureBoard board(&kv, "job/g0/");
+  board.publish(2, "rank 2: all_reduce timed out");
+  REQUIRE(r.set_timeouts.size() == 1);
+  CHECK(r.set_struct_sizes[0] == sizeof(bp_kv_set_args));
+  CHECK(r.set_timeouts[0] > 0);       // bounded...
+  CHECK(r.set_timeouts[0] <= 5000);   // ...and short, whatever the store's own timeout
+  CHECK(r.values.at("job/g0/failed/2") == "rank 2: all_reduce timed out");
+}
