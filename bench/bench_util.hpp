@@ -14,8 +14,9 @@
 namespace bench {
 
 inline double now_ns() {
-  return static_cast<double>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now().time_since_epoch())
+                                 .count());
 }
 
 inline double median(std::vector<double> v) {
@@ -41,7 +42,8 @@ double ns_per_call(Fn&& fn, int iters, int batches) {
 // PyTorch runs in a separate process so its threads never disturb ours.
 inline double torch_measure(const std::string& python_code) {
   for (const char* python : {"/usr/bin/python3", "python3"}) {
-    const std::string cmd = std::string(python) + " -c \"import torch,timeit;" + python_code + "\" 2>/dev/null";
+    const std::string cmd =
+        std::string(python) + " -c \"import torch,timeit;" + python_code + "\" 2>/dev/null";
     std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), &pclose);
     if (!pipe) continue;
     char buf[128] = {};

@@ -7,6 +7,8 @@
 //     and with logits spread over 0..500 (exp underflows for most entries) vs both
 //     add and ordinary logits                                        (target <= 1.5)
 // Where a python3 with torch is found, PyTorch's add of 16M f32 is printed too.
+// The references are written here (the OpenMP loops) or come from the system's
+// OpenBLAS (cblas_sgemm); backplane is reached only through its public host API.
 #include "bench_util.hpp"
 
 #include <backplane/backplane.hpp>
@@ -40,10 +42,12 @@ double seconds(Fn&& fn, int reps) {
 double torch_add_seconds() {
   return bench::torch_measure(
       "a=torch.rand(1<<24);b=torch.rand(1<<24);c=torch.empty(1<<24);torch.add(a,b,out=c);"
-      "import statistics;print(statistics.median(timeit.repeat(lambda: torch.add(a,b,out=c),number=5,repeat=9))/5)");
+      "import statistics;print(statistics.median(timeit.repeat(lambda: "
+      "torch.add(a,b,out=c),number=5,repeat=9))/5)");
 }
 
-void report(const char* what, double backplane_s, double ref_s, const char* ref_name, double target, bool higher) {
+void report(const char* what, double backplane_s, double ref_s, const char* ref_name, double target,
+            bool higher) {
   const double ratio = ref_s / backplane_s;  // throughput ratio backplane / reference
   std::printf("%-26s backplane %9.3f ms   %-28s %9.3f ms   throughput ratio %.2f (target %s %.2f)\n", what,
               backplane_s * 1e3, ref_name, ref_s * 1e3, ratio, higher ? ">=" : "<=", target);
@@ -55,11 +59,12 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 9;
   try {
     bp::Registry reg = bp::Registry::from_json(
-        R"({"schema_version": 1, "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})",
+        R"({"schema_version": 1, "backends": [{"name": "cpu", "library": "backplane_cpu", )"
+        R"("required": true}]})",
         BP_BENCH_PLUGIN_DIR, "bench");
     const bp::Device dev = reg.backend("cpu").device(0);
-    std::printf("cpu backend: %s; OpenMP threads %d; median of %d runs\n", dev.name().c_str(), omp_get_max_threads(),
-                reps);
+    std::printf("cpu backend: %s; OpenMP threads %d; median of %d runs\n", dev.name().c_str(),
+                omp_get_max_threads(), reps);
 
     // ---- add, 16M f32 ----------------------------------------------------------
     const int64_t n = int64_t{1} << 24;
@@ -80,8 +85,9 @@ int main(int argc, char** argv) {
     report("add 16M f32", bp_add, ref_add, "OpenMP loop", 0.90, true);
     const double torch_add = torch_add_seconds();
     if (torch_add > 0) {
-      std::printf("%-26s PyTorch torch.add(out=) %9.3f ms   backplane/PyTorch throughput %.2f (target >= 1.00)\n", "",
-                  torch_add * 1e3, torch_add / bp_add);
+      std::printf(
+          "%-26s PyTorch torch.add(out=) %9.3f ms   backplane/PyTorch throughput %.2f (target >= 1.00)\n", "",
+          torch_add * 1e3, torch_add / bp_add);
     } else {
       std::printf("%-26s PyTorch: not measured (no python3 with torch; Debian: python3-torch)\n", "");
     }
@@ -117,11 +123,14 @@ int main(int argc, char** argv) {
     const double add_same = seconds([&] { bp::Tensor c = xs + ys; }, reps);
     const double bp_softmax = seconds([&] { bp::Tensor s = bp::softmax(xs, 1); }, reps);
     const double bp_softmax_wide = seconds([&] { bp::Tensor s = bp::softmax(wide, 1); }, reps);
-    std::printf("%-26s backplane %9.3f ms   add over the same bytes      %9.3f ms   time ratio %.2f (target <= 1.50)\n",
-                "softmax 4096x1024 f32", bp_softmax * 1e3, add_same * 1e3, bp_softmax / add_same);
-    std::printf("%-26s backplane %9.3f ms   (logits spread over 0..500)   time ratio %.2f vs add, %.2f vs "
-                "ordinary logits (target <= 1.50 each)\n",
-                "", bp_softmax_wide * 1e3, bp_softmax_wide / add_same, bp_softmax_wide / bp_softmax);
+    std::printf(
+        "%-26s backplane %9.3f ms   add over the same bytes      %9.3f ms   time ratio %.2f (target <= "
+        "1.50)\n",
+        "softmax 4096x1024 f32", bp_softmax * 1e3, add_same * 1e3, bp_softmax / add_same);
+    std::printf(
+        "%-26s backplane %9.3f ms   (logits spread over 0..500)   time ratio %.2f vs add, %.2f vs "
+        "ordinary logits (target <= 1.50 each)\n",
+        "", bp_softmax_wide * 1e3, bp_softmax_wide / add_same, bp_softmax_wide / bp_softmax);
 
     // ---- matmul 1024^3 f32 ----------------------------------------------------
     const int64_t m = 1024;
@@ -130,8 +139,8 @@ int main(int argc, char** argv) {
     std::vector<float> fa = ma.to_vector<float>(), fb = mb.to_vector<float>(), fc(m * m);
     const double ref_mm = seconds(
         [&] {
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, fa.data(), m, fb.data(), m, 0.0f,
-                      fc.data(), m);
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, m, m, 1.0f, fa.data(), m, fb.data(), m,
+                      0.0f, fc.data(), m);
         },
         reps);
     const double bp_mm = seconds([&] { bp::Tensor c = bp::matmul(ma, mb); }, reps);

@@ -6,8 +6,8 @@
 //   |g - w| <= abs + rel * scale      (scale = |w| unless noted)
 // and, whatever the tolerance, NaN meets NaN and an infinity the same
 // infinity. The reference runs in double (see reference.hpp) and is rounded
-// once to the result dtype. This table is mirrored in README.md
-// ("Conformance"); never loosen an entry to make a kernel pass.
+// once to the result dtype. This table is mirrored in docs/plugins.md
+// ("Tolerances"); never loosen an entry to make a kernel pass.
 //
 //  family          ops                                   f32                 f64                 i32 i64 bool
 //  exact           eq ne lt le gt ge where neg abs relu  exact               exact               exact

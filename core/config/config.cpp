@@ -195,8 +195,8 @@ class ParseGuard {
         next_element();
         if (stack_.size() >= kMaxConfigDepth) {
           fail(path(""), "nested deeper than " + std::to_string(kMaxConfigDepth) +
-                             " arrays and objects (the limit, kMaxConfigDepth in core/config.hpp; a "
-                             "backends.json needs a few levels, so flatten this value)");
+                             " arrays and objects, the limit (docs/configuration.md#validation); a "
+                             "backends.json needs a few levels, so flatten this value");
         }
         stack_.push_back(Frame{event == E::array_start, {}, {}, 0});
         break;
@@ -351,7 +351,7 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
   if (text.size() > kMaxConfigBytes) {
     throw Error(Errc::config_error, cfg.source + ": " + std::to_string(text.size()) + " bytes is larger than the " +
                                         std::to_string(kMaxConfigBytes) +
-                                        "-byte limit (1 MiB, kMaxConfigBytes in core/config.hpp); a backends.json "
+                                        "-byte limit (1 MiB; docs/configuration.md#validation); a backends.json "
                                         "is a few kilobytes: remove what it does not need");
   }
 

@@ -1,6 +1,11 @@
 // A host application on backplane: loads the backends, computes on the default
 // backend, and shows that a missing capability is a typed error, not a crash.
-// Usage: host_app [backends.json]   (default: BACKPLANE_CONFIG, ./backends.json, installed)
+// Usage: host_app [backends.json]
+// Without an argument, Registry::from_env(): BACKPLANE_CONFIG, else the default
+// found relative to libbackplane (<prefix>/share/backplane/backends.json once
+// installed; in a build tree, the <build>/share/backplane/backends.json the
+// build generates). A backends.json in the current folder is never read
+// unless named.
 #include <backplane/backplane.hpp>
 
 #include <iostream>

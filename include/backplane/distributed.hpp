@@ -1,6 +1,6 @@
 // Distributed (data-parallel) parameters. Registration is a runtime lookup of
 // the tensor's device capability `collective`; without it, the backend's
-// collective_fallback from backends.json decides (see README, "Configuration").
+// collective_fallback from backends.json decides (see docs/configuration.md).
 #ifndef BACKPLANE_DISTRIBUTED_HPP_
 #define BACKPLANE_DISTRIBUTED_HPP_
 

@@ -228,7 +228,7 @@ Command add_conformance_command(CLI::App& parent) {
       "Also run the large cases (tensors over 2^31 bytes) where MemAvailable allows; off by default");
   sub->add_flag("-v,--verbose", options->verbose, "Print every case as it runs, with its detail");
   sub->footer(
-      "Unsupported ops are reported, not failures. Tolerances: README.md, section Conformance.\n"
+      "Unsupported ops are reported, not failures. Tolerances: docs/plugins.md#tolerances.\n"
       "Exit codes: 0 no case failed, 1 a case failed or the backend did not load, 2 config problem\n"
       "(unknown backend included), 64 bad command line.");
   return {sub, [options] { return run_conformance_command(*options); }};

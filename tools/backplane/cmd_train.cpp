@@ -117,8 +117,8 @@ void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t ste
   }
 }
 
-// The config's backend, loaded, or a CommandError with the exit code the
-// README documents (2 for a config problem, 1 for a backend that failed).
+// The config's backend, loaded, or a CommandError with the exit code
+// docs/cli.md documents (2 for a config problem, 1 for a backend that failed).
 Backend chosen_backend(const Registry& registry, const std::string& name, const fs::path& config) {
   std::optional<Backend> found;
   try {

@@ -19,8 +19,10 @@ namespace backplane::cli {
 namespace {
 
 constexpr const char* kFooter =
-    "Config: --config FILE, else $BACKPLANE_CONFIG, else the installed default\n"
-    "(<prefix>/share/backplane/backends.json); ./backends.json is read only when named.\n"
+    "Config: --config FILE, else $BACKPLANE_CONFIG, else ../share/backplane/backends.json\n"
+    "relative to this program (<prefix>/share/backplane/backends.json once installed; the build\n"
+    "generates <build>/share/backplane/backends.json), else the default beside libbackplane.\n"
+    "A backends.json in the current folder is never read unless named.\n"
     "\n"
     "Exit codes:\n"
     "  0   success\n"

@@ -115,7 +115,7 @@ std::optional<std::string> compare_values(const std::vector<double>& got, const 
                                           const Tolerance& tolerance,
                                           const std::vector<double>* scale = nullptr);
 
-// The documented tolerance of an op on a dtype (see the table in README.md).
+// The documented tolerance of an op on a dtype (see the table in docs/plugins.md, "Tolerances").
 Tolerance tolerance_for(const std::string& op, DType dtype);
 
 }  // namespace backplane::conformance
