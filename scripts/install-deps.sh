@@ -8,7 +8,7 @@ packages=(
   libboost-dev nlohmann-json3-dev doctest-dev libcli11-dev
   libopenblas-dev libdlpack-dev libgloo-dev libssl-dev
   libopenmpi-dev openmpi-bin zlib1g-dev
-  iproute2
+  iproute2 clang-format
 )
 
 missing=()

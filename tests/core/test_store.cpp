@@ -6,6 +6,7 @@
 #include <backplane/rendezvous.hpp>
 
 #include "distributed/store_wire.hpp"
+#include "store_raw_client.hpp"
 
 #include <doctest/doctest.h>
 
@@ -74,72 +75,7 @@ uint16_t free_port() {
   return ntohs(addr.sin_port);
 }
 
-// A plain socket speaking (or not) the store's protocol, to test what the
-// server does with bytes no well-behaved client sends. Reads give up after
-// a few seconds so that a server that fails to answer fails the test.
-class RawConnection {
- public:
-  explicit RawConnection(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd_ >= 0);
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  }
-  ~RawConnection() { ::close(fd_); }
-  RawConnection(const RawConnection&) = delete;
-  RawConnection& operator=(const RawConnection&) = delete;
-
-  void send(const std::vector<uint8_t>& data) {
-    REQUIRE(::send(fd_, data.data(), data.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(data.size()));
-  }
-  // Exactly n bytes, or fewer when the peer closed or the read timed out.
-  std::vector<uint8_t> read(std::size_t n) {
-    std::vector<uint8_t> out(n);
-    std::size_t got = 0;
-    while (got < n) {
-      ssize_t r = ::recv(fd_, out.data() + got, n - got, 0);
-      if (r <= 0) break;
-      got += static_cast<std::size_t>(r);
-    }
-    out.resize(got);
-    return out;
-  }
-  // The store's handshake with the job secret, through the real codec; the
-  // verdict, or -1 when the server sent none.
-  int authenticate(int32_t rank, int32_t world_size, std::string_view secret = kSecret) {
-    namespace w = bp::store_wire;
-    const w::Nonce nonce = w::random_nonce();
-    const auto h = w::make_hello(nonce);
-    send(std::vector<uint8_t>(h.begin(), h.end()));
-    const std::vector<uint8_t> challenge = read(w::kChallengeBytes);
-    if (challenge.size() != w::kChallengeBytes) return -1;
-    w::Nonce server_nonce{};
-    std::memcpy(server_nonce.data(), challenge.data() + w::kHelloPrefixBytes, w::kNonceBytes);
-    const auto p = w::make_proof(w::client_proof(secret, nonce, server_nonce, rank, world_size), rank, world_size);
-    send(std::vector<uint8_t>(p.begin(), p.end()));
-    const std::vector<uint8_t> verdict = read(w::kVerdictBytes);
-    if (verdict.size() != w::kVerdictBytes) return -1;
-    return w::get_u16(verdict.data() + 6);
-  }
-  // True when the server closed the connection (EOF or reset), false when
-  // it kept it open past the read timeout.
-  bool closed_by_peer() {
-    uint8_t b;
-    for (;;) {
-      ssize_t r = ::recv(fd_, &b, 1, 0);
-      if (r == 0) return true;
-      if (r < 0) return errno == ECONNRESET;
-    }
-  }
-
- private:
-  int fd_ = -1;
-};
+using RawConnection = bptest::RawStoreClient;
 
 // Frame pieces, through the real codec (core/distributed/store_wire.hpp).
 void put32(std::vector<uint8_t>& v, uint32_t x) {
@@ -457,19 +393,19 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A frame announcing 4 GiB.
     RawConnection c(port);
-    CHECK(c.authenticate(1, 8) == 0);
+    CHECK(c.authenticate(1, 8, kSecret) == 0);
     c.send(frame_header(0xffffffffu, 1, 1));
     CHECK(c.closed_by_peer());
   }
   {  // An unknown opcode.
     RawConnection c(port);
-    CHECK(c.authenticate(2, 8) == 0);
+    CHECK(c.authenticate(2, 8, kSecret) == 0);
     c.send(frame_header(0, 0x7f, 1));
     CHECK(c.closed_by_peer());
   }
   {  // A get whose key length runs past the payload.
     RawConnection c(port);
-    CHECK(c.authenticate(3, 8) == 0);
+    CHECK(c.authenticate(3, 8, kSecret) == 0);
     std::vector<uint8_t> f = frame_header(14, 2, 1);
     put64(f, 1000);
     put32(f, 100);
@@ -479,14 +415,14 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A frame cut short by the client going away: the server just drops it.
     RawConnection c(port);
-    CHECK(c.authenticate(4, 8) == 0);
+    CHECK(c.authenticate(4, 8, kSecret) == 0);
     std::vector<uint8_t> f = frame_header(1000, 1, 1);
     append(f, "xxxxxxxxxx");
     c.send(f);
   }
   {  // Nonzero reserved header bytes.
     RawConnection c(port);
-    CHECK(c.authenticate(5, 8) == 0);
+    CHECK(c.authenticate(5, 8, kSecret) == 0);
     std::vector<uint8_t> f = frame_header(0, 6, 1);
     f[6] = 1;
     c.send(f);
@@ -494,12 +430,12 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A rank outside the world: refused with its verdict, then closed.
     RawConnection c(port);
-    CHECK(c.authenticate(9, 8) == 3);
+    CHECK(c.authenticate(9, 8, kSecret) == 3);
     CHECK(c.closed_by_peer());
   }
   {  // An empty key in a well-framed set.
     RawConnection c(port);
-    CHECK(c.authenticate(6, 8) == 0);
+    CHECK(c.authenticate(6, 8, kSecret) == 0);
     std::vector<uint8_t> f = frame_header(5, 1, 1);
     put32(f, 0);
     f.push_back('v');
@@ -508,7 +444,7 @@ TEST_CASE("store: garbage and malformed frames close only the offending connecti
   }
   {  // A well-formed set and get over the raw protocol are answered.
     RawConnection c(port);
-    CHECK(c.authenticate(7, 8) == 0);
+    CHECK(c.authenticate(7, 8, kSecret) == 0);
     std::vector<uint8_t> f = frame_header(4 + 3 + 2, 1, 41);
     put32(f, 3);
     append(f, "rawok");

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "distributed/store_wire.hpp"
+#include "store_raw_client.hpp"
 
 namespace bp = backplane;
 namespace w = backplane::store_wire;
@@ -88,66 +89,7 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-// A plain loopback socket; reads give up after a few seconds.
-class Raw {
- public:
-  explicit Raw(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd_ >= 0);
-    timeval tv{5, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  }
-  ~Raw() { ::close(fd_); }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-
-  // False when the peer is gone.
-  bool send(const void* data, std::size_t n) {
-    return ::send(fd_, data, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
-  }
-  std::vector<uint8_t> read(std::size_t n) {
-    std::vector<uint8_t> out(n);
-    std::size_t got = 0;
-    while (got < n) {
-      const ssize_t r = ::recv(fd_, out.data() + got, n - got, 0);
-      if (r <= 0) break;
-      got += static_cast<std::size_t>(r);
-    }
-    out.resize(got);
-    return out;
-  }
-  bool closed_by_peer() {
-    uint8_t b;
-    for (;;) {
-      const ssize_t r = ::recv(fd_, &b, 1, 0);
-      if (r == 0) return true;
-      if (r < 0) return errno == ECONNRESET;
-    }
-  }
-  // The handshake through the real codec: the verdict, or -1 when none came.
-  int authenticate(int32_t rank, int32_t world_size, std::string_view secret = kSecret) {
-    const w::Nonce nonce = w::random_nonce();
-    const auto h = w::make_hello(nonce);
-    send(h.data(), h.size());
-    const std::vector<uint8_t> c = read(w::kChallengeBytes);
-    if (c.size() != w::kChallengeBytes) return -1;
-    w::Nonce server_nonce{};
-    std::memcpy(server_nonce.data(), c.data() + w::kHelloPrefixBytes, w::kNonceBytes);
-    const auto p = w::make_proof(w::client_proof(secret, nonce, server_nonce, rank, world_size), rank, world_size);
-    send(p.data(), p.size());
-    const std::vector<uint8_t> v = read(w::kVerdictBytes);
-    if (v.size() != w::kVerdictBytes) return -1;
-    return w::get_u16(v.data() + 6);
-  }
-
- private:
-  int fd_ = -1;
-};
+using Raw = bptest::RawStoreClient;
 
 // Connects rank `rank`, retrying while the server frees a slot the test closed.
 std::shared_ptr<bp::Store> join(int32_t rank, int32_t world_size, uint16_t port) {
@@ -222,7 +164,7 @@ TEST_CASE("store security: nothing about the job reaches a client before it prov
   }
   {  // Only after the proof: the verdict carries the world size.
     Raw c(port);
-    CHECK(c.authenticate(3, 7) == 0);
+    CHECK(c.authenticate(3, 7, kSecret) == 0);
   }
 }
 
@@ -280,14 +222,14 @@ TEST_CASE("store security: half-sent frames are dropped at the idle deadline") {
   const uint16_t port = port_of(*server);
   {  // Half a header.
     Raw c(port);
-    REQUIRE(c.authenticate(1, 3) == 0);
+    REQUIRE(c.authenticate(1, 3, kSecret) == 0);
     const w::Header h = w::make_header(10, static_cast<uint8_t>(w::Op::set), 1);
     c.send(h.data(), 5);
     CHECK(c.closed_by_peer());
   }
   {  // A header and part of its payload.
     Raw c(port);
-    REQUIRE(c.authenticate(2, 3) == 0);
+    REQUIRE(c.authenticate(2, 3, kSecret) == 0);
     const w::Header h = w::make_header(100, static_cast<uint8_t>(w::Op::set), 1);
     c.send(h.data(), h.size());
     c.send("0123456789", 10);
@@ -307,7 +249,7 @@ TEST_CASE("store security: a huge announced frame allocates only what arrives, a
   {
     ScopedEnv idle("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", "60000");
     Raw c(port);
-    REQUIRE(c.authenticate(1, 3) == 0);
+    REQUIRE(c.authenticate(1, 3, kSecret) == 0);
     // Over the per-client cap: closed before a byte of payload is read.
     const w::Header h = w::make_header(std::size_t{64} << 20, static_cast<uint8_t>(w::Op::set), 1);
     const long before = resident_bytes();
@@ -332,7 +274,7 @@ TEST_CASE("store security: a huge announced frame with 1 byte sent does not pin 
   auto server = host(2);
   const uint16_t port = port_of(*server);
   Raw c(port);
-  REQUIRE(c.authenticate(1, 2) == 0);
+  REQUIRE(c.authenticate(1, 2, kSecret) == 0);
   const long before = resident_bytes();
   const w::Header h = w::make_header(std::size_t{64} << 20, static_cast<uint8_t>(w::Op::set), 1);
   c.send(h.data(), h.size());
@@ -472,7 +414,7 @@ TEST_CASE("store security: fuzzed frames neither crash the decoder nor stop the 
   const uint16_t port = port_of(*server);
   for (int round = 0; round < 60; ++round) {
     Raw c(port);
-    if (c.authenticate(1, 2) != 0) {
+    if (c.authenticate(1, 2, kSecret) != 0) {
       std::this_thread::sleep_for(20ms);  // the previous round's close is still in flight
       continue;
     }
