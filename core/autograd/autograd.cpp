@@ -74,7 +74,7 @@ GradNode::~GradNode() {
 }
 
 void GradNode::add_input(const Tensor& t) {
-  const TensorImpl& x = *t.impl();
+  const TensorImpl& x = *detail::Access::impl(t);
   inputs.push_back(GradEdge{x.grad_node, x.shape, x.dtype, x.storage->backend.get(), x.storage->device});
 }
 
@@ -83,7 +83,7 @@ namespace {
 // The leaf id of t (its node's seq), or 0 when t is not a leaf requiring grad.
 uint64_t leaf_id(const Tensor& t) noexcept {
   if (!t.defined()) return 0;
-  const auto& node = t.impl()->grad_node;
+  const auto& node = detail::Access::impl(t)->grad_node;
   return node != nullptr && node->is_leaf ? node->seq : 0;
 }
 
@@ -105,8 +105,8 @@ void require_matching(const Tensor& like, const Tensor& gradient, const std::str
     throw Error(Errc::dtype_mismatch, what + ": the gradient is " + std::string(to_string(gradient.dtype())) +
                                           " but the tensor is " + std::string(to_string(like.dtype())) +
                                           "; cast the gradient to the tensor's dtype");
-  const auto& g = *gradient.impl()->storage;
-  const auto& t = *like.impl()->storage;
+  const auto& g = *detail::Access::impl(gradient)->storage;
+  const auto& t = *detail::Access::impl(like)->storage;
   if (g.backend != t.backend || g.device != t.device)
     throw Error(Errc::device_mismatch, what + ": the gradient lives on " + g.backend->device_id(g.device) +
                                            " but the tensor on " + t.backend->device_id(t.device) +
@@ -121,7 +121,7 @@ void check_formula(const GradNode& node, std::size_t k, const Tensor& g) {
   if (!g.defined()) {
     problem = "no gradient";
   } else {
-    const TensorImpl& x = *g.impl();
+    const TensorImpl& x = *detail::Access::impl(g);
     if (!(x.shape == e.shape) || x.dtype != e.dtype || x.storage->backend.get() != e.backend ||
         x.storage->device != e.device)
       problem = "a gradient " + g.to_string();
@@ -165,7 +165,7 @@ struct Item {
 };
 
 Gradients run_backward(const Tensor& root, const BackwardOptions& options) {
-  const std::shared_ptr<GradNode>& root_node = root.impl()->grad_node;
+  const std::shared_ptr<GradNode>& root_node = detail::Access::impl(root)->grad_node;
   if (root_node == nullptr)
     throw Error(Errc::invalid_argument,
                 "Tensor::backward: " + root.to_string() +
@@ -212,7 +212,7 @@ Gradients run_backward(const Tensor& root, const BackwardOptions& options) {
     Tensor gradient = std::move(item.grad);
     std::shared_ptr<TensorImpl> impl = static_cast<const LeafNode&>(*item.node).tensor.lock();
     if (impl == nullptr) return;  // no handle left to ask for it
-    const Tensor param(std::move(impl));
+    const Tensor param = detail::Access::make_tensor(std::move(impl));
     if (options.on_gradient_final) {
       options.on_gradient_final(param, gradient);
       require_matching(param, gradient,
@@ -319,7 +319,7 @@ bool Tensor::requires_grad() const noexcept { return impl_ != nullptr && impl_->
 
 Tensor Tensor::detach() const {
   const detail::TensorImpl& t = checked();
-  return Tensor(detail::make_view(impl_, t.shape, t.strides, t.byte_offset));
+  return detail::Access::make_tensor(detail::make_view(impl_, t.shape, t.strides, t.byte_offset));
 }
 
 Gradients Tensor::backward() const { return backward(BackwardOptions{}); }

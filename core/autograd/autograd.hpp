@@ -74,9 +74,11 @@ struct LeafNode final : GradNode {
 
 // The per-op test of the front-end: the only autodiff cost of an op whose
 // inputs do not require grad. Operands are already validated (defined).
-inline bool any_requires_grad(const Tensor& a) noexcept { return a.impl()->grad_node != nullptr; }
+inline bool any_requires_grad(const Tensor& a) noexcept {
+  return detail::Access::impl(a)->grad_node != nullptr;
+}
 inline bool any_requires_grad(const Tensor& a, const Tensor& b) noexcept {
-  return a.impl()->grad_node != nullptr || b.impl()->grad_node != nullptr;
+  return detail::Access::impl(a)->grad_node != nullptr || detail::Access::impl(b)->grad_node != nullptr;
 }
 
 // Recording, called only when an input requires grad. Each attaches a node

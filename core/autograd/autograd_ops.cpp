@@ -46,13 +46,13 @@ Tensor unbroadcast(Tensor g, const Shape& shape) {
 // g broadcast to `shape` (NumPy rules), materialised by one COPY whose input
 // has stride 0 on the broadcast dims.
 Tensor expand(const Tensor& g, const Shape& shape, const char* api) {
-  const TensorImpl& x = *g.impl();
+  const TensorImpl& x = *detail::Access::impl(g);
   if (x.shape == shape) return g;
   const auto& backend = x.storage->backend;
   const int32_t device = x.storage->device;
   require_support(*backend, device, BP_OP_COPY, x.dtype, api);
   auto out = allocate_tensor(backend, device, shape, x.dtype);
-  if (shape.numel() == 0) return Tensor(std::move(out));
+  if (shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const Shape strides = broadcast_strides(x, shape);
   bp_tensor in = describe(x);
   in.ndim = shape.rank();
@@ -60,16 +60,16 @@ Tensor expand(const Tensor& g, const Shape& shape, const char* api) {
   in.strides = strides.data();
   const bp_tensor o = describe(*out);
   execute(*backend, device, BP_OP_COPY, &in, 1, &o);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // Zeros of `shape` holding src's elements at start[d] + i * step[d] along
 // each dim d (src's extents fit): FILL, then one COPY into a strided view.
 Tensor embed(const Tensor& src, const Shape& shape, const Shape& start, const Shape& step, const char* api) {
   Tensor out = zeros(src.device(), shape, src.dtype());
-  const TensorImpl& s = *src.impl();
+  const TensorImpl& s = *detail::Access::impl(src);
   if (s.shape.numel() == 0) return out;
-  const TensorImpl& o = *out.impl();
+  const TensorImpl& o = *detail::Access::impl(out);
   const auto& backend = o.storage->backend;
   const int32_t device = o.storage->device;
   require_support(*backend, device, BP_OP_COPY, o.dtype, api);
@@ -107,19 +107,22 @@ std::vector<int64_t> inverse_permutation(const std::vector<int64_t>& dims) {
 
 // ---- recording helpers -----------------------------------------------------------
 
-bool recordable(const Tensor& out) { return grad_enabled() && is_float(out.impl()->dtype); }
+bool recordable(const Tensor& out) { return grad_enabled() && is_float(detail::Access::impl(out)->dtype); }
 
-void attach(Tensor& out, std::shared_ptr<GradNode> node) { out.impl()->grad_node = std::move(node); }
+void attach(Tensor& out, std::shared_ptr<GradNode> node) {
+  detail::Access::impl(out)->grad_node = std::move(node);
+}
 
 // `out` as a node may save it. The node will be owned by out's impl, so
 // saving that impl would be a cycle: when out owns its buffer, the node
 // saves it and `out` becomes a view of it, which carries the node.
 Tensor save_output(Tensor& out) {
-  const std::shared_ptr<TensorImpl> impl = out.impl();
+  const std::shared_ptr<TensorImpl> impl = detail::Access::impl(out);
   auto alias = make_view(impl, impl->shape, impl->strides, impl->byte_offset);
-  if (impl->base != nullptr) return Tensor(std::move(alias));  // a view: the alias shares only its root
-  out = Tensor(std::move(alias));
-  return Tensor(impl);
+  if (impl->base != nullptr)
+    return detail::Access::make_tensor(std::move(alias));  // a view: the alias shares only its root
+  out = detail::Access::make_tensor(std::move(alias));
+  return detail::Access::make_tensor(impl);
 }
 
 // ---- nodes: one per op family; inputs[k] describes input k -------------------------
@@ -622,7 +625,8 @@ void record_gather(const Tensor& x, int64_t axis, const Tensor& index, Tensor& o
 }
 
 void record_cast(const Tensor& x, Tensor& out) {
-  if (out.impl() == x.impl() || !recordable(out)) return;  // cast to its own dtype returns x itself
+  if (detail::Access::impl(out) == detail::Access::impl(x) || !recordable(out))
+    return;  // cast to its own dtype returns x itself
   attach(out, node_for<CastNode>(x));
 }
 
@@ -632,7 +636,8 @@ void record_contiguous(const Tensor& x, Tensor& out) {
 }
 
 void record_to(const Tensor& x, Tensor& out) {
-  if (out.impl() == x.impl() || !recordable(out)) return;  // to its own device returns x itself
+  if (detail::Access::impl(out) == detail::Access::impl(x) || !recordable(out))
+    return;  // to its own device returns x itself
   attach(out, node_for<ToNode>(x, x.device()));
 }
 

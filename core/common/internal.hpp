@@ -9,6 +9,7 @@
 #include <backplane/error.hpp>
 #include <backplane/registry.hpp>
 #include <backplane/shape.hpp>
+#include <backplane/tensor.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -18,6 +19,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace boost::dll {
@@ -27,6 +29,20 @@ class shared_library;
 namespace backplane::detail {
 
 struct GradNode;  // core/autograd.hpp
+
+// The core's way to the private plumbing of the public handles (each names it
+// a friend): the impl behind a Device, Backend or Tensor, and a handle made
+// from one. Host code cannot reach it: this header is never installed.
+struct Access {
+  static const std::shared_ptr<BackendImpl>& impl(const Device& d) noexcept { return d.impl(); }
+  static const std::shared_ptr<BackendImpl>& impl(const Backend& b) noexcept { return b.impl(); }
+  static const std::shared_ptr<TensorImpl>& impl(const Tensor& t) noexcept { return t.impl(); }
+  static Device make_device(std::shared_ptr<BackendImpl> backend, int32_t index) {
+    return Device(std::move(backend), index);
+  }
+  static Backend make_backend(std::shared_ptr<BackendImpl> backend) { return Backend(std::move(backend)); }
+  static Tensor make_tensor(std::shared_ptr<TensorImpl> impl) { return Tensor(std::move(impl)); }
+};
 
 struct DeviceRecord {
   std::string name;
@@ -224,6 +240,38 @@ bool is_contiguous(const TensorImpl& t) noexcept;
 // A view of `t`'s storage with the given layout, keeping the root owner alive.
 std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape, const Shape& strides,
                                       uint64_t byte_offset);
+
+// The Error for an exception that escaped plugin entry `entry` of `b` (to be
+// called inside a catch): `code`, naming the backend, its library, the entry
+// and the exception's type (and what() for a std::exception).
+Error entry_threw(const BackendImpl& b, std::string_view entry, Errc code);
+
+// Rethrows the current exception when it is the unwinding of a cancelled
+// thread (abi::__forced_unwind), which must never be swallowed.
+void rethrow_if_forced_unwind();
+
+// call_entry's handler, out of line and cold (inside a catch): rethrows a
+// forced unwind, else throws entry_threw(b, entry, code).
+[[noreturn, gnu::cold]] void entry_failed(const BackendImpl& b, std::string_view entry, Errc code);
+
+// Calls the plugin entry `fn`; every call into a plugin's table goes through
+// it. abi.h forbids exceptions across the ABI, and plugin.hpp's wrappers keep
+// that promise, but a C++ plugin can throw through an extern "C" entry that
+// does not use them: any exception becomes backplane::Error(code)
+// (entry_threw), so it fails only this backend at load (plugin_load_failed)
+// or only this call afterwards (internal). A forced unwind (thread
+// cancellation) passes through untouched. Free on the success path (the
+// zero-cost exception model: no allocation, no string, one call), so the
+// per-op execute goes through it too.
+template <class Fn, class... Args>
+inline decltype(auto) call_entry(const BackendImpl& b, std::string_view entry, Errc code, Fn fn,
+                                 Args&&... args) {
+  try {
+    return fn(std::forward<Args>(args)...);
+  } catch (...) {
+    entry_failed(b, entry, code);
+  }
+}
 
 // Maps a plugin status code to Errc.
 Errc errc_from_status(int32_t code) noexcept;

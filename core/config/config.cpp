@@ -2,6 +2,7 @@
 // value ("backends[1].library: expected a string, got number 5"), and any
 // error makes the whole file invalid.
 #include "config/config.hpp"
+#include "common/suggest.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -28,21 +29,6 @@ const std::initializer_list<std::string_view> kTopKeys = {"schema_version", "plu
                                                            "backends"};
 const std::initializer_list<std::string_view> kBackendKeys = {"name", "library", "required", "options",
                                                                "collective_fallback"};
-
-std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
 
 std::string describe(const json& v) {
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);

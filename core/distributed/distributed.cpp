@@ -58,7 +58,7 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
 
 Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id) {
   if (!tensor.defined()) throw Error(Errc::invalid_argument, "set_distributed_params: undefined Tensor");
-  detail::TensorImpl& t = *tensor.impl();
+  detail::TensorImpl& t = *detail::Access::impl(tensor);
   const detail::CollectiveRoute route = detail::resolve_collective(
       t.storage->backend, t.storage->device, "set_distributed_params(param " + std::to_string(id.value) + ")");
   if (route.kind != detail::CollectiveRoute::Kind::local) t.distributed = DistributedParams{id};
@@ -67,7 +67,7 @@ Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id) {
 
 std::optional<DistributedParams> distributed_params(const Tensor& tensor) {
   if (!tensor.defined()) return std::nullopt;
-  return tensor.impl()->distributed;
+  return detail::Access::impl(tensor)->distributed;
 }
 
 bool is_distributed(const Tensor& tensor) { return distributed_params(tensor).has_value(); }

@@ -259,7 +259,7 @@ namespace {
   return BackwardHooks{
       .on_gradient_final =
           [sync](const Tensor& param, Tensor& gradient) {
-            if (param.impl()->distributed) sync->add(param, gradient);
+            if (detail::Access::impl(param)->distributed) sync->add(param, gradient);
           },
       .on_backward_end = [sync](Gradients& grads) { sync->finish(grads); },
   };

@@ -202,24 +202,26 @@ struct ProcessGroup::Impl {
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
     if (comm == nullptr) return;
-    bp_comm_args args{};
-    args.struct_size = sizeof(args);
-    args.plugin = coll().plugin;
-    args.comm = comm;
-    log_failure(coll().api.comm_destroy(&args), "comm_destroy");
+    call_logged(coll().api.comm_destroy, comm, "comm_destroy");
   }
 
-  // Destructors and abort paths cannot throw: a failure status is logged.
-  void log_failure(bp_status* status, const char* op) const noexcept {
-    if (status == nullptr) return;
+  // Destructors and abort paths cannot throw: comm_destroy or comm_abort on
+  // `c`, with a failure status, or an exception escaping the plugin
+  // (call_entry's Errc::internal), logged.
+  void call_logged(bp_status* (*entry)(bp_comm_args*), bp_comm* c, const char* name) const noexcept {
     try {
-      coll().check(status, where(op));
+      bp_comm_args args{};
+      args.struct_size = sizeof(args);
+      args.plugin = coll().plugin;
+      args.comm = c;
+      bp_status* status = detail::call_entry(coll(), name, Errc::internal, entry, &args);
+      if (status != nullptr) coll().check(status, where(name));
     } catch (const Error& e) {
       try {
         log(LogLevel::warning, e.message());
       } catch (...) {  // a throwing log handler loses the message, not the process
       }
-    } catch (...) {
+    } catch (const std::exception&) {  // e.g. bad_alloc while building the message
     }
   }
 
@@ -234,11 +236,7 @@ struct ProcessGroup::Impl {
     }
     aborted.store(true, std::memory_order_release);
     if (comm == nullptr) return;
-    bp_comm_args args{};
-    args.struct_size = sizeof(args);
-    args.plugin = coll().plugin;
-    args.comm = comm;
-    log_failure(coll().api.comm_abort(&args), "comm_abort");
+    call_logged(coll().api.comm_abort, comm, "comm_abort");
   }
 
   // Errc::collective_error once the group was aborted.
@@ -254,14 +252,17 @@ struct ProcessGroup::Impl {
                                             "); make a new ProcessGroup to run collectives again");
   }
 
-  // Runs one collective entry under the group's lock. A failure aborts the
-  // communicator before it is reported (a timed-out or failed collective
-  // leaves it in an unknown state; abi.h: abort, then destroy).
-  void run(bp_status* (*entry)(bp_collective_args*), const bp_tensor* in, const bp_tensor* out,
-           int32_t reduce_op, int32_t root, const char* op) {
+  // Runs the collective entry `entry` (named `entry_name`) under the group's
+  // lock. A failure, or an exception escaping the plugin (Errc::internal
+  // naming the entry), aborts the communicator before it is reported (a
+  // timed-out or failed collective leaves it in an unknown state; abi.h:
+  // abort, then destroy).
+  void run(bp_status* (*entry)(bp_collective_args*), const char* entry_name, const bp_tensor* in,
+           const bp_tensor* out, int32_t reduce_op, int32_t root, const char* op) {
     require_not_aborted(op);
     bp_status* st = nullptr;
-    {
+    bool called = false;
+    try {
       std::lock_guard lock(mutex);
       require_not_aborted(op);
       bp_collective_args args{};
@@ -272,7 +273,11 @@ struct ProcessGroup::Impl {
       args.output = out;
       args.reduce_op = reduce_op;
       args.root = root;
-      st = entry(&args);
+      called = true;
+      st = detail::call_entry(coll(), entry_name, Errc::internal, entry, &args);
+    } catch (const Error& e) {
+      if (called) abort(e.message());  // the entry threw; the lock is released by now
+      throw;
     }
     if (st == nullptr) return;
     try {
@@ -296,7 +301,7 @@ struct ProcessGroup::Impl {
   // The caller's tensor, checked: defined, on this group's device.
   const TensorImpl& operand(const Tensor& t, const char* op) const {
     if (!t.defined()) throw Error(Errc::invalid_argument, "ProcessGroup::" + std::string(op) + ": undefined Tensor");
-    const TensorImpl& x = *t.impl();
+    const TensorImpl& x = *detail::Access::impl(t);
     if (x.storage->backend != device_backend || x.storage->device != device)
       throw Error(Errc::device_mismatch, "ProcessGroup::" + std::string(op) + ": the tensor lives on " +
                                              x.storage->backend->device_id(x.storage->device) +
@@ -307,8 +312,8 @@ struct ProcessGroup::Impl {
 
   // A dense copy (or the tensor itself when dense) on the collective device.
   std::shared_ptr<TensorImpl> on_collective_device(const Tensor& t, const char* op) const {
-    if (staged()) return Tensor(t).to(Device(route.backend, route.device)).impl();
-    return detail::as_contiguous(t.impl(), op);
+    if (staged()) return detail::Access::impl(t.to(detail::Access::make_device(route.backend, route.device)));
+    return detail::as_contiguous(detail::Access::impl(t), op);
   }
   // A fresh tensor for a result, on the collective device.
   std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype) const {
@@ -316,8 +321,8 @@ struct ProcessGroup::Impl {
   }
   // Back on the caller's device.
   Tensor result(std::shared_ptr<TensorImpl> r) const {
-    Tensor out(std::move(r));
-    if (staged()) return out.to(Device(device_backend, device));
+    Tensor out = detail::Access::make_tensor(std::move(r));
+    if (staged()) return out.to(detail::Access::make_device(device_backend, device));
     return out;
   }
 
@@ -326,13 +331,13 @@ struct ProcessGroup::Impl {
   // The out-of-place collectives: `tensor` (dense, on the collective device)
   // in, a fresh `out_shape` tensor out, back on the caller's device.
   Tensor out_of_place(const Tensor& tensor, const Shape& out_shape, const std::string& name,
-                      bp_status* (*entry)(bp_collective_args*), int32_t reduce_op) {
+                      bp_status* (*entry)(bp_collective_args*), const char* entry_name, int32_t reduce_op) {
     require_not_aborted(name.c_str());
     auto in = on_collective_device(tensor, ("ProcessGroup::" + name).c_str());
     auto out = allocate(out_shape, in->dtype);
     const bp_tensor di = detail::describe(*in);
     const bp_tensor dout = detail::describe(*out);
-    run(entry, &di, &dout, reduce_op, 0, name.c_str());
+    run(entry, entry_name, &di, &dout, reduce_op, 0, name.c_str());
     return result(std::move(out));
   }
 };
@@ -369,14 +374,10 @@ ProcessGroup ProcessGroup::create(const Device& device, const Rendezvous& rendez
   args.key_prefix = impl->key_prefix.c_str();
   BackendImpl& cb = impl->coll();
   args.plugin = cb.plugin;
-  bp_status* st = cb.api.comm_create(&args);
-  if (st != nullptr && args.comm != nullptr) {  // a failing create should not hand one out; free it if it did
-    bp_comm_args destroy{};
-    destroy.struct_size = sizeof(destroy);
-    destroy.plugin = cb.plugin;
-    destroy.comm = args.comm;
-    impl->log_failure(cb.api.comm_destroy(&destroy), "comm_destroy");
-  }
+  // A comm_create that throws hands out nothing the host could destroy.
+  bp_status* st = detail::call_entry(cb, "comm_create", Errc::internal, cb.api.comm_create, &args);
+  if (st != nullptr && args.comm != nullptr)  // a failing create should not hand one out; free it if it did
+    impl->call_logged(cb.api.comm_destroy, args.comm, "comm_destroy");
   impl->check(st, "comm_create");
   impl->comm = args.comm;
   if (impl->comm == nullptr)
@@ -397,11 +398,11 @@ int32_t ProcessGroup::rank() const { return checked(impl_, "rank").rank; }
 int32_t ProcessGroup::world_size() const { return checked(impl_, "world_size").world_size; }
 Device ProcessGroup::device() const {
   const Impl& g = checked(impl_, "device");
-  return Device(g.device_backend, g.device);
+  return detail::Access::make_device(g.device_backend, g.device);
 }
 Device ProcessGroup::collective_device() const {
   const Impl& g = checked(impl_, "collective_device");
-  return Device(g.route.backend, g.route.device);
+  return detail::Access::make_device(g.route.backend, g.route.device);
 }
 bool ProcessGroup::is_local() const { return checked(impl_, "is_local").local(); }
 std::chrono::milliseconds ProcessGroup::timeout() const { return checked(impl_, "timeout").timeout; }
@@ -411,9 +412,9 @@ Tensor ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   g.require_not_aborted("all_reduce");
   const TensorImpl& x0 = g.operand(tensor, "all_reduce");
   const int32_t rop = abi_reduce_op(op);
-  if (g.local()) return Tensor(detail::copy_contiguous(x0, "ProcessGroup::all_reduce"));
+  if (g.local()) return detail::Access::make_tensor(detail::copy_contiguous(x0, "ProcessGroup::all_reduce"));
   return g.out_of_place(tensor, x0.shape, std::string("all_reduce(") + to_string(op) + ")",
-                        g.coll().api.all_reduce, rop);
+                        g.coll().api.all_reduce, "all_reduce", rop);
 }
 
 void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
@@ -427,10 +428,10 @@ void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
   if (g.local()) return;
   const std::string name = std::string("all_reduce_(") + to_string(op) + ")";
   g.require_not_aborted(name.c_str());
-  std::shared_ptr<TensorImpl> work = g.staged() ? g.on_collective_device(tensor, "ProcessGroup::all_reduce_")
-                                                : tensor.impl();
+  std::shared_ptr<TensorImpl> work =
+      g.staged() ? g.on_collective_device(tensor, "ProcessGroup::all_reduce_") : detail::Access::impl(tensor);
   const bp_tensor d = detail::describe(*work);
-  g.run(g.coll().api.all_reduce, &d, &d, rop, 0, name.c_str());
+  g.run(g.coll().api.all_reduce, "all_reduce", &d, &d, rop, 0, name.c_str());
   if (g.staged()) detail::copy_dense(*work, x, g.where(name.c_str()) + ": copy back");
 }
 
@@ -446,9 +447,9 @@ Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {
   std::shared_ptr<TensorImpl> work =
       g.staged() ? g.on_collective_device(tensor, "ProcessGroup::broadcast")
                  : detail::copy_contiguous(x0, "ProcessGroup::broadcast");
-  if (g.local()) return Tensor(std::move(work));
+  if (g.local()) return detail::Access::make_tensor(std::move(work));
   const bp_tensor d = detail::describe(*work);
-  g.run(g.coll().api.broadcast, &d, &d, BP_REDUCE_SUM, root, "broadcast");
+  g.run(g.coll().api.broadcast, "broadcast", &d, &d, BP_REDUCE_SUM, root, "broadcast");
   return g.result(std::move(work));
 }
 
@@ -463,8 +464,11 @@ Tensor ProcessGroup::all_gather(const Tensor& tensor) {
                                           std::to_string(dims.size()) + ", above the limit of " +
                                           std::to_string(Shape::kMaxRank) + "; reshape the tensor first");
   const Shape out_shape(dims);
-  if (g.local()) return reshape(Tensor(detail::copy_contiguous(x0, "ProcessGroup::all_gather")), dims);
-  return g.out_of_place(tensor, out_shape, "all_gather", g.coll().api.all_gather, BP_REDUCE_SUM);
+  if (g.local())
+    return reshape(detail::Access::make_tensor(detail::copy_contiguous(x0, "ProcessGroup::all_gather")),
+                   dims);
+  return g.out_of_place(tensor, out_shape, "all_gather", g.coll().api.all_gather, "all_gather",
+                        BP_REDUCE_SUM);
 }
 
 Tensor ProcessGroup::reduce_scatter(const Tensor& tensor, ReduceOp op) {
@@ -479,16 +483,18 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& tensor, ReduceOp op) {
   std::vector<int64_t> dims;
   for (int i = 1; i < x0.shape.rank(); ++i) dims.push_back(x0.shape[i]);
   const Shape out_shape(dims);
-  if (g.local()) return reshape(Tensor(detail::copy_contiguous(x0, "ProcessGroup::reduce_scatter")), dims);
+  if (g.local())
+    return reshape(detail::Access::make_tensor(detail::copy_contiguous(x0, "ProcessGroup::reduce_scatter")),
+                   dims);
   return g.out_of_place(tensor, out_shape, std::string("reduce_scatter(") + to_string(op) + ")",
-                        g.coll().api.reduce_scatter, rop);
+                        g.coll().api.reduce_scatter, "reduce_scatter", rop);
 }
 
 void ProcessGroup::barrier() {
   Impl& g = checked(impl_, "barrier");
   g.require_not_aborted("barrier");
   if (g.local()) return;
-  g.run(g.coll().api.barrier, nullptr, nullptr, BP_REDUCE_SUM, 0, "barrier");
+  g.run(g.coll().api.barrier, "barrier", nullptr, nullptr, BP_REDUCE_SUM, 0, "barrier");
 }
 
 void ProcessGroup::abort() {

@@ -1,6 +1,8 @@
 // Rendezvous: rank, world size and master address from the arguments or the
 // launcher's environment (backplane launch / torchrun, Open MPI, Slurm), and
 // the job's store, made once and shared by every copy.
+#include "distributed/store_wire.hpp"
+
 #include <backplane/error.hpp>
 #include <backplane/rendezvous.hpp>
 
@@ -19,6 +21,9 @@ namespace backplane {
 struct Rendezvous::Shared {
   std::mutex mutex;
   std::shared_ptr<Store> store;  // guarded by mutex; made on first store()
+  // The store's secret when this process chose it (single_process); unset:
+  // the job's, from BACKPLANE_JOB_TOKEN or BACKPLANE_JOB_TOKEN_FILE.
+  std::optional<std::string> job_token;
   std::atomic<uint64_t> next_group{0};
 };
 
@@ -242,6 +247,16 @@ Rendezvous Rendezvous::from_env() {
 Rendezvous Rendezvous::single_process(std::chrono::milliseconds timeout) {
   Rendezvous r(0, 1, kDefaultAddr, 0, timeout, 0);
   r.source_ = "single process";
+  // No other rank ever joins a world of one: its store proves a secret only
+  // this process knows, so no process can join it, and there is no job
+  // secret to ask the user for (nor a warning that there is none).
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (const uint8_t byte : store_wire::random_nonce()) {
+    token += kHex[byte >> 4];
+    token += kHex[byte & 0xF];
+  }
+  r.shared_->job_token = std::move(token);
   // Made now, so that master_port() reports the port the server bound.
   r.master_port_ = port_from_store(*r.store());
   return r;
@@ -257,6 +272,7 @@ std::shared_ptr<Store> Rendezvous::store() const {
     options.rank = rank_;
     options.world_size = world_size_;
     options.timeout = timeout_;
+    options.job_token = shared_->job_token;
     shared_->store = make_tcp_store(options);
   }
   return shared_->store;

@@ -2,6 +2,7 @@
 // unresolved symbol fails here and not later), check the ABI table, create
 // the instance and enumerate devices. Each failure names what and where.
 #include "registry/loader.hpp"
+#include "common/suggest.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/version.hpp>
@@ -34,6 +35,29 @@ std::vector<std::string> candidate_names(const std::string& spec) {
 bool is_file(const fs::path& p) {
   std::error_code ec;
   return fs::is_regular_file(p, ec);  // follows symlinks
+}
+
+// "libx.so" and "x.so" -> "x"; anything else as it is.
+std::string library_stem(std::string file) {
+  if (file.ends_with(".so")) file.resize(file.size() - 3);
+  if (file.starts_with("lib")) file.erase(0, 3);
+  return file;
+}
+
+// ' (did you mean "backplane_cpu"?)' for the plugin library in `dirs` whose
+// name is closest to `spec`'s (libbackplane_cpu.so is "backplane_cpu"); ""
+// when none is close.
+std::string closest_library(const std::string& spec, const std::vector<fs::path>& dirs) {
+  std::vector<std::string> present;
+  for (const fs::path& dir : dirs) {
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+      const std::string file = it->path().filename().string();
+      if (file.size() > 6 && file.starts_with("lib") && file.ends_with(".so"))
+        present.push_back(library_stem(file));
+    }
+  }
+  return did_you_mean(library_stem(fs::path(spec).filename().string()), present);
 }
 
 // The useful part of Boost.DLL's message is the dlerror text it embeds.
@@ -125,14 +149,21 @@ Error entry_threw(const BackendImpl& b, std::string_view entry, Errc code) {
                          "its entries with plugin.hpp's BP_DEFINE_PLUGIN, which turns exceptions into statuses)");
 }
 
+void entry_failed(const BackendImpl& b, std::string_view entry, Errc code) {
+  rethrow_if_forced_unwind();
+  throw entry_threw(b, entry, code);
+}
+
 fs::path resolve_library(const std::string& spec, const Config& config) {
   fs::path p(spec);
   // `tried` keeps the order for the message; `seen` makes each candidate
   // cost O(1), so a long plugin_dirs is searched in linear time.
   std::vector<fs::path> tried;
+  std::vector<fs::path> searched;  // the folders, for "did you mean"
   std::unordered_set<std::string> seen;
   const std::vector<std::string> names = candidate_names(spec);
   auto try_dir = [&](const fs::path& dir) -> std::optional<fs::path> {
+    searched.push_back(dir);
     for (const auto& name : names) {
       fs::path c = (dir / name).lexically_normal();
       if (!seen.insert(c.native()).second) continue;
@@ -144,6 +175,7 @@ fs::path resolve_library(const std::string& spec, const Config& config) {
   if (p.is_absolute()) {
     if (is_file(p)) return p;
     tried.push_back(p);
+    searched.push_back(p.parent_path());
   } else {
     if (auto r = try_dir(config.base_dir)) return *r;
     for (const auto& dir : config.plugin_dirs)
@@ -156,7 +188,7 @@ fs::path resolve_library(const std::string& spec, const Config& config) {
           if (auto r = try_dir(dir)) return *r;
     }
   }
-  std::string msg = "library \"" + spec + "\" not found; tried:";
+  std::string msg = "library \"" + spec + "\" not found" + closest_library(spec, searched) + "; tried:";
   const std::size_t shown = std::min(tried.size(), kMaxTriedShown);
   for (std::size_t i = 0; i < shown; ++i) msg += "\n    " + tried[i].string();
   if (tried.size() > shown) msg += "\n    ... and " + std::to_string(tried.size() - shown) + " more";

@@ -1,7 +1,8 @@
 // Registry, Backend and Device: building the registry from a config and the
 // read-only views over what was loaded.
-#include "config/config.hpp"
 #include "common/internal.hpp"
+#include "common/suggest.hpp"
+#include "config/config.hpp"
 #include "registry/loader.hpp"
 
 #include <backplane/log.hpp>
@@ -312,24 +313,29 @@ Registry Registry::from_env() {
 std::vector<Backend> Registry::backends() const {
   std::vector<Backend> out;
   out.reserve(impl_->backends.size());
-  for (const auto& b : impl_->backends) out.emplace_back(b);
+  for (const auto& b : impl_->backends) out.push_back(detail::Access::make_backend(b));
   return out;
 }
 
 Backend Registry::backend(std::string_view name) const {
+  for (const auto& b : impl_->backends)
+    if (b->name == name) return detail::Access::make_backend(b);
+  std::vector<std::string> names;
   std::string known;
   for (const auto& b : impl_->backends) {
-    if (b->name == name) return Backend(b);
+    names.push_back(b->name);
     known += (known.empty() ? "" : ", ") + b->name;
   }
-  throw Error(Errc::not_found, "no backend named \"" + std::string(name) + "\" in the config (configured: " +
-                                   (known.empty() ? "none" : known) + ")");
+  const std::string where = impl_->config_path.empty() ? "the config" : impl_->config_path.string();
+  throw Error(Errc::not_found, "no backend named \"" + std::string(name) + "\" in " + where +
+                                   detail::did_you_mean(name, names) +
+                                   "; configured: " + (known.empty() ? "none" : known));
 }
 
 Backend Registry::default_backend() const {
   if (!impl_->default_backend.empty()) return backend(impl_->default_backend);
   for (const auto& b : impl_->backends)
-    if (b->status == Backend::Status::loaded) return Backend(b);
+    if (b->status == Backend::Status::loaded) return detail::Access::make_backend(b);
   throw Error(Errc::backend_unavailable, "no backend loaded, so there is no default backend");
 }
 
@@ -359,13 +365,13 @@ Device Backend::device(int32_t index) const {
     throw Error(Errc::not_found, "backend \"" + impl_->name + "\" has no device " + std::to_string(index) + " (it has " +
                                      std::to_string(device_count()) + ")");
   }
-  return Device(impl_, index);
+  return detail::Access::make_device(impl_, index);
 }
 
 std::vector<Device> Backend::devices() const {
   std::vector<Device> out;
   if (impl_->status != Status::loaded) return out;
-  for (int32_t i = 0; i < device_count(); ++i) out.emplace_back(impl_, i);
+  for (int32_t i = 0; i < device_count(); ++i) out.push_back(detail::Access::make_device(impl_, i));
   return out;
 }
 
@@ -404,7 +410,7 @@ std::optional<MemoryInfo> Device::memory() const {
 }
 Backend Device::backend() const {
   record(backend_, index_);
-  return Backend(backend_);
+  return detail::Access::make_backend(backend_);
 }
 bool Device::supports(Op op, DType dtype) const {
   const Capabilities caps = record(backend_, index_).capabilities;

@@ -159,8 +159,8 @@ bool is_host_memory(int32_t type) noexcept {
 const std::shared_ptr<detail::BackendImpl>& usable(const Device& device, const char* what) {
   if (!device.valid())
     throw Error(Errc::invalid_argument, std::string(what) + ": invalid (default-constructed) Device");
-  device.impl()->require_loaded();
-  return device.impl();
+  detail::Access::impl(device)->require_loaded();
+  return detail::Access::impl(device);
 }
 
 // The element range a strided layout reaches, relative to element [0,...,0]:
@@ -267,7 +267,7 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
   if (!t.defined())
     throw Error(Errc::invalid_argument,
                 "to_dlpack: the tensor is undefined (default-constructed or moved-from)");
-  const detail::TensorImpl& impl = *t.impl();
+  const detail::TensorImpl& impl = *detail::Access::impl(t);
   const detail::Storage& storage = *impl.storage;
   const auto& backend = storage.backend;
   const int32_t dev = storage.device;
@@ -301,8 +301,9 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
     where.struct_size = sizeof(where);
     where.plugin = backend->plugin;
     where.buffer = storage.buffer;
-    backend->check(backend->api.buffer_pointer(&where),
-                   what + ": buffer_pointer on " + backend->device_id(dev));
+    backend->check(
+        detail::call_entry(*backend, "buffer_pointer", Errc::internal, backend->api.buffer_pointer, &where),
+        what + ": buffer_pointer on " + backend->device_id(dev));
     if (where.data == nullptr)
       throw Error(Errc::device_error, "to_dlpack: backend \"" + backend->name +
                                           "\": buffer_pointer returned no address for a live buffer on " +
@@ -312,7 +313,7 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
     dl.data = static_cast<unsigned char*>(where.data) + impl.byte_offset;
     ctx->alloc_begin = reinterpret_cast<uintptr_t>(where.data);
     ctx->alloc_bytes = storage.nbytes;
-    ctx->keep = t.impl();
+    ctx->keep = detail::Access::impl(t);
   } else {
     // Not addressable (or empty): a compact host copy.
     const std::size_t bytes = t.nbytes();
@@ -363,7 +364,8 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
   backend->require_dtype_capability(dev, dtype, "from_dlpack");
 
   // Nothing to share in an empty tensor: make a fresh one (the deleter runs now).
-  if (numel == 0) return Tensor(detail::allocate_tensor(backend, dev, shape, dtype, "from_dlpack"));
+  if (numel == 0)
+    return detail::Access::make_tensor(detail::allocate_tensor(backend, dev, shape, dtype, "from_dlpack"));
 
   if (dl.data == nullptr)
     throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.data is NULL but the tensor has " +
@@ -456,7 +458,9 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
     args.size = region_bytes;
     args.release = &release_import;
     args.release_ctx = m;
-    bp_status* st = backend->api.buffer_import(&args);
+    // A buffer_import that throws did not succeed: m stays the host's.
+    bp_status* st =
+        detail::call_entry(*backend, "buffer_import", Errc::internal, backend->api.buffer_import, &args);
     if (st == nullptr) {
       // From here the plugin owns m: release runs the deleter when the buffer is freed.
       owner.release();
@@ -466,17 +470,19 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
         throw Error(Errc::device_error, "from_dlpack: backend \"" + backend->name + "\": " + what +
                                             " succeeded but returned no buffer");
       root->storage = &root->owned.emplace(backend, dev, args.buffer, region_bytes);
-      if (compact_layout) return Tensor(std::move(root));
-      return Tensor(detail::make_view(root, shape, strides, below));
+      if (compact_layout) return detail::Access::make_tensor(std::move(root));
+      return detail::Access::make_tensor(detail::make_view(root, shape, strides, below));
     }
     // Failed: m stays the host's (the plugin never calls release), and
     // `owner` runs its deleter after the copy below or on the error.
     // UNSUPPORTED: host memory is copied in below; CUDA memory is refused
     // with the plugin's reason. Any other failure is the plugin's error.
-    if (backend->api.status_code(st) != BP_STATUS_UNSUPPORTED) backend->check(st, "from_dlpack: " + what);
-    const char* raw = backend->api.status_message(st);
+    const detail::BackendImpl& b = *backend;
+    if (detail::call_entry(b, "status_code", Errc::internal, b.api.status_code, st) != BP_STATUS_UNSUPPORTED)
+      b.check(st, "from_dlpack: " + what);
+    const char* raw = detail::call_entry(b, "status_message", Errc::internal, b.api.status_message, st);
     refusal = raw != nullptr ? raw : "";
-    backend->api.status_free(st);
+    detail::call_entry(b, "status_free", Errc::internal, b.api.status_free, st);
   }
   if (!host_memory)
     throw Error(
@@ -506,7 +512,7 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
   }
   backend->write(t->storage->buffer, 0, compact_layout ? static_cast<const void*>(region) : staged.data(),
                  bytes, "buffer_write to " + device.id() + " (from_dlpack copy)");
-  return Tensor(std::move(t));  // `owner` runs the deleter now
+  return detail::Access::make_tensor(std::move(t));  // `owner` runs the deleter now
 }
 
 }  // namespace backplane

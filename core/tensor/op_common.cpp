@@ -22,8 +22,8 @@ void undefined_operand(const char* api, const char* which) {
 const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api) {
   if (!device.valid())
     throw Error(Errc::invalid_argument, std::string(api) + ": invalid (default-constructed) Device");
-  device.impl()->require_loaded();
-  return device.impl();
+  detail::Access::impl(device)->require_loaded();
+  return detail::Access::impl(device);
 }
 
 void device_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api) {

@@ -44,7 +44,7 @@ inline bool is_known(DType d) noexcept { return dtype_size(d) != 0; }
 inline const TensorImpl& operand(const Tensor& t, const char* api, const char* which) {
   if (!t.defined()) [[unlikely]]
     undefined_operand(api, which);
-  return *t.impl();
+  return *detail::Access::impl(t);
 }
 // The loaded backend behind `device`; throws for an invalid device or a
 // backend that failed to load.
@@ -99,7 +99,9 @@ constexpr bp_op_attrs make_attrs() noexcept {
 // A non-NULL execute status: throws unless its code is OK.
 [[gnu::cold]] void execute_failed(BackendImpl& backend, int32_t device, int32_t op, bp_status* st);
 // Runs one op with one output; a failure status becomes backplane::Error
-// naming the op and device. attrs may be null (no attributes).
+// naming the op and device, an exception escaping the plugin Errc::internal
+// naming the entry (call_entry: nothing on the success path). attrs may be
+// null (no attributes).
 inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs, int32_t num_inputs,
                     const bp_tensor* output, const bp_op_attrs* attrs = nullptr) {
   static constexpr bp_op_attrs kNoAttrs = make_attrs();
@@ -113,7 +115,7 @@ inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_t
   args.outputs = output;
   args.attrs = attrs != nullptr ? attrs : &kNoAttrs;
   args.plugin = backend.plugin;
-  bp_status* st = backend.api.execute(&args);
+  bp_status* st = call_entry(backend, "execute", Errc::internal, backend.api.execute, &args);
   if (st != nullptr) [[unlikely]]
     execute_failed(backend, device, op, st);
 }

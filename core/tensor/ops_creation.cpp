@@ -24,10 +24,10 @@ Tensor create(const Device& device, const Shape& shape, DType dtype, int32_t op,
   detail::checked_numel(shape, dtype, api);
   detail::require_support(*backend, device.index(), op, dtype, api);
   auto out = detail::allocate_tensor(backend, device.index(), shape, dtype, api);
-  if (shape.numel() == 0) return Tensor(std::move(out));
+  if (shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device.index(), op, nullptr, 0, &o, &attrs);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 }  // namespace

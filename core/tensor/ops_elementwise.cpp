@@ -24,7 +24,7 @@ using detail::TensorImpl;
   detail::require_support(*backend, device, op, x.dtype, api);
 
   auto out = detail::allocate_tensor(backend, device, out_shape, comparison ? DType::bool_ : x.dtype);
-  if (out_shape.numel() == 0) return Tensor(std::move(out));
+  if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
   // Operands already of the output's shape pass their own strides.
   std::optional<Shape> xs, ys;
@@ -42,7 +42,7 @@ using detail::TensorImpl;
   }
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, op, in, 2, &o);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // The per-op hot path (a 16-element add should cost < 100 ns over the
@@ -64,11 +64,11 @@ Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
   detail::require_support(*backend, device, op, x.dtype, api);
 
   auto out = detail::allocate_tensor(backend, device, x.shape, comparison ? DType::bool_ : x.dtype);
-  if (x.shape.numel() == 0) return Tensor(std::move(out));
+  if (x.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, op, in, 2, &o);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // inputs[0] has the output's shape and dtype; any strides.
@@ -83,11 +83,11 @@ Tensor unary(int32_t op, const Tensor& t, bool float_only, const bp_op_attrs* at
   const int32_t device = x.storage->device;
   detail::require_support(*backend, device, op, x.dtype, api);
   auto out = detail::allocate_tensor(backend, device, x.shape, x.dtype);
-  if (x.shape.numel() == 0) return Tensor(std::move(out));
+  if (x.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const bp_tensor in = detail::describe(x);
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, op, &in, 1, &o, attrs);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // The differentiable ops: the op, then a node when an input requires grad
@@ -156,7 +156,7 @@ static Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b
   detail::require_support(*backend, device, BP_OP_WHERE, x.dtype, "where");
 
   auto out = detail::allocate_tensor(backend, device, out_shape, x.dtype);
-  if (out_shape.numel() == 0) return Tensor(std::move(out));
+  if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const TensorImpl* ops[3] = {&c, &x, &y};
   Shape strides[3];
   bp_tensor in[3];
@@ -169,7 +169,7 @@ static Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b
   }
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, BP_OP_WHERE, in, 3, &o);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 Tensor neg(const Tensor& t) { return tracked_unary(BP_OP_NEG, t, false); }
@@ -191,14 +191,16 @@ Tensor clamp(const Tensor& t, double lo, double hi) {
   if (lo > hi)
     throw Error(Errc::invalid_argument, "clamp: lo " + detail::number_to_string(lo) + " is greater than hi " +
                                             detail::number_to_string(hi) + "; pass lo <= hi");
-  if (t.defined() && detail::is_integer_dtype(t.impl()->dtype)) {
+  if (t.defined() && detail::is_integer_dtype(detail::Access::impl(t)->dtype)) {
     // No promotion: an integer tensor takes integer bounds it can hold.
     for (const double bound : {lo, hi}) {
       if (std::isfinite(bound) && std::trunc(bound) != bound)
-        throw Error(Errc::invalid_argument, "clamp: bound " + detail::number_to_string(bound) + " is not an integer, "
-                                            "but the tensor is " + std::string(to_string(t.impl()->dtype)) +
-                                            "; cast the tensor to a float dtype first");
-      detail::require_representable(bound, t.impl()->dtype, "clamp", "bound");
+        throw Error(Errc::invalid_argument, "clamp: bound " + detail::number_to_string(bound) +
+                                                " is not an integer, "
+                                                "but the tensor is " +
+                                                std::string(to_string(detail::Access::impl(t)->dtype)) +
+                                                "; cast the tensor to a float dtype first");
+      detail::require_representable(bound, detail::Access::impl(t)->dtype, "clamp", "bound");
     }
   }
   bp_op_attrs attrs = detail::make_attrs();
@@ -220,13 +222,13 @@ static Tensor cast_forward(const Tensor& t, DType dtype) {
   detail::require_support(*backend, device, BP_OP_CAST, x.dtype, "cast");
   detail::require_support(*backend, device, BP_OP_CAST, dtype, "cast");
   auto out = detail::allocate_tensor(backend, device, x.shape, dtype);
-  if (x.shape.numel() == 0) return Tensor(std::move(out));
+  if (x.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   bp_op_attrs attrs = detail::make_attrs();
   attrs.dtype = static_cast<int32_t>(dtype);
   const bp_tensor in = detail::describe(x);
   const bp_tensor o = detail::describe(*out);
   detail::execute(*backend, device, BP_OP_CAST, &in, 1, &o, &attrs);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // ---- autodiff: where and cast record their node here --------------------------

@@ -80,19 +80,19 @@ static Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   const int32_t device = x.storage->device;
   detail::require_support(*backend, device, BP_OP_MATMUL, x.dtype, "matmul");
   auto out = detail::allocate_tensor(backend, device, out_shape, x.dtype);
-  if (out_shape.numel() == 0) return Tensor(std::move(out));
+  if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const bp_tensor o = detail::describe(*out);
   if (xr == 2 && yr == 2) {
     const bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
     detail::execute(*backend, device, BP_OP_MATMUL, in, 2, &o);
-    return Tensor(std::move(out));
+    return detail::Access::make_tensor(std::move(out));
   }
   Shape shapes[2], strides[2];
   bp_tensor in[2];
   describe_batched(x, batch, shapes[0], strides[0], in[0]);
   describe_batched(y, batch, shapes[1], strides[1], in[1]);
   detail::execute(*backend, device, BP_OP_MATMUL, in, 2, &o);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 Tensor matmul(const Tensor& a, const Tensor& b) {

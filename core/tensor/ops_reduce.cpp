@@ -79,7 +79,7 @@ Tensor reduce_axis(int32_t op, const Tensor& t, int64_t axis_arg, bool keepdim) 
   kept[axis] = 1;
   auto out = detail::allocate_tensor(backend, device, kept, r.index_output ? DType::i64 : x0.dtype);
   if (kept.numel() > 0) {
-    const auto x = detail::as_contiguous(t.impl(), api);
+    const auto x = detail::as_contiguous(detail::Access::impl(t), api);
     run_reduce(op, *x, x->shape, *out, kept, axis);
   }
   if (!keepdim) {
@@ -88,7 +88,7 @@ Tensor reduce_axis(int32_t op, const Tensor& t, int64_t axis_arg, bool keepdim) 
     out->shape = Shape(dropped);
     out->strides = detail::contiguous_strides(out->shape);
   }
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // Over all axes: the contiguous input read as 1-D, reduced along axis 0,
@@ -106,9 +106,9 @@ Tensor reduce_all(int32_t op, const Tensor& t) {
   const int32_t device = x0.storage->device;
   detail::require_support(*backend, device, op, x0.dtype, api);
   auto out = detail::allocate_tensor(backend, device, Shape{}, r.index_output ? DType::i64 : x0.dtype);
-  const auto x = detail::as_contiguous(t.impl(), api);
+  const auto x = detail::as_contiguous(detail::Access::impl(t), api);
   run_reduce(op, *x, Shape{x->shape.numel()}, *out, Shape{1}, 0);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 Tensor softmax_like(int32_t op, const Tensor& t, int64_t axis_arg) {
@@ -120,14 +120,14 @@ Tensor softmax_like(int32_t op, const Tensor& t, int64_t axis_arg) {
   const int32_t device = x0.storage->device;
   detail::require_support(*backend, device, op, x0.dtype, api);
   auto out = detail::allocate_tensor(backend, device, x0.shape, x0.dtype);
-  if (x0.shape.numel() == 0) return Tensor(std::move(out));
-  const auto x = detail::as_contiguous(t.impl(), api);
+  if (x0.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
+  const auto x = detail::as_contiguous(detail::Access::impl(t), api);
   const bp_tensor in = detail::describe(*x);
   const bp_tensor o = detail::describe(*out);
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
   detail::execute(*backend, device, op, &in, 1, &o, &attrs);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // The differentiable ops: the op, then a node when the input requires grad.

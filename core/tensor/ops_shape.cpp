@@ -15,7 +15,7 @@ using detail::TensorImpl;
 
 const std::shared_ptr<TensorImpl>& impl_of(const Tensor& t, const char* api) {
   detail::operand(t, api, "the");
-  return t.impl();
+  return detail::Access::impl(t);
 }
 
 }  // namespace
@@ -68,11 +68,12 @@ static Tensor reshape_forward(const Tensor& t, const std::vector<int64_t>& shape
     throw Error(Errc::invalid_argument, from() + "; the element count must stay the same");
   }
   if (detail::is_contiguous(*x))
-    return Tensor(detail::make_view(x, target, detail::contiguous_strides(target), x->byte_offset));
+    return detail::Access::make_tensor(
+        detail::make_view(x, target, detail::contiguous_strides(target), x->byte_offset));
   auto copy = detail::copy_contiguous(*x, "reshape");
   copy->shape = target;
   copy->strides = detail::contiguous_strides(target);
-  return Tensor(std::move(copy));
+  return detail::Access::make_tensor(std::move(copy));
 }
 
 static Tensor permute_forward(const Tensor& t, const std::vector<int64_t>& dims) {
@@ -96,7 +97,7 @@ static Tensor permute_forward(const Tensor& t, const std::vector<int64_t>& dims)
     shape[i] = x->shape[d];
     strides[i] = x->strides[d];
   }
-  return Tensor(detail::make_view(x, shape, strides, x->byte_offset));
+  return detail::Access::make_tensor(detail::make_view(x, shape, strides, x->byte_offset));
 }
 
 static Tensor transpose_forward(const Tensor& t, int64_t dim0, int64_t dim1) {
@@ -107,7 +108,7 @@ static Tensor transpose_forward(const Tensor& t, int64_t dim0, int64_t dim1) {
   Shape shape = x->shape, strides = x->strides;
   std::swap(shape[d0], shape[d1]);
   std::swap(strides[d0], strides[d1]);
-  return Tensor(detail::make_view(x, shape, strides, x->byte_offset));
+  return detail::Access::make_tensor(detail::make_view(x, shape, strides, x->byte_offset));
 }
 
 static Tensor slice_forward(const Tensor& t, int64_t axis_arg, int64_t start, int64_t end, int64_t step) {
@@ -131,7 +132,7 @@ static Tensor slice_forward(const Tensor& t, int64_t axis_arg, int64_t start, in
   strides[axis] = x->strides[axis] * std::min<int64_t>(step, std::max<int64_t>(n, 1));
   uint64_t offset = x->byte_offset;
   if (len > 0) offset += static_cast<uint64_t>(lo * x->strides[axis]) * dtype_size(x->dtype);
-  return Tensor(detail::make_view(x, shape, strides, offset));
+  return detail::Access::make_tensor(detail::make_view(x, shape, strides, offset));
 }
 
 static Tensor cat_forward(const std::vector<Tensor>& tensors, int64_t axis_arg) {
@@ -145,7 +146,7 @@ static Tensor cat_forward(const std::vector<Tensor>& tensors, int64_t axis_arg) 
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined())
       throw Error(Errc::invalid_argument, "cat: tensor " + std::to_string(i) + " is an undefined Tensor");
-    const TensorImpl& x = *tensors[i].impl();
+    const TensorImpl& x = *detail::Access::impl(tensors[i]);
     detail::same_device(first, x, "cat");
     detail::same_dtype(first, x, "cat");
     bool ok = x.shape.rank() == rank;
@@ -165,7 +166,7 @@ static Tensor cat_forward(const std::vector<Tensor>& tensors, int64_t axis_arg) 
   const uint64_t step_bytes = static_cast<uint64_t>(out->strides[axis]) * dtype_size(first.dtype);
   int64_t at = 0;
   for (const Tensor& t : tensors) {
-    const TensorImpl& x = *t.impl();
+    const TensorImpl& x = *detail::Access::impl(t);
     if (x.shape.numel() > 0) {
       // The slot of x inside out: x's shape, out's strides, offset along axis.
       bp_tensor dst = detail::describe(*out);
@@ -176,7 +177,7 @@ static Tensor cat_forward(const std::vector<Tensor>& tensors, int64_t axis_arg) 
     }
     at += x.shape[axis];
   }
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 static Tensor index_select_forward(const Tensor& t, int64_t axis_arg, const Tensor& index) {
@@ -195,15 +196,15 @@ static Tensor index_select_forward(const Tensor& t, int64_t axis_arg, const Tens
   Shape out_shape = x0.shape;
   out_shape[axis] = i0.shape[0];
   auto out = detail::allocate_tensor(backend, device, out_shape, x0.dtype);
-  if (out_shape.numel() == 0) return Tensor(std::move(out));
-  const auto x = detail::as_contiguous(t.impl(), "index_select");
-  const auto i = detail::as_contiguous(index.impl(), "index_select");
+  if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
+  const auto x = detail::as_contiguous(detail::Access::impl(t), "index_select");
+  const auto i = detail::as_contiguous(detail::Access::impl(index), "index_select");
   const bp_tensor in[2] = {detail::describe(*x), detail::describe(*i)};
   const bp_tensor o = detail::describe(*out);
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
   detail::execute(*backend, device, BP_OP_INDEX_SELECT, in, 2, &o, &attrs);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 static Tensor gather_forward(const Tensor& t, int64_t axis_arg, const Tensor& index) {
@@ -226,19 +227,20 @@ static Tensor gather_forward(const Tensor& t, int64_t axis_arg, const Tensor& in
   const int32_t device = x0.storage->device;
   detail::require_support(*backend, device, BP_OP_GATHER, x0.dtype, "gather");
   auto out = detail::allocate_tensor(backend, device, i0.shape, x0.dtype);
-  if (i0.shape.numel() == 0) return Tensor(std::move(out));
-  const auto x = detail::as_contiguous(t.impl(), "gather");
-  const auto i = detail::as_contiguous(index.impl(), "gather");
+  if (i0.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
+  const auto x = detail::as_contiguous(detail::Access::impl(t), "gather");
+  const auto i = detail::as_contiguous(detail::Access::impl(index), "gather");
   const bp_tensor in[2] = {detail::describe(*x), detail::describe(*i)};
   const bp_tensor o = detail::describe(*out);
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
   detail::execute(*backend, device, BP_OP_GATHER, in, 2, &o, &attrs);
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 static Tensor contiguous_forward(const Tensor& t) {
-  return Tensor(detail::copy_contiguous(detail::operand(t, "contiguous", "the"), "contiguous"));
+  return detail::Access::make_tensor(
+      detail::copy_contiguous(detail::operand(t, "contiguous", "the"), "contiguous"));
 }
 
 namespace detail {
@@ -286,11 +288,11 @@ static Tensor to_forward(const Tensor& t, const Device& device) {
   // Refused (capability_missing) when the target device lacks the dtype's flag.
   auto out = detail::allocate_tensor(dst_backend, dst_device, x0.shape, x0.dtype, "to");
   const uint64_t bytes = out->storage->nbytes;
-  if (bytes == 0) return Tensor(std::move(out));
+  if (bytes == 0) return detail::Access::make_tensor(std::move(out));
   // Dense bytes on the source first (a COPY on the source device when strided).
-  const auto x = detail::as_contiguous(t.impl(), "to");
+  const auto x = detail::as_contiguous(detail::Access::impl(t), "to");
   detail::copy_dense(*x, *out, "to(" + dst_backend->device_id(dst_device) + ")");
-  return Tensor(std::move(out));
+  return detail::Access::make_tensor(std::move(out));
 }
 
 // ---- autodiff: each op, then its node when an input requires grad ------------
@@ -368,7 +370,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
   if (!detail::is_contiguous(dst))
     throw Error(Errc::invalid_argument, "Tensor::copy_: the destination must be contiguous (it is a strided view)");
   if (&dst == &s0) return *this;
-  const auto x = detail::as_contiguous(src.impl(), "Tensor::copy_");
+  const auto x = detail::as_contiguous(detail::Access::impl(src), "Tensor::copy_");
   detail::copy_dense(*x, dst, "Tensor::copy_ into " + dst.storage->backend->device_id(dst.storage->device));
   return *this;
 }

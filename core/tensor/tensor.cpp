@@ -42,6 +42,13 @@ namespace {
   }
 }
 
+[[gnu::cold, gnu::noinline]] void free_threw(const Error& e) noexcept {
+  try {
+    log(LogLevel::warning, e.message());
+  } catch (...) {  // a throwing log handler loses the message, not the process
+  }
+}
+
 }  // namespace
 
 Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size)
@@ -51,7 +58,7 @@ Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size)
   args.plugin = backend->plugin;
   args.device = dev;
   args.size = size;
-  bp_status* st = backend->api.buffer_alloc(&args);
+  bp_status* st = call_entry(*backend, "buffer_alloc", Errc::internal, backend->api.buffer_alloc, &args);
   if (st != nullptr || args.buffer == nullptr) [[unlikely]]
     alloc_failed(*backend, dev, size, st, args.buffer == nullptr);
   buffer = args.buffer;
@@ -65,7 +72,13 @@ Storage::~Storage() {
   args.struct_size = sizeof(args);
   args.plugin = backend->plugin;
   args.buffer = buffer;
-  bp_status* st = backend->api.buffer_free(&args);
+  bp_status* st = nullptr;
+  try {
+    st = call_entry(*backend, "buffer_free", Errc::internal, backend->api.buffer_free, &args);
+  } catch (const Error& e) {  // a throwing buffer_free: the buffer is abandoned, the failure logged
+    free_threw(e);
+    return;
+  }
   if (st != nullptr) [[unlikely]]
     free_failed(*backend, device, st);
 }
@@ -175,7 +188,8 @@ std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, cons
 Tensor Tensor::empty(const Device& device, const Shape& shape, DType dtype) {
   const auto& backend = detail::usable(device, "Tensor::empty");
   detail::checked_numel(shape, dtype, "Tensor::empty");
-  return Tensor(detail::allocate_tensor(backend, device.index(), shape, dtype, "Tensor::empty"));
+  return detail::Access::make_tensor(
+      detail::allocate_tensor(backend, device.index(), shape, dtype, "Tensor::empty"));
 }
 
 Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data, std::size_t count) {
@@ -188,7 +202,7 @@ Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype,
   auto t = detail::allocate_tensor(backend, device.index(), shape, dtype, "Tensor::from_vector");
   const uint64_t bytes = t->storage->nbytes;
   if (bytes > 0) backend->write(t->storage->buffer, 0, data, bytes, "buffer_write to " + device.id());
-  return Tensor(std::move(t));
+  return detail::Access::make_tensor(std::move(t));
 }
 
 const detail::TensorImpl& Tensor::checked() const {
@@ -201,7 +215,7 @@ const Shape& Tensor::strides() const { return checked().strides; }
 DType Tensor::dtype() const { return checked().dtype; }
 Device Tensor::device() const {
   const auto& s = *checked().storage;
-  return Device(s.backend, s.device);
+  return detail::Access::make_device(s.backend, s.device);
 }
 bool Tensor::is_contiguous() const { return detail::is_contiguous(checked()); }
 
@@ -222,7 +236,8 @@ void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {
   }
   if (count == 0) return;
   if (!is_contiguous()) {
-    Tensor(detail::copy_contiguous(t, "Tensor::to_vector")).read_into(dtype, dst, count);  // records no graph
+    detail::Access::make_tensor(detail::copy_contiguous(t, "Tensor::to_vector"))
+        .read_into(dtype, dst, count);  // records no graph
     return;
   }
   const auto& s = *t.storage;

@@ -29,6 +29,7 @@ namespace backplane {
 namespace detail {
 struct BackendImpl;
 struct RegistryImpl;
+struct Access;  // the core's way to the private plumbing below
 }  // namespace detail
 
 class Backend;
@@ -79,12 +80,12 @@ class BACKPLANE_API Device {
     return a.backend_ == b.backend_ && a.index_ == b.index_;
   }
 
-  // For the core.
+ private:
+  friend struct detail::Access;
   Device(std::shared_ptr<detail::BackendImpl> backend, int32_t index)
       : backend_(std::move(backend)), index_(index) {}
   const std::shared_ptr<detail::BackendImpl>& impl() const noexcept { return backend_; }
 
- private:
   std::shared_ptr<detail::BackendImpl> backend_;
   int32_t index_ = -1;
 };
@@ -121,11 +122,11 @@ class BACKPLANE_API Backend {
   Device device(int32_t index = 0) const;
   std::vector<Device> devices() const;
 
-  // For the core.
+ private:
+  friend struct detail::Access;
   explicit Backend(std::shared_ptr<detail::BackendImpl> impl) : impl_(std::move(impl)) {}
   const std::shared_ptr<detail::BackendImpl>& impl() const noexcept { return impl_; }
 
- private:
   std::shared_ptr<detail::BackendImpl> impl_;
 };
 

@@ -24,7 +24,8 @@ namespace backplane {
 
 namespace detail {
 struct TensorImpl;
-}
+struct Access;  // the core's way to the private plumbing below
+}  // namespace detail
 class Gradients;         // <backplane/autograd.hpp>
 struct BackwardOptions;  // <backplane/autograd.hpp>
 
@@ -98,11 +99,11 @@ class BACKPLANE_API Tensor {
   Gradients backward() const;
   Gradients backward(const BackwardOptions& options) const;
 
-  // For the core.
+ private:
+  friend struct detail::Access;
   explicit Tensor(std::shared_ptr<detail::TensorImpl> impl) : impl_(std::move(impl)) {}
   const std::shared_ptr<detail::TensorImpl>& impl() const noexcept { return impl_; }
 
- private:
   const detail::TensorImpl& checked() const;
   std::shared_ptr<detail::TensorImpl> impl_;
 };

@@ -45,6 +45,18 @@ TEST_CASE("front door: the built tool finds its default config and data from any
   BP_CHECK_CONTAINS(train.out, "test accuracy 0.");
 }
 
+TEST_CASE("front door: train --nproc 1 runs in-process without the job secret warning") {
+  TempDir tmp;
+  const Result train = cli(tmp, {"train", "--nproc", "1", "--epochs", "1"});
+  INFO(train.describe());
+  CHECK(train.code == 0);
+  BP_CHECK_CONTAINS(train.out, "1 rank on ");
+  // No other process can join a world of one: it has no job secret to ask for.
+  CHECK(train.err.find("job secret") == std::string::npos);
+  CHECK(train.out.find("job secret") == std::string::npos);
+  CHECK(train.err.find("BACKPLANE_JOB_TOKEN") == std::string::npos);
+}
+
 TEST_CASE("front door: a backends.json in the current folder is still never read implicitly") {
   TempDir tmp;
   tmp.write("backends.json", config_json({backend_json("planted", "good_c", true)}));

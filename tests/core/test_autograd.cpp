@@ -489,7 +489,7 @@ TEST_CASE("autograd: require_grad accepts only f32 and f64") {
   CHECK_FALSE(x.requires_grad());
   const bp::Tensor same = x.require_grad();
   CHECK(x.requires_grad());
-  CHECK(same.impl() == x.impl());
+  CHECK(bp::detail::Access::impl(same) == bp::detail::Access::impl(x));
   // Marking twice keeps the leaf's identity: gradients still find it.
   const bp::Tensor y = bp::sum(x);
   x.require_grad();
@@ -539,7 +539,7 @@ TEST_CASE("autograd: Gradients finds leaves by identity only") {
   CHECK_FALSE(g.get(bp::reshape(x, {2})).has_value());
   int seen = 0;
   for (const bp::Gradients::Entry& e : g) {
-    CHECK(e.param.impl() == x.impl());
+    CHECK(bp::detail::Access::impl(e.param) == bp::detail::Access::impl(x));
     CHECK(e.gradient.to_vector<double>() == std::vector<double>{2, 4});
     ++seen;
   }
@@ -609,7 +609,7 @@ TEST_CASE("autograd: detach cuts the graph and shares the data") {
   const bp::Tensor d = x.detach();
   CHECK_FALSE(d.requires_grad());
   CHECK(d.to_vector<double>() == std::vector<double>{1, 2, 3});
-  CHECK(d.impl()->storage == x.impl()->storage);  // no copy
+  CHECK(bp::detail::Access::impl(d)->storage == bp::detail::Access::impl(x)->storage);  // no copy
   // d(x * stop(x))/dx = stop(x), not 2x.
   const bp::Gradients g = bp::sum(bp::mul(x, x.detach())).backward();
   CHECK(g.get(x)->to_vector<double>() == std::vector<double>{1, 2, 3});
@@ -709,10 +709,10 @@ struct Mlp {
   }
   // "w1", ... for a leaf of this net.
   std::string name_of(const bp::Tensor& t) const {
-    if (t.impl() == w1.impl()) return "w1";
-    if (t.impl() == b1.impl()) return "b1";
-    if (t.impl() == w2.impl()) return "w2";
-    if (t.impl() == b2.impl()) return "b2";
+    if (bp::detail::Access::impl(t) == bp::detail::Access::impl(w1)) return "w1";
+    if (bp::detail::Access::impl(t) == bp::detail::Access::impl(b1)) return "b1";
+    if (bp::detail::Access::impl(t) == bp::detail::Access::impl(w2)) return "w2";
+    if (bp::detail::Access::impl(t) == bp::detail::Access::impl(b2)) return "b2";
     return "?";
   }
 };
@@ -781,8 +781,8 @@ TEST_CASE("autograd: on_gradient_final order is the same for the same graph") {
   std::vector<std::string> order;
   bp::BackwardOptions options;
   options.on_gradient_final = [&](const bp::Tensor& p, bp::Tensor& grad) {
-    order.push_back(p.impl() == w.impl() ? "w" : "v");
-    if (p.impl() == w.impl())
+    order.push_back(bp::detail::Access::impl(p) == bp::detail::Access::impl(w) ? "w" : "v");
+    if (bp::detail::Access::impl(p) == bp::detail::Access::impl(w))
       CHECK(grad.to_vector<double>() == std::vector<double>{5, 6, 7});  // v + 1 from both uses
   };
   bp::sum(bp::add(bp::mul(w, v), w)).backward(options);
@@ -794,7 +794,8 @@ TEST_CASE("autograd: on_gradient_final can replace a gradient") {
   const bp::Tensor x = f64({5, 3}, uniform({5, 3}, -1, 1, 360));
   bp::BackwardOptions options;
   options.on_gradient_final = [&](const bp::Tensor& param, bp::Tensor& gradient) {
-    if (param.impl() == net.w2.impl()) gradient = bp::full(cpu(), {4, 2}, 7.0, bp::DType::f64);
+    if (bp::detail::Access::impl(param) == bp::detail::Access::impl(net.w2))
+      gradient = bp::full(cpu(), {4, 2}, 7.0, bp::DType::f64);
   };
   bp::Gradients g = net.loss(x).backward(options);
   CHECK(g.get(net.w2)->to_vector<double>() == std::vector<double>(8, 7.0));
@@ -828,7 +829,8 @@ TEST_CASE("autograd: installed backward hooks run in every backward, after the c
             [&, seen](const bp::Tensor& param, bp::Tensor& gradient) {
               ++*seen;
               events.push_back("installed final");
-              if (param.impl() == net.w2.impl()) gradient = bp::full(cpu(), {4, 2}, 3.0, bp::DType::f64);
+              if (bp::detail::Access::impl(param) == bp::detail::Access::impl(net.w2))
+                gradient = bp::full(cpu(), {4, 2}, 3.0, bp::DType::f64);
             },
         .on_backward_end =
             [&, seen](bp::Gradients& grads) {
@@ -841,7 +843,8 @@ TEST_CASE("autograd: installed backward hooks run in every backward, after the c
   options.on_gradient_final = [&](const bp::Tensor& param, bp::Tensor& gradient) {
     events.push_back("call final");
     // The call's own hook runs first: it sees the local gradient.
-    if (param.impl() == net.w2.impl()) CHECK(gradient.to_vector<double>() != std::vector<double>(8, 3.0));
+    if (bp::detail::Access::impl(param) == bp::detail::Access::impl(net.w2))
+      CHECK(gradient.to_vector<double>() != std::vector<double>(8, 3.0));
   };
   options.on_backward_end = [&](bp::Gradients& grads) {
     events.push_back("call end");
@@ -908,7 +911,7 @@ TEST_CASE("autograd: backward frees what nodes saved; retain_graph keeps it") {
     bp::Tensor loss;
     {
       const bp::Tensor h = bp::sin(x);
-      saved = h.impl();
+      saved = bp::detail::Access::impl(h);
       loss = bp::sum(bp::mul(h, h));  // mul saves h
     }
     CHECK_FALSE(saved.expired());
@@ -925,8 +928,8 @@ TEST_CASE("autograd: dropping the root frees the graph") {
   std::weak_ptr<bp::detail::GradNode> node;
   {
     const bp::Tensor h = bp::exp(x);  // exp saves its own output
-    inner = h.impl();
-    node = h.impl()->grad_node;
+    inner = bp::detail::Access::impl(h);
+    node = bp::detail::Access::impl(h)->grad_node;
     const bp::Tensor loss = bp::sum(bp::mul(h, x));
     CHECK_FALSE(inner.expired());
   }

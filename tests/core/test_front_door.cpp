@@ -112,6 +112,26 @@ TEST_CASE("front door: CollectiveFallback prints with << and to_string as backen
 
 // ---- did you mean ----------------------------------------------------------------
 
+TEST_CASE("front door: Registry::backend for an unknown name suggests the closest one and lists them all") {
+  Registry r = load(config_json({backend_json("cpu", "backplane_cpu"), backend_json("opaque", "opaque")}));
+  const Error e = error_from([&] { (void)r.backend("cpuu"); });
+  CHECK(e.code() == Errc::not_found);
+  BP_CHECK_CONTAINS(e.message(), "no backend named \"cpuu\" in the config (did you mean \"cpu\"?)");
+  BP_CHECK_CONTAINS(e.message(), "configured: cpu, opaque");
+  const Error far = error_from([&] { (void)r.backend("something_else"); });
+  CHECK(far.code() == Errc::not_found);
+  CHECK(far.message().find("did you mean") == std::string::npos);
+  BP_CHECK_CONTAINS(far.message(), "configured: cpu, opaque");
+}
+
+TEST_CASE("front door: a library not found suggests the closest plugin library in the folders searched") {
+  Registry r = load(config_json({backend_json("cpu", "backplane_cpuu"), backend_json("far", "xyz_plugin")}));
+  const std::string near = expect_failed(r.backend("cpu"), Errc::plugin_load_failed);
+  BP_CHECK_CONTAINS(near, "library \"backplane_cpuu\" not found (did you mean \"backplane_cpu\"?); tried:");
+  const std::string far = expect_failed(r.backend("far"), Errc::plugin_load_failed);
+  CHECK(far.find("did you mean") == std::string::npos);
+}
+
 TEST_CASE("front door: a default_backend naming no backend suggests the closest name") {
   const Error e = error_from([] {
     load(config_json({backend_json("cpu", "backplane_cpu"), backend_json("opaque", "opaque")},

@@ -31,7 +31,7 @@ Tensor i64(const Device& d, const Shape& s, std::vector<int64_t> v) {
   return Tensor::from_vector<int64_t>(d, s, v);
 }
 
-const detail::Storage* storage_of(const Tensor& t) { return t.impl()->storage; }
+const detail::Storage* storage_of(const Tensor& t) { return detail::Access::impl(t)->storage; }
 
 }  // namespace
 
@@ -314,7 +314,7 @@ TEST_CASE("ops: permute and transpose are views; contiguous gives the permuted v
     Tensor owner = f32(env.cpu, {2, 2});
     Tensor view = transpose(transpose(owner, 0, 1), 0, 1);
     vv = reshape(slice(view, 0, 1, 2), {2});  // row 1, still contiguous: a view
-    CHECK(vv.impl()->base == owner.impl());
+    CHECK(detail::Access::impl(vv)->base == detail::Access::impl(owner));
   }
   CHECK(vv.to_vector<float>() == std::vector<float>{2, 3});
 

@@ -60,26 +60,17 @@ std::vector<fs::path> library_search_dirs(const fs::path& config) {
   return dirs;
 }
 
-// A library not found: the plugin folders this config actually searches, the
-// closest library name found in them, and how plugins get there from here
-// (a build tree, an install tree).
+// A library not found: the plugin folders this config actually searches and
+// how plugins get there from here (a build tree, an install tree). The
+// closest library name is in the backend's error (the loader suggests it).
 std::string library_not_found_hint(const Backend& backend, const fs::path& config) {
   const std::vector<fs::path> dirs = library_search_dirs(config);
-  std::vector<std::string> names;  // "backplane_cpu" for libbackplane_cpu.so
   std::vector<fs::path> existing;
   std::error_code ec;
-  for (std::size_t i = 0; i < dirs.size(); ++i) {
-    if (!fs::is_directory(dirs[i], ec)) continue;
-    if (i > 0) existing.push_back(dirs[i]);
-    for (const fs::directory_entry& e : fs::directory_iterator(dirs[i], ec)) {
-      const std::string file = e.path().filename().string();
-      if (file.size() > 6 && file.rfind("lib", 0) == 0 && file.ends_with(".so")) names.push_back(file.substr(3, file.size() - 6));
-    }
-  }
-  std::string spec = fs::path(backend.library()).filename().string();
-  if (spec.rfind("lib", 0) == 0 && spec.ends_with(".so")) spec = spec.substr(3, spec.size() - 6);
-  std::string hint = "no plugin library \"" + backend.library() + "\" in the folders " + config.string() +
-                     " searches" + did_you_mean(spec, names);
+  for (std::size_t i = 1; i < dirs.size(); ++i)
+    if (fs::is_directory(dirs[i], ec)) existing.push_back(dirs[i]);
+  std::string hint =
+      "no plugin library \"" + backend.library() + "\" in the folders " + config.string() + " searches";
   std::string shown;
   for (std::size_t i = 1; i < dirs.size(); ++i) shown += (shown.empty() ? "" : ", ") + dirs[i].string();
   if (!shown.empty()) hint += " (plugin_dirs: " + shown + ")";
@@ -141,38 +132,13 @@ fs::path share_dir() {
   return (exe.parent_path() / BACKPLANE_CLI_SHARE_DIR).lexically_normal();
 }
 
-std::string did_you_mean(std::string_view name, const std::vector<std::string>& candidates) {
-  // At most a third of the name changed (and at least two edits allowed), so
-  // "cpuu" finds "cpu" but "gpu0" does not find "cpu".
-  std::size_t best_d = std::max<std::size_t>(3, name.size() / 3 + 1);
-  const std::string* best = nullptr;
-  for (const std::string& c : candidates) {
-    std::vector<std::size_t> row(c.size() + 1);
-    for (std::size_t j = 0; j <= c.size(); ++j) row[j] = j;
-    for (std::size_t i = 1; i <= name.size(); ++i) {
-      std::size_t diag = row[0];
-      row[0] = i;
-      for (std::size_t j = 1; j <= c.size(); ++j) {
-        const std::size_t up = row[j];
-        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (name[i - 1] == c[j - 1] ? 0 : 1)});
-        diag = up;
-      }
-    }
-    if (row[c.size()] < best_d && c != name) best_d = row[c.size()], best = &c;
-  }
-  return best == nullptr ? std::string() : " (did you mean \"" + *best + "\"?)";
-}
-
 Backend find_backend(const Registry& registry, const std::string& name, int code) {
-  std::vector<std::string> names;
-  for (const Backend& b : registry.backends()) {
-    if (b.name() == name) return b;
-    names.push_back(b.name());
+  try {
+    return registry.backend(name);
+  } catch (const Error& e) {  // not_found names the config, the closest name and the configured ones
+    if (e.code() != Errc::not_found) throw;
+    throw CommandError(code, e.message());
   }
-  std::string known;
-  for (const std::string& n : names) known += (known.empty() ? "" : ", ") + n;
-  throw CommandError(code, "no backend named \"" + name + "\" in " + registry.config_path().string() +
-                               did_you_mean(name, names) + "; configured: " + (known.empty() ? "none" : known));
 }
 
 Registry load_for_report(const fs::path& config) {
