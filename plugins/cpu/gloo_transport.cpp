@@ -223,15 +223,17 @@ CommFailure GlooRun::translate(const std::exception& e, int expected, Direction 
   switch (classify(e, mesh_.interrupted(), Clock::now() >= deadline_)) {
     case LinkError::aborted:
       return aborted();
-    case LinkError::timed_out:
+    case LinkError::timed_out: {
+      // The time really waited, measured from the collective's start: not
+      // the configured timeout restated.
+      const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_));
       return {BP_STATUS_TIMEOUT,
-              base + "timed out after " + std::to_string(timeout_.count()) + " ms waiting for " + who +
+              base + "timed out after " + std::to_string(waited.count()) + " ms (timeout " +
+                  std::to_string(timeout_.count()) + " ms) waiting for " + who +
                   (direction == Direction::receive ? " to send its data" : " to receive our data") +
                   " (is that rank still running, and did every rank call " + op_ +
-                  " with the same arguments in the same order?; " +
-                  std::to_string(
-                      std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_)).count()) +
-                  " ms had passed, measured)" + gloo};
+                  " with the same arguments in the same order?)" + gloo};
+    }
     case LinkError::peer_lost: {
       const std::string cause = board_.read(peer);
       if (!cause.empty())
