@@ -36,8 +36,9 @@ constexpr int64_t kSmallElems = 1024;              // 4 KiB of f32
 
 int worker(int iters) {
   using namespace backplane;
-  const std::string config = std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_BENCH_PLUGIN_DIR +
-                             R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})";
+  const std::string config =
+      std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_BENCH_PLUGIN_DIR +
+      R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})";
   Registry reg = Registry::from_json(config, fs::current_path(), "bench_collectives");
   Rendezvous rdzv = Rendezvous::from_env();
   ProcessGroup pg = ProcessGroup::create(reg.backend("cpu").device(0), rdzv);
@@ -166,8 +167,10 @@ int main(int argc, char** argv) {
 
   std::cout << "all_reduce f32, 2 ranks on loopback, median of " << iters << " (64 MiB) / 9x100 (4 KiB)\n";
   const double floor_ms = loopback_floor_ms(static_cast<std::size_t>(kLargeElems) * 4, 5);
-  auto ours = run_job(std::string(BP_BENCH_CLI) + " launch -n 2 -- " + self + " --worker " + std::to_string(iters));
-  const fs::path script = fs::temp_directory_path() / ("bp_bench_allreduce_" + std::to_string(::getpid()) + ".py");
+  auto ours =
+      run_job(std::string(BP_BENCH_CLI) + " launch -n 2 -- " + self + " --worker " + std::to_string(iters));
+  const fs::path script =
+      fs::temp_directory_path() / ("bp_bench_allreduce_" + std::to_string(::getpid()) + ".py");
   { std::ofstream(script) << kTorchScript; }
   auto torch = run_job("BP_BENCH_ITERS=" + std::to_string(iters) + " " + BP_BENCH_CLI +
                        " launch -n 2 -- /usr/bin/python3 " + script.string());
@@ -182,9 +185,12 @@ int main(int argc, char** argv) {
     std::printf("%-34s %12s %12s\n", "PyTorch gloo", "n/a", "n/a");
   std::printf("%-34s %12.1f %12s\n", "loopback floor (64 MiB each way)", floor_ms, "");
   if (!torch.empty()) {
-    std::printf("ratio 64 MiB backplane / PyTorch: %.2f (target <= 1)\n", ours["large_ms"] / torch["large_ms"]);
-    std::printf("ratio 4 KiB  backplane / PyTorch: %.2f (target <= 1)\n", ours["small_us"] / torch["small_us"]);
+    std::printf("ratio 64 MiB backplane / PyTorch: %.2f (target <= 1)\n",
+                ours["large_ms"] / torch["large_ms"]);
+    std::printf("ratio 4 KiB  backplane / PyTorch: %.2f (target <= 1)\n",
+                ours["small_us"] / torch["small_us"]);
   }
-  if (floor_ms > 0) std::printf("ratio 64 MiB backplane / floor:   %.2f (target <= 2)\n", ours["large_ms"] / floor_ms);
+  if (floor_ms > 0)
+    std::printf("ratio 64 MiB backplane / floor:   %.2f (target <= 2)\n", ours["large_ms"] / floor_ms);
   return 0;
 }

@@ -55,11 +55,12 @@ int main(int argc, char** argv) {
     version.push_back(v);
     base.push_back(b);
   }
-  const double ml = bench::median(list) / 1e6, mv = bench::median(version) / 1e6, mb = bench::median(base) / 1e6;
+  const double ml = bench::median(list) / 1e6, mv = bench::median(version) / 1e6,
+               mb = bench::median(base) / 1e6;
   std::printf("backplane list, default config, median of %d runs\n", runs);
   std::printf("  spawn `true`            %7.2f ms\n", mb);
   std::printf("  backplane --version     %7.2f ms\n", mv);
-  std::printf("  backplane list          %7.2f ms  (%.2fx --version, +%.2f ms; target < 15 ms)\n", ml, ml / mv,
-              ml - mv);
+  std::printf("  backplane list          %7.2f ms  (%.2fx --version, +%.2f ms; target < 15 ms)\n", ml,
+              ml / mv, ml - mv);
   return 0;
 }

@@ -83,9 +83,9 @@ struct Figures {
 
 Figures backplane_train(const fs::path& config, int nproc, int epochs, const fs::path& dir) {
   const fs::path metrics = dir / ("metrics_" + std::to_string(nproc) + ".json");
-  const std::string out = run(std::string(BP_BENCH_CLI) + " train --nproc " + std::to_string(nproc) + " --epochs " +
-                              std::to_string(epochs) + " --config " + config.string() + " --data " +
-                              BP_BENCH_DATA + " --metrics-out " + metrics.string());
+  const std::string out = run(std::string(BP_BENCH_CLI) + " train --nproc " + std::to_string(nproc) +
+                              " --epochs " + std::to_string(epochs) + " --config " + config.string() +
+                              " --data " + BP_BENCH_DATA + " --metrics-out " + metrics.string());
   Figures f;
   std::ifstream in(metrics);
   if (!in) {
@@ -104,8 +104,9 @@ Figures backplane_train(const fs::path& config, int nproc, int epochs, const fs:
 Figures torch_ddp(int epochs, const fs::path& dir) {
   const fs::path script = dir / "ddp.py";
   { std::ofstream(script) << kTorchScript; }
-  const std::string out = run(std::string("OMP_NUM_THREADS=1 ") + BP_BENCH_CLI + " launch -n 2 -- /usr/bin/python3 " +
-                              script.string() + " " + BP_BENCH_DATA + " " + std::to_string(epochs));
+  const std::string out =
+      run(std::string("OMP_NUM_THREADS=1 ") + BP_BENCH_CLI + " launch -n 2 -- /usr/bin/python3 " +
+          script.string() + " " + BP_BENCH_DATA + " " + std::to_string(epochs));
   Figures f;
   const auto at = out.find("RESULT ");
   if (at == std::string::npos) {
@@ -116,9 +117,12 @@ Figures torch_ddp(int epochs, const fs::path& dir) {
   std::string key;
   double v = 0;
   while (s >> key >> v) {
-    if (key == "ms_per_step") f.ms_per_step = v;
-    else if (key == "accuracy") f.accuracy = v;
-    else if (key == "steps") f.steps = static_cast<long>(v);
+    if (key == "ms_per_step")
+      f.ms_per_step = v;
+    else if (key == "accuracy")
+      f.accuracy = v;
+    else if (key == "steps")
+      f.steps = static_cast<long>(v);
   }
   f.ok = f.ms_per_step > 0;
   return f;
@@ -131,8 +135,9 @@ int main(int argc, char** argv) {
   const fs::path dir = fs::temp_directory_path() / ("bp_bench_train_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const fs::path config = dir / "backends.json";
-  std::ofstream(config) << R"({"schema_version": 1, "plugin_dirs": [")" << BP_BENCH_PLUGIN_DIR
-                        << R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})";
+  std::ofstream(config)
+      << R"({"schema_version": 1, "plugin_dirs": [")" << BP_BENCH_PLUGIN_DIR
+      << R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})";
 
   std::cout << "MLP 64-128-10 on digits, SGD lr 0.1 momentum 0.9, batch 32 per rank, " << epochs
             << " epochs, 80/20 split\n";
@@ -142,9 +147,11 @@ int main(int argc, char** argv) {
   fs::remove_all(dir);
   if (!one.ok || !two.ok) return 1;
 
-  std::printf("%-30s %8s %10s %10s %9s %s\n", "", "steps", "ms/step", "steps/s", "accuracy", "all_reduce share");
+  std::printf("%-30s %8s %10s %10s %9s %s\n", "", "steps", "ms/step", "steps/s", "accuracy",
+              "all_reduce share");
   auto row = [](const char* name, const Figures& f) {
-    std::printf("%-30s %8ld %10.3f %10.0f %9.4f", name, f.steps, f.ms_per_step, 1e3 / f.ms_per_step, f.accuracy);
+    std::printf("%-30s %8ld %10.3f %10.0f %9.4f", name, f.steps, f.ms_per_step, 1e3 / f.ms_per_step,
+                f.accuracy);
     if (f.allreduce_fraction >= 0) std::printf(" %5.0f%%", f.allreduce_fraction * 100);
     std::printf("\n");
   };

@@ -138,23 +138,60 @@ std::vector<Tally> tally(const std::vector<CaseResult>& results) {
 
 std::string op_family(const std::string& plugin_op) {
   switch (op_code(plugin_op)) {
-    case BP_OP_ADD: case BP_OP_SUB: case BP_OP_MUL: case BP_OP_DIV: case BP_OP_POW: case BP_OP_MAXIMUM:
+    case BP_OP_ADD:
+    case BP_OP_SUB:
+    case BP_OP_MUL:
+    case BP_OP_DIV:
+    case BP_OP_POW:
+    case BP_OP_MAXIMUM:
     case BP_OP_MINIMUM:
       return "binary";
-    case BP_OP_EQ: case BP_OP_NE: case BP_OP_LT: case BP_OP_LE: case BP_OP_GT: case BP_OP_GE: case BP_OP_WHERE:
+    case BP_OP_EQ:
+    case BP_OP_NE:
+    case BP_OP_LT:
+    case BP_OP_LE:
+    case BP_OP_GT:
+    case BP_OP_GE:
+    case BP_OP_WHERE:
       return "compare";
-    case BP_OP_NEG: case BP_OP_ABS: case BP_OP_EXP: case BP_OP_LOG: case BP_OP_SQRT: case BP_OP_TANH:
-    case BP_OP_SIGMOID: case BP_OP_RELU: case BP_OP_SIN: case BP_OP_COS: case BP_OP_CLAMP:
+    case BP_OP_NEG:
+    case BP_OP_ABS:
+    case BP_OP_EXP:
+    case BP_OP_LOG:
+    case BP_OP_SQRT:
+    case BP_OP_TANH:
+    case BP_OP_SIGMOID:
+    case BP_OP_RELU:
+    case BP_OP_SIN:
+    case BP_OP_COS:
+    case BP_OP_CLAMP:
       return "unary";
-    case BP_OP_CAST: return "cast";
-    case BP_OP_FILL: case BP_OP_ARANGE: case BP_OP_RAND_UNIFORM: case BP_OP_RANDN: return "creation";
-    case BP_OP_SUM: case BP_OP_MEAN: case BP_OP_MAX: case BP_OP_MIN: case BP_OP_ARGMAX: case BP_OP_ARGMIN:
+    case BP_OP_CAST:
+      return "cast";
+    case BP_OP_FILL:
+    case BP_OP_ARANGE:
+    case BP_OP_RAND_UNIFORM:
+    case BP_OP_RANDN:
+      return "creation";
+    case BP_OP_SUM:
+    case BP_OP_MEAN:
+    case BP_OP_MAX:
+    case BP_OP_MIN:
+    case BP_OP_ARGMAX:
+    case BP_OP_ARGMIN:
       return "reduce";
-    case BP_OP_SOFTMAX: case BP_OP_LOG_SOFTMAX: return "softmax";
-    case BP_OP_MATMUL: return "matmul";
-    case BP_OP_INDEX_SELECT: case BP_OP_GATHER: return "index";
-    case BP_OP_COPY: return "copy";
-    default: return "other";
+    case BP_OP_SOFTMAX:
+    case BP_OP_LOG_SOFTMAX:
+      return "softmax";
+    case BP_OP_MATMUL:
+      return "matmul";
+    case BP_OP_INDEX_SELECT:
+    case BP_OP_GATHER:
+      return "index";
+    case BP_OP_COPY:
+      return "copy";
+    default:
+      return "other";
   }
 }
 
@@ -180,7 +217,8 @@ std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResul
     if (r.outcome != CaseResult::Outcome::unsupported || ran.count({r.op, r.dtype}) > 0) continue;
     const std::string name = r.plugin_op.empty() ? r.op : r.plugin_op;
     const std::string family = op_family(r.plugin_op);
-    auto f = std::find_if(families.begin(), families.end(), [&](const FamilyEntry& e) { return e.family == family; });
+    auto f = std::find_if(families.begin(), families.end(),
+                          [&](const FamilyEntry& e) { return e.family == family; });
     if (f == families.end()) f = families.insert(families.end(), FamilyEntry{family, {}, 0});
     ++f->cases;
     auto op = std::find_if(f->ops.begin(), f->ops.end(), [&](const OpEntry& e) { return e.name == name; });
@@ -206,9 +244,12 @@ std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResul
         for (std::size_t i = 0; i < op.users.size(); ++i) tail += (i == 0 ? " " : ", ") + op.users[i];
         tail += ")";
       }
-      auto same = std::find_if(clauses.begin(), clauses.end(), [&](const auto& c) { return c.second == tail; });
-      if (same != clauses.end()) same->first += ", " + op.name;
-      else clauses.emplace_back(op.name, tail);
+      auto same =
+          std::find_if(clauses.begin(), clauses.end(), [&](const auto& c) { return c.second == tail; });
+      if (same != clauses.end())
+        same->first += ", " + op.name;
+      else
+        clauses.emplace_back(op.name, tail);
     }
     UnsupportedFamily u{f.family, {}, f.cases};
     for (const auto& [ops, tail] : clauses) u.text += (u.text.empty() ? "" : "; ") + ops + tail;
@@ -281,7 +322,8 @@ Verdict run_case(const Context& ctx, const Case& c) {
   const std::string needed = plugin_op_of(c);
   const Verdict unsupported{CaseResult::Outcome::unsupported,
                             ctx.device.id() + " does not support the plugin op " + needed + " on " +
-                                std::string(to_string(c.dtype)) + (needed == c.op ? "" : " (needed by " + c.op + ")")};
+                                std::string(to_string(c.dtype)) +
+                                (needed == c.op ? "" : " (needed by " + c.op + ")")};
   try {
     if (c.code != BP_OP_INVALID && !ctx.device.supports(static_cast<Op>(c.code), c.dtype)) return unsupported;
     if (c.large_bytes > 0) {

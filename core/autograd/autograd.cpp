@@ -221,8 +221,9 @@ Gradients run_backward(const Tensor& root, const BackwardOptions& options) {
     for (const BackwardHooks& hooks : installed) {
       if (!hooks.on_gradient_final) continue;
       hooks.on_gradient_final(param, gradient);
-      require_matching(param, gradient,
-                       "Tensor::backward: the gradient an installed backward hook gave for " + param.to_string());
+      require_matching(
+          param, gradient,
+          "Tensor::backward: the gradient an installed backward hook gave for " + param.to_string());
     }
     grads.set(param, std::move(gradient));
   };

@@ -19,8 +19,8 @@ void check_param(const Tensor& p, const char* who) {
     throw Error(Errc::invalid_argument, std::string(who) + ": parameter " + p.to_string() +
                                             " does not require grad; call require_grad() on it first");
   if (!p.is_contiguous())
-    throw Error(Errc::invalid_argument,
-                std::string(who) + ": parameter " + p.to_string() + " is a strided view; it is updated in place");
+    throw Error(Errc::invalid_argument, std::string(who) + ": parameter " + p.to_string() +
+                                            " is a strided view; it is updated in place");
 }
 
 void check_rate(double v, const char* who, const char* what, bool allow_zero = true) {
@@ -34,10 +34,12 @@ void check_rate(double v, const char* who, const char* what, bool allow_zero = t
 Linear::Linear(const Device& device, int64_t in_features, int64_t out_features, uint64_t seed, DType dtype) {
   if (in_features <= 0 || out_features <= 0)
     throw Error(Errc::invalid_argument, "nn::Linear: features must be positive, got in " +
-                                            std::to_string(in_features) + ", out " + std::to_string(out_features));
+                                            std::to_string(in_features) + ", out " +
+                                            std::to_string(out_features));
   const double bound = 1.0 / std::sqrt(static_cast<double>(in_features));
   // Two streams from one seed, so weight and bias are independent.
-  weight_ = rand_uniform(device, {in_features, out_features}, seed * 2 + 0, -bound, bound, dtype).require_grad();
+  weight_ =
+      rand_uniform(device, {in_features, out_features}, seed * 2 + 0, -bound, bound, dtype).require_grad();
   bias_ = rand_uniform(device, {out_features}, seed * 2 + 1, -bound, bound, dtype).require_grad();
 }
 
@@ -47,12 +49,12 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
   if (!logits.defined() || !labels.defined())
     throw Error(Errc::invalid_argument, "nn::cross_entropy: undefined logits or labels");
   if (logits.rank() != 2)
-    throw Error(Errc::shape_mismatch, "nn::cross_entropy: logits must be [batch, classes], got " +
-                                          logits.shape().to_string());
+    throw Error(Errc::shape_mismatch,
+                "nn::cross_entropy: logits must be [batch, classes], got " + logits.shape().to_string());
   if (labels.rank() != 1 || labels.shape()[0] != logits.shape()[0])
-    throw Error(Errc::shape_mismatch, "nn::cross_entropy: labels must be [" + std::to_string(logits.shape()[0]) +
-                                          "] to match logits " + logits.shape().to_string() + ", got " +
-                                          labels.shape().to_string());
+    throw Error(Errc::shape_mismatch, "nn::cross_entropy: labels must be [" +
+                                          std::to_string(logits.shape()[0]) + "] to match logits " +
+                                          logits.shape().to_string() + ", got " + labels.shape().to_string());
   if (labels.dtype() != DType::i64)
     throw Error(Errc::dtype_mismatch, "nn::cross_entropy: labels must be i64 class indices, got " +
                                           std::string(to_string(labels.dtype())));

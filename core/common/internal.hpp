@@ -127,7 +127,8 @@ struct BackendImpl {
   bool holds(int32_t device, DType dtype) const noexcept {
     const auto d = static_cast<int32_t>(dtype);
     return d > 0 && d < BP_DTYPE_COUNT_ &&
-           ((devices[static_cast<std::size_t>(device)].capabilities.bits() >> (BP_CAP_DTYPE_SHIFT_ + d)) & 1) != 0;
+           ((devices[static_cast<std::size_t>(device)].capabilities.bits() >> (BP_CAP_DTYPE_SHIFT_ + d)) &
+            1) != 0;
   }
   // The dtype rule of abi.h: a device holds only tensors of the dtypes it
   // flags. Errc::capability_missing naming the flag, backend, device and
@@ -238,8 +239,8 @@ inline bp_tensor describe(const TensorImpl& t) noexcept {
 // (strides of extent-1 dims are ignored; an empty tensor is contiguous).
 bool is_contiguous(const TensorImpl& t) noexcept;
 // A view of `t`'s storage with the given layout, keeping the root owner alive.
-std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape, const Shape& strides,
-                                      uint64_t byte_offset);
+std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape,
+                                      const Shape& strides, uint64_t byte_offset);
 
 // The Error for an exception that escaped plugin entry `entry` of `b` (to be
 // called inside a catch): `code`, naming the backend, its library, the entry

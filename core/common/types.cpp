@@ -57,7 +57,8 @@ static_assert(static_cast<int32_t>(Op::softmax) == BP_OP_SOFTMAX);
 static_assert(static_cast<int32_t>(Op::log_softmax) == BP_OP_LOG_SOFTMAX);
 static_assert(static_cast<int32_t>(Op::index_select) == BP_OP_INDEX_SELECT);
 static_assert(static_cast<int32_t>(Op::gather) == BP_OP_GATHER);
-static_assert(static_cast<int32_t>(Op::gather) + 1 == BP_OP_COUNT_, "a bp_op this header names is missing from Op");
+static_assert(static_cast<int32_t>(Op::gather) + 1 == BP_OP_COUNT_,
+              "a bp_op this header names is missing from Op");
 static_assert(static_cast<int32_t>(DType::f32) == BP_DTYPE_F32);
 static_assert(static_cast<int32_t>(DType::f64) == BP_DTYPE_F64);
 static_assert(static_cast<int32_t>(DType::i32) == BP_DTYPE_I32);
@@ -155,8 +156,9 @@ std::string Capabilities::to_string() const {
 
 void Shape::assign(const int64_t* p, std::size_t n) {
   if (n > static_cast<std::size_t>(kMaxRank)) {
-    throw Error(Errc::invalid_argument, "shape has rank " + std::to_string(n) + "; backplane supports at most " +
-                                            std::to_string(kMaxRank) + " dimensions");
+    throw Error(Errc::invalid_argument, "shape has rank " + std::to_string(n) +
+                                            "; backplane supports at most " + std::to_string(kMaxRank) +
+                                            " dimensions");
   }
   for (std::size_t i = 0; i < n; ++i) dims_[i] = p[i];
   rank_ = static_cast<int>(n);

@@ -26,9 +26,9 @@ using nlohmann::json;
 constexpr int kSchemaVersion = 1;
 
 const std::initializer_list<std::string_view> kTopKeys = {"schema_version", "plugin_dirs", "default_backend",
-                                                           "backends"};
+                                                          "backends"};
 const std::initializer_list<std::string_view> kBackendKeys = {"name", "library", "required", "options",
-                                                               "collective_fallback"};
+                                                              "collective_fallback"};
 
 std::string describe(const json& v) {
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -48,9 +48,12 @@ std::string code_point_at(std::string_view s, std::size_t i, std::size_t& len) {
   const auto c = static_cast<unsigned char>(s[i]);
   uint32_t cp = c;
   len = 1;
-  if (c >= 0xF0) len = 4, cp = c & 0x07;
-  else if (c >= 0xE0) len = 3, cp = c & 0x0F;
-  else if (c >= 0xC0) len = 2, cp = c & 0x1F;
+  if (c >= 0xF0)
+    len = 4, cp = c & 0x07;
+  else if (c >= 0xE0)
+    len = 3, cp = c & 0x0F;
+  else if (c >= 0xC0)
+    len = 2, cp = c & 0x1F;
   if (i + len > s.size()) len = 1;
   for (std::size_t k = 1; k < len; ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3F);
   char buf[16];
@@ -66,7 +69,8 @@ class Checker {
     throw Error(Errc::config_error, source_ + ": " + path + ": " + what);
   }
 
-  void known_keys(const json& obj, const std::string& prefix, std::initializer_list<std::string_view> keys) const {
+  void known_keys(const json& obj, const std::string& prefix,
+                  std::initializer_list<std::string_view> keys) const {
     for (const auto& [key, value] : obj.items()) {
       if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
       std::string msg = "unknown key";
@@ -272,7 +276,8 @@ class ParseGuard {
 
 std::string owner_fix(const std::filesystem::path& p) {
   return "(anyone who can write it could make this process load code of their choosing); fix it with "
-         "`chmod go-w " + p.string() + "`";
+         "`chmod go-w " +
+         p.string() + "`";
 }
 
 }  // namespace
@@ -284,9 +289,12 @@ namespace backplane {
 // The spelling backends.json uses for each kind (parse_fallback reads it back).
 std::string to_string(CollectiveFallback::Kind kind) {
   switch (kind) {
-    case CollectiveFallback::Kind::error: return "error";
-    case CollectiveFallback::Kind::local: return "local";
-    case CollectiveFallback::Kind::host: return "host";
+    case CollectiveFallback::Kind::error:
+      return "error";
+    case CollectiveFallback::Kind::local:
+      return "local";
+    case CollectiveFallback::Kind::host:
+      return "host";
   }
   return "unknown";
 }
@@ -312,12 +320,14 @@ void require_private_file(const std::filesystem::path& file, std::string_view wh
   auto check = [&](const fs::path& p, bool is_dir) {
     struct stat st {};
     if (::stat(p.c_str(), &st) != 0) return;  // reading it will report the problem
-    const std::string kind = is_dir ? "the folder holding " + std::string(what) + " " + file.string() + ", " : "";
+    const std::string kind =
+        is_dir ? "the folder holding " + std::string(what) + " " + file.string() + ", " : "";
     const std::string name = is_dir ? kind + p.string() + "," : std::string(what) + " " + p.string();
     if (st.st_uid != 0 && st.st_uid != me)
       throw Error(code, name + " is owned by another user (uid " + std::to_string(st.st_uid) +
                             "), who could change it; it is refused. Make it yours or root's (`chown` it) "
-                            "and `chmod go-w " + p.string() + "`");
+                            "and `chmod go-w " +
+                            p.string() + "`");
     const bool sticky_dir = is_dir && (st.st_mode & S_ISVTX) != 0;
     if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !sticky_dir)
       throw Error(code, name + " is writable by " +
@@ -335,17 +345,19 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
   Checker c(cfg.source);
 
   if (text.size() > kMaxConfigBytes) {
-    throw Error(Errc::config_error, cfg.source + ": " + std::to_string(text.size()) + " bytes is larger than the " +
-                                        std::to_string(kMaxConfigBytes) +
-                                        "-byte limit (1 MiB; docs/configuration.md#validation); a backends.json "
-                                        "is a few kilobytes: remove what it does not need");
+    throw Error(Errc::config_error,
+                cfg.source + ": " + std::to_string(text.size()) + " bytes is larger than the " +
+                    std::to_string(kMaxConfigBytes) +
+                    "-byte limit (1 MiB; docs/configuration.md#validation); a backends.json "
+                    "is a few kilobytes: remove what it does not need");
   }
 
   json root;
   ParseGuard guard(cfg.source);
   try {
-    root = json::parse(text.begin(), text.end(),
-                       [&guard](int, json::parse_event_t event, json& parsed) { return guard.on_event(event, parsed); });
+    root = json::parse(text.begin(), text.end(), [&guard](int, json::parse_event_t event, json& parsed) {
+      return guard.on_event(event, parsed);
+    });
   } catch (const json::parse_error& e) {
     // nlohmann's text is "[json.exception.parse_error.101] parse error at line 3, column 17: ...".
     std::string detail = e.what();
@@ -355,17 +367,19 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
     // out_of_range.406: "number overflow parsing '1e400'".
     std::string detail = e.what();
     if (auto pos = detail.find("] "); pos != std::string::npos) detail = detail.substr(pos + 2);
-    throw Error(Errc::config_error, cfg.source + ": " + guard.pending_path() + ": number out of range (" + detail +
-                                        "); use a number a 64-bit double or integer can hold");
+    throw Error(Errc::config_error, cfg.source + ": " + guard.pending_path() + ": number out of range (" +
+                                        detail + "); use a number a 64-bit double or integer can hold");
   }
 
   if (!root.is_object()) c.fail("(top level)", "expected a JSON object, got " + describe(root));
   c.known_keys(root, "", kTopKeys);
 
-  if (!root.contains("schema_version")) c.fail("schema_version", "missing (this version reads schema_version 1)");
+  if (!root.contains("schema_version"))
+    c.fail("schema_version", "missing (this version reads schema_version 1)");
   const json& sv = root["schema_version"];
   if (c.int_at(sv, "schema_version") != kSchemaVersion)
-    c.fail("schema_version", "expected 1, got " + describe(sv) + " (this version of backplane reads schema 1)");
+    c.fail("schema_version",
+           "expected 1, got " + describe(sv) + " (this version of backplane reads schema 1)");
 
   if (root.contains("plugin_dirs")) {
     const json& dirs = root["plugin_dirs"];
@@ -401,8 +415,9 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
     const std::string what = quote("host:" + b.fallback.host_backend) + ": ";
     auto target = first_seen.find(b.fallback.host_backend);
     if (b.fallback.host_backend == b.name) {
-      c.fail(path, what + "a backend cannot stage through itself; name a backend whose devices "
-                          "have the 'collective' capability (e.g. \"host:cpu\")");
+      c.fail(path, what +
+                       "a backend cannot stage through itself; name a backend whose devices "
+                       "have the 'collective' capability (e.g. \"host:cpu\")");
     } else if (target == first_seen.end()) {
       std::string names;
       for (const BackendConfig& o : cfg.backends)
@@ -414,7 +429,8 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
                                              [&](const BackendConfig& o) { return o.name == target->first; });
       if (t.fallback.kind == CollectiveFallback::Kind::host)
         c.fail(path, what + "\"" + t.name + "\" (" + t.path + ") itself stages through \"" +
-                         t.fallback.host_backend + "\"; stage through a backend that has 'collective' directly");
+                         t.fallback.host_backend +
+                         "\"; stage through a backend that has 'collective' directly");
     }
   }
 

@@ -5,8 +5,8 @@
 #include <backplane/error.hpp>
 #include <backplane/registry.hpp>
 
-#include <filesystem>
 #include <cstddef>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -24,8 +24,8 @@ struct BackendConfig {
 };
 
 struct Config {
-  std::string source;               // file path or a caller's name, for messages
-  std::filesystem::path base_dir;   // relative library paths resolve here
+  std::string source;              // file path or a caller's name, for messages
+  std::filesystem::path base_dir;  // relative library paths resolve here
   int schema_version = 1;
   std::vector<std::filesystem::path> plugin_dirs;  // absolute
   std::string default_backend;

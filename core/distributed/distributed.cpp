@@ -20,9 +20,10 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
   switch (backend->fallback.kind) {
     case CollectiveFallback::Kind::local:
       if (!backend->warned_local_fallback.exchange(true)) {
-        log(LogLevel::warning, caller + ": " + where +
-                                   " lacks the 'collective' capability; collective_fallback is \"local\", so its "
-                                   "tensors train locally and are not synchronised across ranks");
+        log(LogLevel::warning,
+            caller + ": " + where +
+                " lacks the 'collective' capability; collective_fallback is \"local\", so its "
+                "tensors train locally and are not synchronised across ranks");
       }
       return {CollectiveRoute::Kind::local, backend, device};
     case CollectiveFallback::Kind::host: {
@@ -35,23 +36,26 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
                                                    " names backend \"" + host->name +
                                                    "\", which failed to load: " + host->error);
       if (host->devices.empty() || !host->devices[0].capabilities.has(Capability::collective))
-        throw Error(Errc::capability_missing,
-                    caller + ": " + where + " lacks 'collective' and " + via + " stages through " +
-                        (host->devices.empty() ? "backend \"" + host->name + "\", which has no devices"
-                                               : host->device_id(0) + ", which lacks it too") +
-                        ". Name a backend whose devices have 'collective' (`backplane list` shows capabilities)");
+        throw Error(
+            Errc::capability_missing,
+            caller + ": " + where + " lacks 'collective' and " + via + " stages through " +
+                (host->devices.empty() ? "backend \"" + host->name + "\", which has no devices"
+                                       : host->device_id(0) + ", which lacks it too") +
+                ". Name a backend whose devices have 'collective' (`backplane list` shows capabilities)");
       return {CollectiveRoute::Kind::staged, host, 0};
     }
     case CollectiveFallback::Kind::error:
       break;
   }
-  throw Error(Errc::capability_missing,
-              caller + ": " + where +
-                  " lacks the 'collective' capability, so its tensors cannot be reduced across ranks. Remedies: put "
-                  "the tensor on a device with 'collective' (`backplane list` shows capabilities), or set "
-                  "\"collective_fallback\" at " +
-                  at + " to \"local\" (train it without synchronisation) or \"host:<backend>\" (stage it through a "
-                       "backend that has 'collective')");
+  throw Error(
+      Errc::capability_missing,
+      caller + ": " + where +
+          " lacks the 'collective' capability, so its tensors cannot be reduced across ranks. Remedies: put "
+          "the tensor on a device with 'collective' (`backplane list` shows capabilities), or set "
+          "\"collective_fallback\" at " +
+          at +
+          " to \"local\" (train it without synchronisation) or \"host:<backend>\" (stage it through a "
+          "backend that has 'collective')");
 }
 
 }  // namespace detail
@@ -59,8 +63,9 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
 Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id) {
   if (!tensor.defined()) throw Error(Errc::invalid_argument, "set_distributed_params: undefined Tensor");
   detail::TensorImpl& t = *detail::Access::impl(tensor);
-  const detail::CollectiveRoute route = detail::resolve_collective(
-      t.storage->backend, t.storage->device, "set_distributed_params(param " + std::to_string(id.value) + ")");
+  const detail::CollectiveRoute route =
+      detail::resolve_collective(t.storage->backend, t.storage->device,
+                                 "set_distributed_params(param " + std::to_string(id.value) + ")");
   if (route.kind != detail::CollectiveRoute::Kind::local) t.distributed = DistributedParams{id};
   return tensor;
 }

@@ -41,9 +41,11 @@ Job& job() {
 }
 
 [[noreturn]] void not_initialised(const std::string& what) {
-  throw Error(Errc::invalid_argument,
-              what + ": no distributed job is initialised; call backplane::init_distributed(Rendezvous::from_env()) "
-                     "(or Rendezvous::single_process() for one process) before training registered parameters");
+  throw Error(
+      Errc::invalid_argument,
+      what +
+          ": no distributed job is initialised; call backplane::init_distributed(Rendezvous::from_env()) "
+          "(or Rendezvous::single_process() for one process) before training registered parameters");
 }
 
 }  // namespace
@@ -120,8 +122,8 @@ void GradSync::add(const Tensor& param, const Tensor& gradient) {
     Job& j = job();
     std::lock_guard lock(j.mutex);
     if (!j.rendezvous)
-      not_initialised("backward: parameter " + std::to_string(distributed_params(param)->param_id.value) + " (" +
-                      param.to_string() + ") is registered with set_distributed_params, but");
+      not_initialised("backward: parameter " + std::to_string(distributed_params(param)->param_id.value) +
+                      " (" + param.to_string() + ") is registered with set_distributed_params, but");
     bucket_bytes = j.options.bucket_bytes;
   }
   if (!backward_lock_.owns_lock()) backward_lock_ = std::unique_lock(job().backward_mutex);
@@ -231,12 +233,13 @@ void GradSync::verify_layout(Bucket& bucket) {
     for (const auto& [param, grad] : bucket.items)
       ids += (ids.empty() ? "" : ", ") + std::to_string(distributed_params(param)->param_id.value) + " (" +
              std::to_string(grad.numel()) + " elements)";
-    throw Error(Errc::collective_error,
-                "backward: the ranks disagree on which parameters' gradients to reduce together; this rank (" +
-                    std::to_string(bucket.group.rank()) + " of " + std::to_string(bucket.group.world_size()) +
-                    ") has, in order: " + ids +
-                    ". Every rank must run the same graph (the same parameters, used in the same order); a "
-                    "parameter that only some ranks use cannot be registered with set_distributed_params");
+    throw Error(
+        Errc::collective_error,
+        "backward: the ranks disagree on which parameters' gradients to reduce together; this rank (" +
+            std::to_string(bucket.group.rank()) + " of " + std::to_string(bucket.group.world_size()) +
+            ") has, in order: " + ids +
+            ". Every rank must run the same graph (the same parameters, used in the same order); a "
+            "parameter that only some ranks use cannot be registered with set_distributed_params");
   }
   std::lock_guard lock(j.mutex);
   j.verified_layouts.insert(h);

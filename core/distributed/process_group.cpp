@@ -26,11 +26,16 @@ namespace backplane {
 
 const char* to_string(ReduceOp op) noexcept {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::mean: return "mean";
-    case ReduceOp::min: return "min";
-    case ReduceOp::max: return "max";
-    case ReduceOp::prod: return "prod";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::mean:
+      return "mean";
+    case ReduceOp::min:
+      return "min";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::prod:
+      return "prod";
   }
   return "?";
 }
@@ -43,13 +48,19 @@ using detail::TensorImpl;
 
 int32_t abi_reduce_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return BP_REDUCE_SUM;
-    case ReduceOp::mean: return BP_REDUCE_MEAN;
-    case ReduceOp::min: return BP_REDUCE_MIN;
-    case ReduceOp::max: return BP_REDUCE_MAX;
-    case ReduceOp::prod: return BP_REDUCE_PROD;
+    case ReduceOp::sum:
+      return BP_REDUCE_SUM;
+    case ReduceOp::mean:
+      return BP_REDUCE_MEAN;
+    case ReduceOp::min:
+      return BP_REDUCE_MIN;
+    case ReduceOp::max:
+      return BP_REDUCE_MAX;
+    case ReduceOp::prod:
+      return BP_REDUCE_PROD;
   }
-  throw Error(Errc::invalid_argument, "ProcessGroup: unknown ReduceOp " + std::to_string(static_cast<int>(op)));
+  throw Error(Errc::invalid_argument,
+              "ProcessGroup: unknown ReduceOp " + std::to_string(static_cast<int>(op)));
 }
 
 // The job's Store behind the plugin-facing bp_kv_store table. Every entry
@@ -129,7 +140,8 @@ class KvStoreBridge {
       const auto* p = static_cast<const uint8_t*>(args->value);
       std::vector<uint8_t> value(p, p + args->size);
       // timeout_ms came in 2.1: read only when the plugin's struct has it.
-      const bool bounded = BP_HAS_FIELD(bp_kv_set_args, timeout_ms, args->struct_size) && args->timeout_ms > 0;
+      const bool bounded =
+          BP_HAS_FIELD(bp_kv_set_args, timeout_ms, args->struct_size) && args->timeout_ms > 0;
       if (bounded)
         self.store_->set_with_timeout(args->key, value, std::chrono::milliseconds(args->timeout_ms));
       else
@@ -300,13 +312,14 @@ struct ProcessGroup::Impl {
 
   // The caller's tensor, checked: defined, on this group's device.
   const TensorImpl& operand(const Tensor& t, const char* op) const {
-    if (!t.defined()) throw Error(Errc::invalid_argument, "ProcessGroup::" + std::string(op) + ": undefined Tensor");
+    if (!t.defined())
+      throw Error(Errc::invalid_argument, "ProcessGroup::" + std::string(op) + ": undefined Tensor");
     const TensorImpl& x = *detail::Access::impl(t);
     if (x.storage->backend != device_backend || x.storage->device != device)
-      throw Error(Errc::device_mismatch, "ProcessGroup::" + std::string(op) + ": the tensor lives on " +
-                                             x.storage->backend->device_id(x.storage->device) +
-                                             " but the group was made on " + device_backend->device_id(device) +
-                                             "; move it with Tensor::to first");
+      throw Error(Errc::device_mismatch,
+                  "ProcessGroup::" + std::string(op) + ": the tensor lives on " +
+                      x.storage->backend->device_id(x.storage->device) + " but the group was made on " +
+                      device_backend->device_id(device) + "; move it with Tensor::to first");
     return x;
   }
 
@@ -389,7 +402,9 @@ ProcessGroup ProcessGroup::create(const Device& device, const Rendezvous& rendez
 
 namespace {
 ProcessGroup::Impl& checked(const std::shared_ptr<ProcessGroup::Impl>& impl, const char* op) {
-  if (!impl) throw Error(Errc::invalid_argument, "ProcessGroup::" + std::string(op) + ": the group is not valid (default-constructed or moved from)");
+  if (!impl)
+    throw Error(Errc::invalid_argument, "ProcessGroup::" + std::string(op) +
+                                            ": the group is not valid (default-constructed or moved from)");
   return *impl;
 }
 }  // namespace
@@ -423,8 +438,9 @@ void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
   const TensorImpl& x = g.operand(tensor, "all_reduce_");
   const int32_t rop = abi_reduce_op(op);
   if (!detail::is_contiguous(x))
-    throw Error(Errc::invalid_argument, "ProcessGroup::all_reduce_: the tensor must be contiguous (it is reduced in "
-                                        "place); use all_reduce, which returns a new tensor");
+    throw Error(Errc::invalid_argument,
+                "ProcessGroup::all_reduce_: the tensor must be contiguous (it is reduced in "
+                "place); use all_reduce, which returns a new tensor");
   if (g.local()) return;
   const std::string name = std::string("all_reduce_(") + to_string(op) + ")";
   g.require_not_aborted(name.c_str());
@@ -444,9 +460,8 @@ Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {
                                             " is not a rank of this group (world_size " +
                                             std::to_string(g.world_size) + ")");
   // Broadcast works in place: always on a private copy.
-  std::shared_ptr<TensorImpl> work =
-      g.staged() ? g.on_collective_device(tensor, "ProcessGroup::broadcast")
-                 : detail::copy_contiguous(x0, "ProcessGroup::broadcast");
+  std::shared_ptr<TensorImpl> work = g.staged() ? g.on_collective_device(tensor, "ProcessGroup::broadcast")
+                                                : detail::copy_contiguous(x0, "ProcessGroup::broadcast");
   if (g.local()) return detail::Access::make_tensor(std::move(work));
   const bp_tensor d = detail::describe(*work);
   g.run(g.coll().api.broadcast, "broadcast", &d, &d, BP_REDUCE_SUM, root, "broadcast");

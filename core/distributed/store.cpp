@@ -29,10 +29,10 @@ void Store::set_with_timeout(const std::string& key, const std::vector<uint8_t>&
 namespace {
 
 using namespace store_wire;
+using std::chrono::milliseconds;
 using store_detail::Client;
 using store_detail::Clock;
 using store_detail::Server;
-using std::chrono::milliseconds;
 
 // How much longer than a get/wait's own timeout a client waits for the
 // server's timed_out reply before it gives up on the server.
@@ -86,8 +86,8 @@ std::string job_token_from_env() {
     got += static_cast<std::size_t>(n);
   }
   if (got > kMaxTokenBytes) {
-    throw Error(Errc::invalid_argument,
-                where + " holds more than " + std::to_string(kMaxTokenBytes) + " bytes; a secret is one line");
+    throw Error(Errc::invalid_argument, where + " holds more than " + std::to_string(kMaxTokenBytes) +
+                                            " bytes; a secret is one line");
   }
   token.resize(got);
   while (!token.empty() && std::strchr(" \t\r\n", token.back()) != nullptr) token.pop_back();
@@ -135,7 +135,8 @@ class TcpStore final : public Store {
                         milliseconds timeout) override {
     check_timeout(timeout, "store set(" + quote(key) + ")");
     std::optional<Clock::time_point> deadline = default_deadline();
-    if (timeout < kForever && (!deadline || Clock::now() + timeout < *deadline)) deadline = Clock::now() + timeout;
+    if (timeout < kForever && (!deadline || Clock::now() + timeout < *deadline))
+      deadline = Clock::now() + timeout;
     set_until(key, value, deadline);
   }
 
@@ -161,8 +162,8 @@ class TcpStore final : public Store {
     const Clock::time_point started = Clock::now();
     Client::Response r = call(Op::get, out.take(), parked_deadline(timeout), what);
     if (r.kind == Reply::timed_out) {
-      throw Error(Errc::timeout, what + " timed out after " + waited_text(started, timeout) + ": no rank set " +
-                                     quote(key) + " in the store at " + address_ +
+      throw Error(Errc::timeout, what + " timed out after " + waited_text(started, timeout) +
+                                     ": no rank set " + quote(key) + " in the store at " + address_ +
                                      " (another rank may have failed before setting it)");
     }
     return expect(std::move(r), what, 0, kMaxValueBytes);

@@ -51,10 +51,10 @@ using Clock = std::chrono::steady_clock;
 bool is_loopback(const asio::ip::address& address);
 
 struct ServerOptions {
-  std::string host;                 // what to listen on (resolved; see Server::listen)
-  uint16_t port = 0;                // 0: any free port
+  std::string host;   // what to listen on (resolved; see Server::listen)
+  uint16_t port = 0;  // 0: any free port
   int32_t world_size = 1;
-  std::string secret;               // the job secret; empty: none (loopback only)
+  std::string secret;  // the job secret; empty: none (loopback only)
   store_wire::Limits limits;
 };
 
@@ -126,7 +126,8 @@ class Server {
              ValuePtr value = {});
   void flush(const SessionPtr& s);
   std::optional<std::string> first_missing(const std::vector<std::string>& keys) const;
-  void park(const SessionPtr& s, uint64_t id, bool is_get, std::vector<std::string> keys, uint64_t timeout_ms);
+  void park(const SessionPtr& s, uint64_t id, bool is_get, std::vector<std::string> keys,
+            uint64_t timeout_ms);
   void unpark(const WaiterPtr& w);
   void on_key_set(const std::string& key);
   void complete(const WaiterPtr& w);
@@ -152,8 +153,8 @@ class Server {
   std::set<SessionPtr> sessions_;
   std::set<int32_t> ranks_;
   std::size_t unauthenticated_ = 0;
-  bool accept_paused_ = false;                        // at the unauthenticated cap
-  std::chrono::milliseconds accept_backoff_{0};       // after EMFILE/ENFILE; 0 when accepting works
+  bool accept_paused_ = false;                   // at the unauthenticated cap
+  std::chrono::milliseconds accept_backoff_{0};  // after EMFILE/ENFILE; 0 when accepting works
   bool stopping_ = false;
 };
 
@@ -227,8 +228,8 @@ class Client {
 // progress() after each step and done(ec) at the end. The caller keeps
 // socket and buffer alive until done runs.
 template <class Progress, class Done>
-void async_read_growing(tcp::socket& socket, std::vector<uint8_t>& buffer, std::size_t total, Progress progress,
-                        Done done);
+void async_read_growing(tcp::socket& socket, std::vector<uint8_t>& buffer, std::size_t total,
+                        Progress progress, Done done);
 
 }  // namespace backplane::store_detail
 
@@ -237,8 +238,8 @@ void async_read_growing(tcp::socket& socket, std::vector<uint8_t>& buffer, std::
 namespace backplane::store_detail {
 
 template <class Progress, class Done>
-void async_read_growing(tcp::socket& socket, std::vector<uint8_t>& buffer, std::size_t total, Progress progress,
-                        Done done) {
+void async_read_growing(tcp::socket& socket, std::vector<uint8_t>& buffer, std::size_t total,
+                        Progress progress, Done done) {
   constexpr std::size_t kFirstStep = std::size_t{64} << 10;
   constexpr std::size_t kMaxStep = std::size_t{4} << 20;
   const std::size_t have = buffer.size();

@@ -170,10 +170,10 @@ void Client::handshake(int32_t rank, int32_t world_size, milliseconds timeout, c
   }
   const uint16_t version = get_u16(c + 4);
   if (version != kProtocolVersion || get_u16(c + 6) != 0) {
-    throw Error(Errc::invalid_argument,
-                "the rendezvous store at " + address_ + " speaks protocol version " + std::to_string(version) +
-                    " but this process speaks version " + std::to_string(kProtocolVersion) +
-                    "; every rank must run the same backplane version");
+    throw Error(Errc::invalid_argument, "the rendezvous store at " + address_ + " speaks protocol version " +
+                                            std::to_string(version) + " but this process speaks version " +
+                                            std::to_string(kProtocolVersion) +
+                                            "; every rank must run the same backplane version");
   }
   if (!handshake_step(io_, socket_, deadline, ec, [&](auto h) {
         asio::async_read(socket_, asio::buffer(challenge.data() + kHelloPrefixBytes, kNonceBytes + kMacBytes),
@@ -186,13 +186,15 @@ void Client::handshake(int32_t rank, int32_t world_size, milliseconds timeout, c
   if (!same_mac(server_proof(secret, client_nonce, server_nonce), c + kHelloPrefixBytes + kNonceBytes)) {
     error_code ignored;
     socket_.close(ignored);
-    throw Error(Errc::invalid_argument,
-                "the store at " + address_ +
-                    " refused this process's job secret: ranks must share BACKPLANE_JOB_TOKEN (this process " +
-                    (secret.empty() ? "has none" : "has one, and it differs from the store's") +
-                    "); give every rank of the job the same BACKPLANE_JOB_TOKEN or BACKPLANE_JOB_TOKEN_FILE");
+    throw Error(
+        Errc::invalid_argument,
+        "the store at " + address_ +
+            " refused this process's job secret: ranks must share BACKPLANE_JOB_TOKEN (this process " +
+            (secret.empty() ? "has none" : "has one, and it differs from the store's") +
+            "); give every rank of the job the same BACKPLANE_JOB_TOKEN or BACKPLANE_JOB_TOKEN_FILE");
   }
-  const auto proof = make_proof(client_proof(secret, client_nonce, server_nonce, rank, world_size), rank, world_size);
+  const auto proof =
+      make_proof(client_proof(secret, client_nonce, server_nonce, rank, world_size), rank, world_size);
   std::array<uint8_t, kVerdictBytes> verdict_bytes{};
   if (!handshake_step(io_, socket_, deadline, ec,
                       [&](auto h) { asio::async_write(socket_, asio::buffer(proof), std::move(h)); }))
@@ -223,13 +225,15 @@ void Client::handshake(int32_t rank, int32_t world_size, milliseconds timeout, c
                                                 ", which was started with world_size " + sws);
       case Verdict::duplicate_rank:
         throw Error(Errc::invalid_argument,
-                    "rank " + r + " is already connected to the store at " + address_ + " (world_size " + sws +
+                    "rank " + r + " is already connected to the store at " + address_ + " (world_size " +
+                        sws +
                         "): two processes were given the same rank; check RANK (or OMPI_COMM_WORLD_RANK, "
                         "SLURM_PROCID) of each process");
     }
   }
   throw Error(Errc::io_error, "the rendezvous store at " + address_ + " sent an invalid handshake verdict (" +
-                                  std::to_string(static_cast<unsigned>(verdict)) + ", world_size " + sws + ")");
+                                  std::to_string(static_cast<unsigned>(verdict)) + ", world_size " + sws +
+                                  ")");
 }
 
 Client::Response Client::call(Op op, std::vector<uint8_t> payload, std::optional<Clock::time_point> deadline,
@@ -312,26 +316,28 @@ void Client::on_header() {
     return;
   }
   payload_.clear();
-  async_read_growing(socket_, payload_, bytes, [] {}, [this, kind, id](const error_code& ec) {
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
-      fail("the rendezvous store at " + address_ + " closed the connection in the middle of a reply (" +
-           ec.message() + "); did rank 0 exit?");
-      return;
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = pending_.find(id);
-      if (it != pending_.end()) {
-        it->second->response = Response{*kind, std::move(payload_)};
-        it->second->done = true;
-        it->second->cv.notify_one();
-        pending_.erase(it);
-      }
-    }
-    payload_ = {};
-    read_header();
-  });
+  async_read_growing(
+      socket_, payload_, bytes, [] {},
+      [this, kind, id](const error_code& ec) {
+        if (ec) {
+          if (ec == asio::error::operation_aborted) return;
+          fail("the rendezvous store at " + address_ + " closed the connection in the middle of a reply (" +
+               ec.message() + "); did rank 0 exit?");
+          return;
+        }
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          auto it = pending_.find(id);
+          if (it != pending_.end()) {
+            it->second->response = Response{*kind, std::move(payload_)};
+            it->second->done = true;
+            it->second->cv.notify_one();
+            pending_.erase(it);
+          }
+        }
+        payload_ = {};
+        read_header();
+      });
 }
 
 // Fails every pending and future call with `message`.

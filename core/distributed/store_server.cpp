@@ -241,11 +241,11 @@ void Server::accept() {
 // retry on a timer that backs off to kMaxAcceptBackoff, never spin or stop.
 void Server::on_accept_error(const error_code& ec) {
   if (accept_backoff_.count() == 0) {
-    log(LogLevel::warning, where_ + ": accepting a connection failed: " + ec.message() +
-                               (ec.value() == EMFILE || ec.value() == ENFILE
-                                    ? " (out of file descriptors; raise `ulimit -n`)"
-                                    : "") +
-                               "; retrying with backoff");
+    log(LogLevel::warning,
+        where_ + ": accepting a connection failed: " + ec.message() +
+            (ec.value() == EMFILE || ec.value() == ENFILE ? " (out of file descriptors; raise `ulimit -n`)"
+                                                          : "") +
+            "; retrying with backoff");
   }
   accept_backoff_ = std::min(kMaxAcceptBackoff, std::max(milliseconds(10), accept_backoff_ * 2));
   accept_retry_.expires_after(accept_backoff_);
@@ -272,45 +272,45 @@ void Server::start(const SessionPtr& s) {
           "did not complete the authenticated handshake within " + seconds_text(limits_.handshake_timeout) +
               " (BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS); closed");
   });
-  asio::async_read(s->socket, asio::buffer(s->hello.data(), kHelloPrefixBytes),
-                   [this, s](const error_code& ec, std::size_t n) {
-                     if (stopping_ || s->closed) return;
-                     if (ec) {
-                       close(s, n == 0 ? LogLevel::debug : LogLevel::warning,
-                             n == 0 ? "closed the connection before the handshake"
-                                    : "sent a truncated handshake (" + std::to_string(n) + " bytes)");
-                       return;
-                     }
-                     const uint8_t* h = s->hello.data();
-                     if (std::memcmp(h, kMagic.data(), 4) != 0) {
-                       close(s, LogLevel::warning,
-                             "is not a backplane store client (its first bytes are not the handshake); closed");
-                       return;
-                     }
-                     const uint16_t version = get_u16(h + 4);
-                     if (version != kProtocolVersion) {
-                       // Says nothing about the job: world_size 0.
-                       reject(s, Verdict::version_mismatch,
-                              "speaks store protocol version " + std::to_string(version) +
-                                  ", this store version " + std::to_string(kProtocolVersion) +
-                                  "; every rank must run the same backplane version",
-                              0);
-                       return;
-                     }
-                     if (get_u16(h + 6) != 0) {
-                       close(s, LogLevel::warning, "sent a handshake with nonzero reserved bits; closed");
-                       return;
-                     }
-                     asio::async_read(s->socket, asio::buffer(s->hello.data() + kHelloPrefixBytes, kNonceBytes),
-                                      [this, s](const error_code& ec2, std::size_t) {
-                                        if (stopping_ || s->closed) return;
-                                        if (ec2) {
-                                          close(s, LogLevel::warning, "sent a truncated handshake");
-                                          return;
-                                        }
-                                        on_hello(s);
-                                      });
-                   });
+  asio::async_read(
+      s->socket, asio::buffer(s->hello.data(), kHelloPrefixBytes),
+      [this, s](const error_code& ec, std::size_t n) {
+        if (stopping_ || s->closed) return;
+        if (ec) {
+          close(s, n == 0 ? LogLevel::debug : LogLevel::warning,
+                n == 0 ? "closed the connection before the handshake"
+                       : "sent a truncated handshake (" + std::to_string(n) + " bytes)");
+          return;
+        }
+        const uint8_t* h = s->hello.data();
+        if (std::memcmp(h, kMagic.data(), 4) != 0) {
+          close(s, LogLevel::warning,
+                "is not a backplane store client (its first bytes are not the handshake); closed");
+          return;
+        }
+        const uint16_t version = get_u16(h + 4);
+        if (version != kProtocolVersion) {
+          // Says nothing about the job: world_size 0.
+          reject(s, Verdict::version_mismatch,
+                 "speaks store protocol version " + std::to_string(version) + ", this store version " +
+                     std::to_string(kProtocolVersion) + "; every rank must run the same backplane version",
+                 0);
+          return;
+        }
+        if (get_u16(h + 6) != 0) {
+          close(s, LogLevel::warning, "sent a handshake with nonzero reserved bits; closed");
+          return;
+        }
+        asio::async_read(s->socket, asio::buffer(s->hello.data() + kHelloPrefixBytes, kNonceBytes),
+                         [this, s](const error_code& ec2, std::size_t) {
+                           if (stopping_ || s->closed) return;
+                           if (ec2) {
+                             close(s, LogLevel::warning, "sent a truncated handshake");
+                             return;
+                           }
+                           on_hello(s);
+                         });
+      });
 }
 
 // Answers the hello with the server's nonce and its proof of the secret,
@@ -320,7 +320,8 @@ void Server::on_hello(const SessionPtr& s) {
   std::memcpy(client_nonce.data(), s->hello.data() + kHelloPrefixBytes, kNonceBytes);
   try {
     s->server_nonce = random_nonce();
-    const auto challenge = make_challenge(s->server_nonce, server_proof(secret_, client_nonce, s->server_nonce));
+    const auto challenge =
+        make_challenge(s->server_nonce, server_proof(secret_, client_nonce, s->server_nonce));
     send_raw(s, challenge.data(), challenge.size());
   } catch (const Error& e) {
     close(s, LogLevel::error, std::string("could not be answered: ") + e.what());
@@ -397,18 +398,19 @@ void Server::reject(const SessionPtr& s, Verdict verdict, std::string why, int32
 // Waits for the first byte of a frame without a deadline (a rank may be
 // quiet for hours), then reads the rest of it under the idle deadline.
 void Server::read_frame(const SessionPtr& s) {
-  asio::async_read(s->socket, asio::buffer(s->header.data(), 1), [this, s](const error_code& ec, std::size_t) {
-    if (stopping_ || s->closed) return;
-    if (ec) {
-      if (ec == asio::error::eof || ec == asio::error::connection_reset) {
-        close(s, LogLevel::debug, "disconnected");
-      } else {
-        close(s, LogLevel::debug, "connection failed: " + ec.message());
-      }
-      return;
-    }
-    read_header_rest(s);
-  });
+  asio::async_read(s->socket, asio::buffer(s->header.data(), 1),
+                   [this, s](const error_code& ec, std::size_t) {
+                     if (stopping_ || s->closed) return;
+                     if (ec) {
+                       if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+                         close(s, LogLevel::debug, "disconnected");
+                       } else {
+                         close(s, LogLevel::debug, "connection failed: " + ec.message());
+                       }
+                       return;
+                     }
+                     read_header_rest(s);
+                   });
 }
 
 void Server::arm_idle(const SessionPtr& s, const char* what) {
@@ -463,8 +465,8 @@ void Server::read_payload(const SessionPtr& s, Op op, uint64_t id, std::size_t t
         if (stopping_ || s->closed) return;
         s->idle_timer.cancel();
         if (ec) {
-          bad_frame(s, std::string("a truncated ") + op_name(op) + " frame (announced " + std::to_string(total) +
-                           " bytes; " + ec.message() + ")");
+          bad_frame(s, std::string("a truncated ") + op_name(op) + " frame (announced " +
+                           std::to_string(total) + " bytes; " + ec.message() + ")");
           return;
         }
         on_request(s, op, id);

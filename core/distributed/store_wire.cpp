@@ -99,8 +99,8 @@ Limits Limits::from_env() {
   l.max_unauthenticated = env_limit("BACKPLANE_STORE_MAX_UNAUTHENTICATED", l.max_unauthenticated, 1, 65536);
   l.handshake_timeout =
       milliseconds(env_limit("BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS", l.handshake_timeout.count(), 1, kDay));
-  l.frame_idle_timeout = milliseconds(
-      env_limit("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", l.frame_idle_timeout.count(), 1, kDay));
+  l.frame_idle_timeout =
+      milliseconds(env_limit("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", l.frame_idle_timeout.count(), 1, kDay));
   return l;
 }
 
@@ -416,7 +416,9 @@ std::vector<uint8_t> encode_add(std::string_view key, int64_t delta) {
   return out.take();
 }
 
-std::vector<uint8_t> encode_check(const std::vector<std::string>& keys) { return key_list(keys, std::nullopt); }
+std::vector<uint8_t> encode_check(const std::vector<std::string>& keys) {
+  return key_list(keys, std::nullopt);
+}
 
 std::vector<uint8_t> encode_remove(std::string_view key) {
   PayloadWriter out(4 + key.size());

@@ -64,7 +64,8 @@ inline constexpr std::size_t kMaxKeyListBytes = std::size_t{16} << 20;
 inline constexpr std::size_t kMaxReplyTextBytes = std::size_t{64} << 10;
 inline constexpr uint64_t kNoTimeout = UINT64_MAX;
 // Longer timeouts mean "forever"; also keeps deadline arithmetic in range.
-inline constexpr std::chrono::milliseconds kForever{std::chrono::milliseconds::rep{10} * 365 * 24 * 3600 * 1000};
+inline constexpr std::chrono::milliseconds kForever{std::chrono::milliseconds::rep{10} * 365 * 24 * 3600 *
+                                                    1000};
 
 enum class Op : uint8_t { set = 1, get = 2, wait = 3, add = 4, check = 5, remove = 6 };
 enum class Reply : uint8_t { ok = 0x80, timed_out = 0x81, refused = 0x82 };
@@ -93,11 +94,11 @@ uint64_t get_u64(const uint8_t* p);
 // (docs/security.md lists them); from_env throws Errc::invalid_argument
 // naming a malformed variable.
 struct Limits {
-  std::size_t max_value_bytes = kMaxValueBytes;                 // BACKPLANE_STORE_MAX_VALUE_BYTES
-  std::size_t max_client_bytes = std::size_t{2} << 30;          // BACKPLANE_STORE_MAX_CLIENT_BYTES
-  std::size_t max_unauthenticated = 64;                         // BACKPLANE_STORE_MAX_UNAUTHENTICATED
-  std::chrono::milliseconds handshake_timeout{5000};            // BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS
-  std::chrono::milliseconds frame_idle_timeout{30'000};         // BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS
+  std::size_t max_value_bytes = kMaxValueBytes;          // BACKPLANE_STORE_MAX_VALUE_BYTES
+  std::size_t max_client_bytes = std::size_t{2} << 30;   // BACKPLANE_STORE_MAX_CLIENT_BYTES
+  std::size_t max_unauthenticated = 64;                  // BACKPLANE_STORE_MAX_UNAUTHENTICATED
+  std::chrono::milliseconds handshake_timeout{5000};     // BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS
+  std::chrono::milliseconds frame_idle_timeout{30'000};  // BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS
 
   static Limits from_env();
   // The largest payload a request of `op` may announce.

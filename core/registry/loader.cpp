@@ -9,9 +9,9 @@
 
 #include <boost/dll/shared_library.hpp>
 
-#include <algorithm>
 #include <cxxabi.h>
 #include <dlfcn.h>
+#include <algorithm>
 
 #include <cstdlib>
 #include <cstring>
@@ -96,8 +96,8 @@ const void* fn_ptr(auto fn) noexcept { return reinterpret_cast<const void*>(fn);
 // Called from plugin frames: nothing may propagate out of it.
 void host_log(void* /*ctx*/, int32_t level, const char* message) noexcept {
   if (message == nullptr) return;
-  LogLevel l = level <= BP_LOG_DEBUG ? LogLevel::debug
-               : level == BP_LOG_INFO ? LogLevel::info
+  LogLevel l = level <= BP_LOG_DEBUG     ? LogLevel::debug
+               : level == BP_LOG_INFO    ? LogLevel::info
                : level == BP_LOG_WARNING ? LogLevel::warning
                                          : LogLevel::error;
   try {
@@ -111,8 +111,8 @@ std::string demangled_current_type() {
   const std::type_info* type = abi::__cxa_current_exception_type();
   if (type == nullptr) return "unknown";
   int status = 0;
-  std::unique_ptr<char, decltype(&std::free)> name(abi::__cxa_demangle(type->name(), nullptr, nullptr, &status),
-                                                    &std::free);
+  std::unique_ptr<char, decltype(&std::free)> name(
+      abi::__cxa_demangle(type->name(), nullptr, nullptr, &status), &std::free);
   return status == 0 && name ? std::string(name.get()) : std::string(type->name());
 }
 
@@ -144,9 +144,10 @@ Error entry_threw(const BackendImpl& b, std::string_view entry, Errc code) {
     what = "threw a non-standard exception (of type " + demangled_current_type() + ")";
   }
   const std::string where = b.library_path.empty() ? b.library : b.library_path;
-  return Error(code, "backend \"" + b.name + "\" (" + where + "): plugin entry " + std::string(entry) + " " + what +
-                         "; plugin entries must return a status and never throw (a C++ plugin should define "
-                         "its entries with plugin.hpp's BP_DEFINE_PLUGIN, which turns exceptions into statuses)");
+  return Error(code,
+               "backend \"" + b.name + "\" (" + where + "): plugin entry " + std::string(entry) + " " + what +
+                   "; plugin entries must return a status and never throw (a C++ plugin should define "
+                   "its entries with plugin.hpp's BP_DEFINE_PLUGIN, which turns exceptions into statuses)");
 }
 
 void entry_failed(const BackendImpl& b, std::string_view entry, Errc code) {
@@ -211,7 +212,8 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
     // RTLD_NODELETE: a plugin is never unmapped. Runtimes it links (OpenMP,
     // CUDA, NCCL) keep threads alive inside their code after the last
     // handle closes; unmapping under them crashes the process at exit.
-    lib->load(b.library_path, static_cast<boost::dll::load_mode::type>(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE));
+    lib->load(b.library_path,
+              static_cast<boost::dll::load_mode::type>(RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE));
   } catch (const std::exception& e) {
     fail(Errc::plugin_load_failed, b, "cannot load: " + dlerror_text(e.what()));
   }
@@ -223,8 +225,10 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   auto entry_fn = lib->get<const bp_plugin_api*(const bp_host_api*)>(BP_PLUGIN_ENTRY_SYMBOL);
   b.library_handle = lib;
 
-  const bp_plugin_api* table = call_entry(b, BP_PLUGIN_ENTRY_SYMBOL, Errc::plugin_load_failed, entry_fn, &kHostApi);
-  if (table == nullptr) fail(Errc::plugin_load_failed, b, BP_PLUGIN_ENTRY_SYMBOL " returned NULL (the plugin refused to start)");
+  const bp_plugin_api* table =
+      call_entry(b, BP_PLUGIN_ENTRY_SYMBOL, Errc::plugin_load_failed, entry_fn, &kHostApi);
+  if (table == nullptr)
+    fail(Errc::plugin_load_failed, b, BP_PLUGIN_ENTRY_SYMBOL " returned NULL (the plugin refused to start)");
 
   if (!BP_HAS_FIELD(bp_plugin_api, abi_minor, table->struct_size)) {
     fail(Errc::abi_mismatch, b,
@@ -321,7 +325,8 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
       info.struct_size = sizeof(info);
       info.plugin = b.plugin;
       info.device = d;
-      b.check(call_entry(b, "device_info", kLoad, a.device_info, &info), "device_info(" + std::to_string(d) + ")");
+      b.check(call_entry(b, "device_info", kLoad, a.device_info, &info),
+              "device_info(" + std::to_string(d) + ")");
       DeviceRecord rec;
       rec.name = info.name != nullptr ? info.name : b.device_id(d);
       rec.capabilities = Capabilities(info.capabilities);

@@ -2,8 +2,8 @@
 #ifndef BACKPLANE_CORE_LOADER_HPP_
 #define BACKPLANE_CORE_LOADER_HPP_
 
-#include "config/config.hpp"
 #include "common/internal.hpp"
+#include "config/config.hpp"
 
 namespace backplane::detail {
 

@@ -37,16 +37,25 @@ BackendImpl::~BackendImpl() {
 
 Errc errc_from_status(int32_t code) noexcept {
   switch (code) {
-    case BP_STATUS_INVALID_ARGUMENT: return Errc::invalid_argument;
-    case BP_STATUS_UNSUPPORTED: return Errc::unsupported_op;
-    case BP_STATUS_OUT_OF_MEMORY: return Errc::out_of_memory;
-    case BP_STATUS_INTERNAL: return Errc::internal;
-    case BP_STATUS_TIMEOUT: return Errc::timeout;
-    case BP_STATUS_COLLECTIVE: return Errc::collective_error;
-    case BP_STATUS_UNAVAILABLE: return Errc::backend_unavailable;
-    case BP_STATUS_IO: return Errc::io_error;
+    case BP_STATUS_INVALID_ARGUMENT:
+      return Errc::invalid_argument;
+    case BP_STATUS_UNSUPPORTED:
+      return Errc::unsupported_op;
+    case BP_STATUS_OUT_OF_MEMORY:
+      return Errc::out_of_memory;
+    case BP_STATUS_INTERNAL:
+      return Errc::internal;
+    case BP_STATUS_TIMEOUT:
+      return Errc::timeout;
+    case BP_STATUS_COLLECTIVE:
+      return Errc::collective_error;
+    case BP_STATUS_UNAVAILABLE:
+      return Errc::backend_unavailable;
+    case BP_STATUS_IO:
+      return Errc::io_error;
     case BP_STATUS_DEVICE:
-    default: return Errc::device_error;
+    default:
+      return Errc::device_error;
   }
 }
 
@@ -246,9 +255,12 @@ namespace fs = std::filesystem;
 
 std::string CollectiveFallback::to_string() const {
   switch (kind) {
-    case Kind::error: return "error";
-    case Kind::local: return "local";
-    case Kind::host: return "host:" + host_backend;
+    case Kind::error:
+      return "error";
+    case Kind::local:
+      return "local";
+    case Kind::host:
+      return "host:" + host_backend;
   }
   return "error";
 }
@@ -265,18 +277,20 @@ Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) {
-    throw Error(Errc::config_error,
-                "config file " + path.string() + " does not exist (pass --config FILE or set BACKPLANE_CONFIG)");
+    throw Error(Errc::config_error, "config file " + path.string() +
+                                        " does not exist (pass --config FILE or set BACKPLANE_CONFIG)");
   }
   if (!fs::is_regular_file(st)) {
-    throw Error(Errc::config_error, "config file " + path.string() +
-                                        " is not a regular file (a directory?); name the backends.json file itself");
+    throw Error(Errc::config_error,
+                "config file " + path.string() +
+                    " is not a regular file (a directory?); name the backends.json file itself");
   }
   // It names the code this process will load: only its owner (or root) may change it.
   detail::require_private_file(path, "config file", Errc::config_error);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
-    throw Error(Errc::config_error, "config file " + path.string() + " cannot be read (check its permissions)");
+    throw Error(Errc::config_error,
+                "config file " + path.string() + " cannot be read (check its permissions)");
   }
   // Read one byte past the limit, never more: parse_config names the limit.
   std::string text(detail::kMaxConfigBytes + 1, '\0');
@@ -305,8 +319,9 @@ fs::path Registry::default_config_path() {
 Registry Registry::from_env() {
   const fs::path path = default_config_path();
   if (path.empty())
-    throw Error(Errc::config_error, "no config: BACKPLANE_CONFIG is not set and the installed default cannot be "
-                                    "located; set BACKPLANE_CONFIG=FILE or call Registry::from_config(FILE)");
+    throw Error(Errc::config_error,
+                "no config: BACKPLANE_CONFIG is not set and the installed default cannot be "
+                "located; set BACKPLANE_CONFIG=FILE or call Registry::from_config(FILE)");
   return from_config(path);
 }
 
@@ -362,8 +377,8 @@ int32_t Backend::device_count() const { return static_cast<int32_t>(impl_->devic
 Device Backend::device(int32_t index) const {
   impl_->require_loaded();
   if (index < 0 || index >= device_count()) {
-    throw Error(Errc::not_found, "backend \"" + impl_->name + "\" has no device " + std::to_string(index) + " (it has " +
-                                     std::to_string(device_count()) + ")");
+    throw Error(Errc::not_found, "backend \"" + impl_->name + "\" has no device " + std::to_string(index) +
+                                     " (it has " + std::to_string(device_count()) + ")");
   }
   return detail::Access::make_device(impl_, index);
 }
@@ -382,8 +397,8 @@ const detail::DeviceRecord& record(const std::shared_ptr<detail::BackendImpl>& b
   if (!b) throw Error(Errc::invalid_argument, "use of an invalid (default-constructed) Device");
   if (index < 0 || static_cast<std::size_t>(index) >= b->devices.size()) {
     b->require_loaded();
-    throw Error(Errc::not_found, "backend \"" + b->name + "\" has no device " + std::to_string(index) + " (it has " +
-                                     std::to_string(b->devices.size()) + ")");
+    throw Error(Errc::not_found, "backend \"" + b->name + "\" has no device " + std::to_string(index) +
+                                     " (it has " + std::to_string(b->devices.size()) + ")");
   }
   return b->devices[static_cast<std::size_t>(index)];
 }
@@ -395,7 +410,9 @@ std::string Device::id() const {
 }
 const std::string& Device::name() const { return record(backend_, index_).name; }
 Capabilities Device::capabilities() const { return record(backend_, index_).capabilities; }
-const std::map<std::string, std::string>& Device::attributes() const { return record(backend_, index_).attributes; }
+const std::map<std::string, std::string>& Device::attributes() const {
+  return record(backend_, index_).attributes;
+}
 std::optional<MemoryInfo> Device::memory() const {
   record(backend_, index_);
   const detail::BackendImpl& b = *backend_;
@@ -427,8 +444,9 @@ void Device::synchronize() const {
   args.struct_size = sizeof(args);
   args.plugin = backend_->plugin;
   args.device = index_;
-  backend_->check(detail::call_entry(*backend_, "synchronize", detail::kCallFailed, backend_->api.synchronize, &args),
-                  "synchronize " + id());
+  backend_->check(
+      detail::call_entry(*backend_, "synchronize", detail::kCallFailed, backend_->api.synchronize, &args),
+      "synchronize " + id());
 }
 
 }  // namespace backplane

@@ -407,9 +407,9 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
                                             : "-" + std::to_string(ours->alloc_begin - address);
       };
       throw Error(Errc::invalid_argument,
-                  "from_dlpack: dl_tensor.strides " + strides.to_string() + " with shape " + shape.to_string() +
-                      " reach " + extent_text + ", bytes [" + from_alloc(layout.begin) + ", " +
-                      from_alloc(layout.begin + layout.bytes) + ") of the exported allocation of " +
+                  "from_dlpack: dl_tensor.strides " + strides.to_string() + " with shape " +
+                      shape.to_string() + " reach " + extent_text + ", bytes [" + from_alloc(layout.begin) +
+                      ", " + from_alloc(layout.begin + layout.bytes) + ") of the exported allocation of " +
                       std::to_string(ours->alloc_bytes) + " bytes, outside the exported allocation");
     }
   } else if (layout.begin < reinterpret_cast<uintptr_t>(dl.data)) {
@@ -507,8 +507,9 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
     gather(region, layout, shape, strides, static_cast<std::size_t>(esize), staged.data());
   } else if (below != 0 || region_bytes != bytes) {
     throw Error(Errc::internal, "from_dlpack: a compact layout of " + std::to_string(bytes) +
-                                    " bytes has a region of " + std::to_string(region_bytes) + " bytes starting " +
-                                    std::to_string(below) + " bytes before element [0,...,0]");
+                                    " bytes has a region of " + std::to_string(region_bytes) +
+                                    " bytes starting " + std::to_string(below) +
+                                    " bytes before element [0,...,0]");
   }
   backend->write(t->storage->buffer, 0, compact_layout ? static_cast<const void*>(region) : staged.data(),
                  bytes, "buffer_write to " + device.id() + " (from_dlpack copy)");

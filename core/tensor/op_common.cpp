@@ -15,8 +15,9 @@ std::string dtype_str(DType d) { return std::string(to_string(d)); }
 }  // namespace
 
 void undefined_operand(const char* api, const char* which) {
-  throw Error(Errc::invalid_argument, std::string(api) + ": " + which +
-                                          " operand is an undefined Tensor (default-constructed or moved-from)");
+  throw Error(Errc::invalid_argument,
+              std::string(api) + ": " + which +
+                  " operand is an undefined Tensor (default-constructed or moved-from)");
 }
 
 const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api) {
@@ -195,6 +196,5 @@ void require_representable(double value, DType dtype, const char* api, const cha
                   std::string(to_string(dtype)) + " (valid: " + number_to_string(r.lo) + ".." +
                   number_to_string(r.hi - 1) + "); use a wider or a floating-point dtype");
 }
-
 
 }  // namespace backplane::detail

@@ -35,7 +35,8 @@ inline bool is_known(DType d) noexcept { return dtype_size(d) != 0; }
 [[noreturn, gnu::cold]] void undefined_operand(const char* api, const char* which);
 [[noreturn, gnu::cold]] void device_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api);
 [[noreturn, gnu::cold]] void dtype_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api);
-[[noreturn, gnu::cold]] void dtype_not_accepted(DType d, const char* api, const char* which, const char* allowed);
+[[noreturn, gnu::cold]] void dtype_not_accepted(DType d, const char* api, const char* which,
+                                                const char* allowed);
 [[gnu::cold]] void require_support_slow(BackendImpl& backend, int32_t device, int32_t op, DType dtype,
                                         const char* api);
 
@@ -102,8 +103,8 @@ constexpr bp_op_attrs make_attrs() noexcept {
 // naming the op and device, an exception escaping the plugin Errc::internal
 // naming the entry (call_entry: nothing on the success path). attrs may be
 // null (no attributes).
-inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs, int32_t num_inputs,
-                    const bp_tensor* output, const bp_op_attrs* attrs = nullptr) {
+inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs,
+                    int32_t num_inputs, const bp_tensor* output, const bp_op_attrs* attrs = nullptr) {
   static constexpr bp_op_attrs kNoAttrs = make_attrs();
   bp_execute_args args{};
   args.struct_size = sizeof(args);

@@ -72,7 +72,8 @@ Tensor arange(const Device& device, double start, double end, double step, DType
   const int64_t n = count > 0 ? static_cast<int64_t>(count) : 0;
   if (n > 0) {
     detail::require_representable(start, dtype, "arange", "start");
-    detail::require_representable(start + static_cast<double>(n - 1) * step, dtype, "arange", "the last value");
+    detail::require_representable(start + static_cast<double>(n - 1) * step, dtype, "arange",
+                                  "the last value");
   }
   bp_op_attrs attrs = detail::make_attrs();
   attrs.scalar0 = start;

@@ -16,8 +16,8 @@ using detail::TensorImpl;
 // binary() for operands of different shapes: the NumPy broadcast of both,
 // the operands described as broadcast views (stride 0), never materialised.
 // Out of line, so the same-shape path builds no Shape at all.
-[[gnu::noinline]] Tensor binary_broadcast(int32_t op, const TensorImpl& x, const TensorImpl& y, bool comparison,
-                                          const char* api) {
+[[gnu::noinline]] Tensor binary_broadcast(int32_t op, const TensorImpl& x, const TensorImpl& y,
+                                          bool comparison, const char* api) {
   const Shape out_shape = detail::broadcast_for(api, x.shape, y.shape);
   const auto& backend = x.storage->backend;
   const int32_t device = x.storage->device;

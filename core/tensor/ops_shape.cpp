@@ -262,7 +262,8 @@ void copy_dense(const TensorImpl& x, const TensorImpl& out, const std::string& w
   if (src != nullptr) sb.synchronize_if_async(src_device, what);
   if (dst != nullptr) db.synchronize_if_async(dst_device, what);
   if (src != nullptr && dst != nullptr) {
-    std::memmove(dst + out.byte_offset, src + x.byte_offset, static_cast<std::size_t>(bytes));  // views may overlap
+    std::memmove(dst + out.byte_offset, src + x.byte_offset,
+                 static_cast<std::size_t>(bytes));  // views may overlap
   } else if (src != nullptr) {
     db.write(out.storage->buffer, out.byte_offset, src + x.byte_offset, bytes, what + ": buffer_write");
   } else if (dst != nullptr) {
@@ -364,11 +365,13 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
     throw Error(Errc::shape_mismatch, "Tensor::copy_: the source has shape " + s0.shape.to_string() +
                                           " but the destination has shape " + dst.shape.to_string());
   if (dst.dtype != s0.dtype)
-    throw Error(Errc::dtype_mismatch, "Tensor::copy_: the source is " + std::string(backplane::to_string(s0.dtype)) +
-                                          " but the destination is " + std::string(backplane::to_string(dst.dtype)) +
-                                          "; cast it first");
+    throw Error(Errc::dtype_mismatch, "Tensor::copy_: the source is " +
+                                          std::string(backplane::to_string(s0.dtype)) +
+                                          " but the destination is " +
+                                          std::string(backplane::to_string(dst.dtype)) + "; cast it first");
   if (!detail::is_contiguous(dst))
-    throw Error(Errc::invalid_argument, "Tensor::copy_: the destination must be contiguous (it is a strided view)");
+    throw Error(Errc::invalid_argument,
+                "Tensor::copy_: the destination must be contiguous (it is a strided view)");
   if (&dst == &s0) return *this;
   const auto x = detail::as_contiguous(detail::Access::impl(src), "Tensor::copy_");
   detail::copy_dense(*x, dst, "Tensor::copy_ into " + dst.storage->backend->device_id(dst.storage->device));

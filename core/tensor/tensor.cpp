@@ -22,15 +22,17 @@ namespace {
 // The failure halves of the per-op allocation path, out of line so the
 // success path stays small enough to inline. alloc_failed: a non-NULL status
 // (thrown unless its code is OK), then a missing buffer.
-[[gnu::cold, gnu::noinline]] void alloc_failed(const BackendImpl& backend, int32_t dev, uint64_t size, bp_status* st,
-                                               bool no_buffer) {
-  if (st != nullptr) backend.check(st, "buffer_alloc of " + std::to_string(size) + " bytes on " + backend.device_id(dev));
+[[gnu::cold, gnu::noinline]] void alloc_failed(const BackendImpl& backend, int32_t dev, uint64_t size,
+                                               bp_status* st, bool no_buffer) {
+  if (st != nullptr)
+    backend.check(st, "buffer_alloc of " + std::to_string(size) + " bytes on " + backend.device_id(dev));
   if (no_buffer)
-    throw Error(Errc::device_error, "backend \"" + backend.name + "\": buffer_alloc of " + std::to_string(size) +
-                                        " bytes succeeded but returned no buffer");
+    throw Error(Errc::device_error, "backend \"" + backend.name + "\": buffer_alloc of " +
+                                        std::to_string(size) + " bytes succeeded but returned no buffer");
 }
 
-[[gnu::cold, gnu::noinline]] void free_failed(const BackendImpl& backend, int32_t dev, bp_status* st) noexcept {
+[[gnu::cold, gnu::noinline]] void free_failed(const BackendImpl& backend, int32_t dev,
+                                              bp_status* st) noexcept {
   // A destructor cannot throw: the failure is logged (abi.h: "the host logs a failure").
   try {
     backend.check(st, "buffer_free on " + backend.device_id(dev));
@@ -101,7 +103,8 @@ namespace {
 }
 
 // The first negative extent, or else the overflow of the byte size.
-[[noreturn, gnu::cold, gnu::noinline]] void bad_shape(const Shape& shape, DType dtype, std::string_view what) {
+[[noreturn, gnu::cold, gnu::noinline]] void bad_shape(const Shape& shape, DType dtype,
+                                                      std::string_view what) {
   for (int i = 0; i < shape.rank(); ++i) {
     if (shape[i] < 0)
       throw Error(Errc::invalid_argument, std::string(what) + ": shape " + shape.to_string() +
@@ -171,8 +174,8 @@ bool is_contiguous(const TensorImpl& t) noexcept {
   return true;
 }
 
-std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape, const Shape& strides,
-                                      uint64_t byte_offset) {
+std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape,
+                                      const Shape& strides, uint64_t byte_offset) {
   auto v = std::make_shared<TensorImpl>();
   v->base = t->base ? t->base : std::shared_ptr<const TensorImpl>(t);
   v->storage = t->storage;
@@ -192,12 +195,14 @@ Tensor Tensor::empty(const Device& device, const Shape& shape, DType dtype) {
       detail::allocate_tensor(backend, device.index(), shape, dtype, "Tensor::empty"));
 }
 
-Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data, std::size_t count) {
+Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data,
+                          std::size_t count) {
   const auto& backend = detail::usable(device, "Tensor::from_vector");
   const int64_t n = detail::checked_numel(shape, dtype, "Tensor::from_vector");
   if (static_cast<uint64_t>(n) != count) {
-    throw Error(Errc::invalid_argument, "Tensor::from_vector: shape " + shape.to_string() + " holds " + std::to_string(n) +
-                                            " elements but " + std::to_string(count) + " values were given");
+    throw Error(Errc::invalid_argument, "Tensor::from_vector: shape " + shape.to_string() + " holds " +
+                                            std::to_string(n) + " elements but " + std::to_string(count) +
+                                            " values were given");
   }
   auto t = detail::allocate_tensor(backend, device.index(), shape, dtype, "Tensor::from_vector");
   const uint64_t bytes = t->storage->nbytes;
@@ -206,7 +211,8 @@ Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype,
 }
 
 const detail::TensorImpl& Tensor::checked() const {
-  if (!impl_) throw Error(Errc::invalid_argument, "use of an undefined Tensor (default-constructed or moved-from)");
+  if (!impl_)
+    throw Error(Errc::invalid_argument, "use of an undefined Tensor (default-constructed or moved-from)");
   return *impl_;
 }
 
@@ -227,8 +233,9 @@ Tensor Tensor::to(const Device& device) const {
 void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {
   const auto& t = checked();
   if (dtype != t.dtype) {
-    throw Error(Errc::dtype_mismatch, "Tensor::to_vector: the tensor holds " + std::string(backplane::to_string(t.dtype)) +
-                                          " but " + std::string(backplane::to_string(dtype)) + " was requested");
+    throw Error(Errc::dtype_mismatch, "Tensor::to_vector: the tensor holds " +
+                                          std::string(backplane::to_string(t.dtype)) + " but " +
+                                          std::string(backplane::to_string(dtype)) + " was requested");
   }
   if (count != static_cast<std::size_t>(t.shape.numel())) {
     throw Error(Errc::invalid_argument, "Tensor::read_into: destination holds " + std::to_string(count) +
@@ -257,10 +264,12 @@ double half_to_double(uint16_t h) {
   const int exponent = (h >> 10) & 0x1f;
   const int mantissa = h & 0x3ff;
   double v;
-  if (exponent == 0) v = std::ldexp(mantissa, -24);
-  else if (exponent == 31) v = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN()
-                                             : std::numeric_limits<double>::infinity();
-  else v = std::ldexp(mantissa + 1024, exponent - 25);
+  if (exponent == 0)
+    v = std::ldexp(mantissa, -24);
+  else if (exponent == 31)
+    v = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else
+    v = std::ldexp(mantissa + 1024, exponent - 25);
   return (h & 0x8000) != 0 ? -v : v;
 }
 
@@ -281,20 +290,28 @@ std::string element_text(DType dtype, const unsigned char* p) {
     return zero;
   };
   switch (dtype) {
-    case DType::f32: return float_text(as(float{}));
-    case DType::f64: return float_text(as(double{}));
-    case DType::f16: return float_text(half_to_double(as(uint16_t{})));
+    case DType::f32:
+      return float_text(as(float{}));
+    case DType::f64:
+      return float_text(as(double{}));
+    case DType::f16:
+      return float_text(half_to_double(as(uint16_t{})));
     case DType::bf16: {
       const uint32_t bits = static_cast<uint32_t>(as(uint16_t{})) << 16;
       float f;
       std::memcpy(&f, &bits, sizeof f);
       return float_text(f);
     }
-    case DType::i32: return std::to_string(as(int32_t{}));
-    case DType::i64: return std::to_string(as(int64_t{}));
-    case DType::u8: return std::to_string(as(uint8_t{}));
-    case DType::i8: return std::to_string(as(int8_t{}));
-    case DType::bool_: return as(uint8_t{}) != 0 ? "true" : "false";
+    case DType::i32:
+      return std::to_string(as(int32_t{}));
+    case DType::i64:
+      return std::to_string(as(int64_t{}));
+    case DType::u8:
+      return std::to_string(as(uint8_t{}));
+    case DType::i8:
+      return std::to_string(as(int8_t{}));
+    case DType::bool_:
+      return as(uint8_t{}) != 0 ? "true" : "false";
   }
   return "?";
 }
@@ -315,8 +332,9 @@ std::vector<int64_t> shown_indices(int64_t extent, bool summarise) {
 // Nested brackets over the shown indices; `texts` holds the shown elements in
 // row-major order, right-aligned to one width; `indent` is the column of the
 // outermost '['.
-void format_level(const std::vector<std::vector<int64_t>>& shown, std::size_t dim, const std::vector<std::string>& texts,
-                  std::size_t& next, std::size_t indent, std::string& out) {
+void format_level(const std::vector<std::vector<int64_t>>& shown, std::size_t dim,
+                  const std::vector<std::string>& texts, std::size_t& next, std::size_t indent,
+                  std::string& out) {
   out += '[';
   const std::vector<int64_t>& idx = shown[dim];
   const bool innermost = dim + 1 == shown.size();
@@ -346,7 +364,8 @@ void format_level(const std::vector<std::vector<int64_t>>& shown, std::size_t di
 std::string Tensor::to_string() const {
   if (!impl_) return "Tensor(undefined)";
   const std::string meta = "shape=" + impl_->shape.to_string() +
-                           ", dtype=" + std::string(backplane::to_string(impl_->dtype)) + ", device=" + device().id();
+                           ", dtype=" + std::string(backplane::to_string(impl_->dtype)) +
+                           ", device=" + device().id();
   try {
     const auto& t = *impl_;
     const std::size_t size = dtype_size(t.dtype);
@@ -384,14 +403,17 @@ std::string Tensor::to_string() const {
       std::vector<unsigned char> run;
       while (true) {
         int64_t base = 0;
-        for (std::size_t d = 0; d < outer.size(); ++d) base += outer[d][pos[d]] * t.strides[static_cast<int>(d)];
+        for (std::size_t d = 0; d < outer.size(); ++d)
+          base += outer[d][pos[d]] * t.strides[static_cast<int>(d)];
         for (std::size_t k = 0; k < inner.size();) {
           std::size_t len = 1;  // consecutive indices read together when the dimension is dense
-          while (inner_stride == 1 && k + len < inner.size() && inner[k + len] == inner[k] + static_cast<int64_t>(len))
+          while (inner_stride == 1 && k + len < inner.size() &&
+                 inner[k + len] == inner[k] + static_cast<int64_t>(len))
             ++len;
           run.resize(len * size);
           const int64_t first = base + inner[k] * inner_stride;
-          s.backend->read(s.buffer, t.byte_offset + static_cast<uint64_t>(first) * size, run.data(), len * size, what);
+          s.backend->read(s.buffer, t.byte_offset + static_cast<uint64_t>(first) * size, run.data(),
+                          len * size, what);
           for (std::size_t j = 0; j < len; ++j) texts.push_back(element_text(t.dtype, run.data() + j * size));
           k += len;
         }

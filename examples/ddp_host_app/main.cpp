@@ -34,7 +34,7 @@ struct Rng {
     return z ^ (z >> 31);
   }
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }  // [0, 1)
-  double normal() {  // Box-Muller
+  double normal() {                                                           // Box-Muller
     const double u = 1.0 - uniform(), v = uniform();
     return std::sqrt(-2.0 * std::log(u)) * std::cos(6.283185307179586 * v);
   }
@@ -57,7 +57,8 @@ Dataset synthetic(int64_t rows, uint64_t seed, double noise) {
     const int64_t c = static_cast<int64_t>(rng.next() % kClasses);
     d.y.push_back(c);
     for (int64_t f = 0; f < kFeatures; ++f)
-      d.x.push_back(static_cast<float>(proto[static_cast<std::size_t>(c * kFeatures + f)] + noise * rng.normal()));
+      d.x.push_back(
+          static_cast<float>(proto[static_cast<std::size_t>(c * kFeatures + f)] + noise * rng.normal()));
   }
   return d;
 }
@@ -101,7 +102,8 @@ int main(int argc, char** argv) try {
   //    A device without 'collective' follows the backend's collective_fallback.
   bp::nn::Linear hidden(device, kFeatures, 128, /*seed=*/1), out(device, 128, kClasses, /*seed=*/2);
   std::vector<bp::Tensor> params{hidden.weight(), hidden.bias(), out.weight(), out.bias()};
-  for (std::size_t i = 0; i < params.size(); ++i) bp::set_distributed_params(params[i], bp::DistributedParamId{i});
+  for (std::size_t i = 0; i < params.size(); ++i)
+    bp::set_distributed_params(params[i], bp::DistributedParamId{i});
   bp::nn::SGD sgd(params, /*lr=*/0.1, /*momentum=*/0.9);
   auto model = [&](const bp::Tensor& x) { return out(bp::relu(hidden(x))); };
 

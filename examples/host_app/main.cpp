@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
       if (backend.status() != bp::Backend::Status::loaded) continue;
       const bp::Device d = backend.device(0);
       try {
-        bp::set_distributed_params(bp::Tensor::from_vector(d, {2}, std::vector<float>{1, 2}), bp::DistributedParamId{42});
+        bp::set_distributed_params(bp::Tensor::from_vector(d, {2}, std::vector<float>{1, 2}),
+                                   bp::DistributedParamId{42});
         std::cout << "set_distributed_params on " << d.id() << ": registered\n";
       } catch (const bp::Error& e) {
         std::cout << "set_distributed_params on " << d.id() << ": error " << bp::to_string(e.code()) << ": "

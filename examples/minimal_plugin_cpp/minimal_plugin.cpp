@@ -79,7 +79,8 @@ class MinimalPlugin {
         add(out, view(args.inputs[0], {"inputs", 0}), view(args.inputs[1], {"inputs", 1}));
         return;
       default:
-        bpp::fail(BP_STATUS_UNSUPPORTED, bpp::op_name(args.op) + " is not supported here (supports_op answers no for it)");
+        bpp::fail(BP_STATUS_UNSUPPORTED,
+                  bpp::op_name(args.op) + " is not supported here (supports_op answers no for it)");
     }
   }
 

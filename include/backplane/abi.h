@@ -219,8 +219,7 @@ extern "C" {
 
 /* True when `field` of struct type `type` lies inside a struct whose producer
  * declared `size` bytes. */
-#define BP_HAS_FIELD(type, field, size) \
-  ((size_t)(size) >= offsetof(type, field) + sizeof(((type *)0)->field))
+#define BP_HAS_FIELD(type, field, size) ((size_t)(size) >= offsetof(type, field) + sizeof(((type*)0)->field))
 
 /* ------------------------------------------------------------------------ */
 /* Status                                                                    */
@@ -231,13 +230,13 @@ typedef enum bp_status_code {
   BP_STATUS_INVALID_ARGUMENT = 1, /* a request the plugin refuses          */
   BP_STATUS_UNSUPPORTED = 2,      /* op / dtype / feature not available    */
   BP_STATUS_OUT_OF_MEMORY = 3,
-  BP_STATUS_INTERNAL = 4,         /* a bug or an unexpected exception      */
+  BP_STATUS_INTERNAL = 4, /* a bug or an unexpected exception      */
   BP_STATUS_TIMEOUT = 5,
-  BP_STATUS_COLLECTIVE = 6,       /* a peer failed or vanished; aborted    */
-  BP_STATUS_UNAVAILABLE = 7,      /* device / server / driver not present  */
-  BP_STATUS_DEVICE = 8,           /* the device reported a fault           */
-  BP_STATUS_IO = 9,               /* file or network I/O failed            */
-  BP_STATUS_COUNT_                /* not a code: one past the last one     */
+  BP_STATUS_COLLECTIVE = 6,  /* a peer failed or vanished; aborted    */
+  BP_STATUS_UNAVAILABLE = 7, /* device / server / driver not present  */
+  BP_STATUS_DEVICE = 8,      /* the device reported a fault           */
+  BP_STATUS_IO = 9,          /* file or network I/O failed            */
+  BP_STATUS_COUNT_           /* not a code: one past the last one     */
 } bp_status_code;
 
 /* Opaque; each producer (a plugin, the host's store) defines its own. */
@@ -265,11 +264,11 @@ typedef enum bp_dtype {
 /* Capabilities (per device; uint64 flag set; see "Capabilities" above)      */
 /* ------------------------------------------------------------------------ */
 
-#define BP_CAP_COLLECTIVE   (UINT64_C(1) << 0)
-#define BP_CAP_ASYNC        (UINT64_C(1) << 1)
-#define BP_CAP_HOST_VISIBLE (UINT64_C(1) << 2)
-#define BP_CAP_REMOTE       (UINT64_C(1) << 3)
-#define BP_CAP_MATMUL       (UINT64_C(1) << 4)
+#define BP_CAP_COLLECTIVE     (UINT64_C(1) << 0)
+#define BP_CAP_ASYNC          (UINT64_C(1) << 1)
+#define BP_CAP_HOST_VISIBLE   (UINT64_C(1) << 2)
+#define BP_CAP_REMOTE         (UINT64_C(1) << 3)
+#define BP_CAP_MATMUL         (UINT64_C(1) << 4)
 #define BP_CAP_FEATURE_COUNT_ 5 /* bits 0..4 name features; keep bp_capability_name in step */
 /* Bits 16..16+BP_DTYPE_COUNT_-1: one flag per dtype, at 16 + the dtype's value.
  * Defined for 0 < d < BP_DTYPE_COUNT_ only (d is a bp_dtype this header names). */
@@ -309,7 +308,7 @@ typedef enum bp_op {
    * Integer POW with a negative exponent cannot be refused by the host (it
    * depends on the data): the plugin returns INVALID_ARGUMENT. */
   BP_OP_POW = 7,
-  BP_OP_MAXIMUM = 8,      /* NaN-propagating for floats */
+  BP_OP_MAXIMUM = 8, /* NaN-propagating for floats */
   BP_OP_MINIMUM = 9,
   /* Comparisons, as ADD but the output dtype is BP_DTYPE_BOOL. */
   BP_OP_EQ = 10,
@@ -332,17 +331,17 @@ typedef enum bp_op {
   BP_OP_RELU = 24,
   BP_OP_SIN = 25,
   BP_OP_COS = 26,
-  BP_OP_CLAMP = 27,       /* attrs: scalar0 = low, scalar1 = high */
+  BP_OP_CLAMP = 27, /* attrs: scalar0 = low, scalar1 = high */
   /* cast: inputs[0] -> outputs[0], same shape, the output's dtype differs.
    * Float -> int truncates toward zero (NaN/out of range: unspecified value,
    * never a trap); to BOOL is (x != 0); int -> narrower int wraps. */
   BP_OP_CAST = 28,
   /* Creation: no inputs, one contiguous output. */
-  BP_OP_FILL = 29,        /* every element = scalar0 */
-  BP_OP_ARANGE = 30,      /* 1-D: out[i] = scalar0 + i * scalar1 */
-  BP_OP_RAND_UNIFORM = 31,/* [scalar0, scalar1); attrs.seed; same seed, same values
-                           * on the same backend (cpu: whatever the thread count) */
-  BP_OP_RANDN = 32,       /* normal(mean scalar0, std scalar1); attrs.seed */
+  BP_OP_FILL = 29,         /* every element = scalar0 */
+  BP_OP_ARANGE = 30,       /* 1-D: out[i] = scalar0 + i * scalar1 */
+  BP_OP_RAND_UNIFORM = 31, /* [scalar0, scalar1); attrs.seed; same seed, same values
+                            * on the same backend (cpu: whatever the thread count) */
+  BP_OP_RANDN = 32,        /* normal(mean scalar0, std scalar1); attrs.seed */
   /* Reductions over one axis (attrs.axis, 0 <= axis < ndim). The output
    * has the input's ndim with extent 1 on that axis (the host drops it for
    * keepdim=false, and flattens for an all-axes reduction). ARGMAX/ARGMIN
@@ -370,12 +369,12 @@ typedef enum bp_op {
 /* Attributes of an op. Fields an op does not use are ignored. */
 typedef struct bp_op_attrs {
   size_t struct_size;
-  int64_t axis;         /* reductions, softmax, index_select, gather        */
-  int32_t dtype;        /* bp_dtype: target of a cast                       */
-  int32_t reserved_;    /* zero                                             */
-  double scalar0;       /* clamp low, fill value, arange start, rand low    */
-  double scalar1;       /* clamp high, arange step, rand high / std         */
-  uint64_t seed;        /* rand_uniform, randn                              */
+  int64_t axis;      /* reductions, softmax, index_select, gather        */
+  int32_t dtype;     /* bp_dtype: target of a cast                       */
+  int32_t reserved_; /* zero                                             */
+  double scalar0;    /* clamp low, fill value, arange start, rand low    */
+  double scalar1;    /* clamp high, arange step, rand high / std         */
+  uint64_t seed;     /* rand_uniform, randn                              */
 } bp_op_attrs;
 
 typedef enum bp_reduce_op {
@@ -399,50 +398,43 @@ static inline BP_MAYBE_UNUSED_ size_t bp_dtype_size(int32_t dtype) {
 
 /* "f32", "f64", "i32", "i64", "bool", "f16", "bf16", "u8", "i8"; NULL for a
  * value this header does not know. */
-static inline BP_MAYBE_UNUSED_ const char *bp_dtype_name(int32_t dtype) {
-  static const char *const names[BP_DTYPE_COUNT_] = {NULL, "f32", "f64", "i32", "i64",
+static inline BP_MAYBE_UNUSED_ const char* bp_dtype_name(int32_t dtype) {
+  static const char* const names[BP_DTYPE_COUNT_] = {NULL,   "f32", "f64",  "i32", "i64",
                                                      "bool", "f16", "bf16", "u8",  "i8"};
   return (dtype > 0 && dtype < BP_DTYPE_COUNT_) ? names[dtype] : NULL;
 }
 
 /* "add", "log_softmax", ...; NULL for a value this header does not know. */
-static inline BP_MAYBE_UNUSED_ const char *bp_op_name(int32_t op) {
-  static const char *const names[BP_OP_COUNT_] = {
-      NULL,
-      "add",          "sub",     "mul",     "div",     "matmul", "copy",
-      "pow",          "maximum", "minimum",
-      "eq",           "ne",      "lt",      "le",      "gt",     "ge",
-      "where",
-      "neg",          "abs",     "exp",     "log",     "sqrt",   "tanh",
-      "sigmoid",      "relu",    "sin",     "cos",     "clamp",
-      "cast",
-      "fill",         "arange",  "rand_uniform", "randn",
-      "sum",          "mean",    "max",     "min",     "argmax", "argmin",
-      "softmax",      "log_softmax",
-      "index_select", "gather"};
+static inline BP_MAYBE_UNUSED_ const char* bp_op_name(int32_t op) {
+  static const char* const names[BP_OP_COUNT_] = {
+      NULL,      "add",    "sub",    "mul",     "div",          "matmul",       "copy",  "pow",   "maximum",
+      "minimum", "eq",     "ne",     "lt",      "le",           "gt",           "ge",    "where", "neg",
+      "abs",     "exp",    "log",    "sqrt",    "tanh",         "sigmoid",      "relu",  "sin",   "cos",
+      "clamp",   "cast",   "fill",   "arange",  "rand_uniform", "randn",        "sum",   "mean",  "max",
+      "min",     "argmax", "argmin", "softmax", "log_softmax",  "index_select", "gather"};
   return (op > 0 && op < BP_OP_COUNT_) ? names[op] : NULL;
 }
 
 /* "sum", "mean", "min", "max", "prod"; NULL for an unknown value. */
-static inline BP_MAYBE_UNUSED_ const char *bp_reduce_op_name(int32_t op) {
-  static const char *const names[BP_REDUCE_COUNT_] = {"sum", "mean", "min", "max", "prod"};
+static inline BP_MAYBE_UNUSED_ const char* bp_reduce_op_name(int32_t op) {
+  static const char* const names[BP_REDUCE_COUNT_] = {"sum", "mean", "min", "max", "prod"};
   return (op >= 0 && op < BP_REDUCE_COUNT_) ? names[op] : NULL;
 }
 
 /* "ok", "invalid_argument", ...; NULL for an unknown value. */
-static inline BP_MAYBE_UNUSED_ const char *bp_status_code_name(int32_t code) {
-  static const char *const names[BP_STATUS_COUNT_] = {
-      "ok", "invalid_argument", "unsupported", "out_of_memory", "internal",
-      "timeout", "collective", "unavailable", "device", "io"};
+static inline BP_MAYBE_UNUSED_ const char* bp_status_code_name(int32_t code) {
+  static const char* const names[BP_STATUS_COUNT_] = {
+      "ok",      "invalid_argument", "unsupported", "out_of_memory", "internal",
+      "timeout", "collective",       "unavailable", "device",        "io"};
   return (code >= 0 && code < BP_STATUS_COUNT_) ? names[code] : NULL;
 }
 
 /* The name of one capability bit: "collective", "async", "host_visible",
  * "remote", "matmul", or a dtype's name for a dtype flag ("f64"); NULL for a
  * bit this header does not name (or a value that is not one bit). */
-static inline BP_MAYBE_UNUSED_ const char *bp_capability_name(uint64_t flag) {
-  static const char *const names[BP_CAP_FEATURE_COUNT_] = {"collective", "async", "host_visible", "remote",
-                                                          "matmul"};
+static inline BP_MAYBE_UNUSED_ const char* bp_capability_name(uint64_t flag) {
+  static const char* const names[BP_CAP_FEATURE_COUNT_] = {"collective", "async", "host_visible", "remote",
+                                                           "matmul"};
   int bit = 0;
   if (flag == 0 || (flag & (flag - 1)) != 0) return NULL;
   while ((flag >> bit) != 1) ++bit;
@@ -464,20 +456,20 @@ typedef struct bp_comm bp_comm;     /* a collective communicator           */
  * element [0,...,0] lies within the buffer and is a multiple of the element
  * size. Every element the view can address lies inside the buffer. */
 typedef struct bp_tensor {
-  bp_buffer *buffer;
+  bp_buffer* buffer;
   uint64_t byte_offset;
-  int32_t device;      /* device index within the plugin                   */
-  int32_t dtype;       /* bp_dtype                                          */
-  int32_t ndim;        /* 0 for a scalar                                    */
-  int32_t reserved_;   /* zero                                              */
-  const int64_t *shape;
-  const int64_t *strides;
+  int32_t device;    /* device index within the plugin                   */
+  int32_t dtype;     /* bp_dtype                                          */
+  int32_t ndim;      /* 0 for a scalar                                    */
+  int32_t reserved_; /* zero                                              */
+  const int64_t* shape;
+  const int64_t* strides;
 } bp_tensor;
 
 /* DLPack device types (DLDeviceType values) used in buffer_pointer and
  * buffer_import. Others keep DLPack's numbering. */
-#define BP_DL_CPU 1
-#define BP_DL_CUDA 2
+#define BP_DL_CPU       1
+#define BP_DL_CUDA      2
 #define BP_DL_CUDA_HOST 3
 
 /* ------------------------------------------------------------------------ */
@@ -495,9 +487,9 @@ typedef struct bp_host_api {
   size_t struct_size;
   uint32_t abi_major;
   uint32_t abi_minor;
-  void *ctx;
+  void* ctx;
   /* (required) Log a NUL-terminated message; any thread; never fails. */
-  void (*log)(void *ctx, int32_t level, const char *message);
+  void (*log)(void* ctx, int32_t level, const char* message);
 } bp_host_api;
 
 /* A key-value store shared by all ranks of a group, backed by the host's
@@ -507,9 +499,9 @@ typedef struct bp_host_api {
  * remote: the servers' group] */
 typedef struct bp_kv_set_args {
   size_t struct_size;
-  void *ctx;                /* bp_kv_store.ctx */
-  const char *key;
-  const void *value;
+  void* ctx; /* bp_kv_store.ctx */
+  const char* key;
+  const void* value;
   uint64_t size;
   /* 2.1: the longest the set may wait for the store to take the value, in
    * ms; <= 0 means the store's own timeout. For failure paths, which must
@@ -520,32 +512,32 @@ typedef struct bp_kv_set_args {
 
 typedef struct bp_kv_get_args {
   size_t struct_size;
-  void *ctx;
-  const char *key;
-  int64_t timeout_ms;       /* blocks until key exists; BP_STATUS_TIMEOUT after */
-  uint8_t *value;           /* out: owned by the caller, freed with free_value */
-  uint64_t size;            /* out */
+  void* ctx;
+  const char* key;
+  int64_t timeout_ms; /* blocks until key exists; BP_STATUS_TIMEOUT after */
+  uint8_t* value;     /* out: owned by the caller, freed with free_value */
+  uint64_t size;      /* out */
 } bp_kv_get_args;
 
 typedef struct bp_kv_wait_args {
   size_t struct_size;
-  void *ctx;
-  const char *const *keys;
+  void* ctx;
+  const char* const* keys;
   int32_t num_keys;
   int32_t reserved_;
-  int64_t timeout_ms;       /* until every key exists; BP_STATUS_TIMEOUT after */
+  int64_t timeout_ms; /* until every key exists; BP_STATUS_TIMEOUT after */
 } bp_kv_wait_args;
 
 typedef struct bp_kv_store {
   size_t struct_size;
-  void *ctx;
-  bp_status *(*set)(bp_kv_set_args *args);
-  bp_status *(*get)(bp_kv_get_args *args);
-  bp_status *(*wait)(bp_kv_wait_args *args);
-  void (*free_value)(void *ctx, uint8_t *value);
-  int32_t (*status_code)(const bp_status *status);
-  const char *(*status_message)(const bp_status *status);
-  void (*status_free)(bp_status *status);
+  void* ctx;
+  bp_status* (*set)(bp_kv_set_args* args);
+  bp_status* (*get)(bp_kv_get_args* args);
+  bp_status* (*wait)(bp_kv_wait_args* args);
+  void (*free_value)(void* ctx, uint8_t* value);
+  int32_t (*status_code)(const bp_status* status);
+  const char* (*status_message)(const bp_status* status);
+  void (*status_free)(bp_status* status);
 } bp_kv_store;
 
 /* ------------------------------------------------------------------------ */
@@ -554,49 +546,49 @@ typedef struct bp_kv_store {
 
 typedef struct bp_create_args {
   size_t struct_size;
-  const char *backend_name;  /* the name given in backends.json             */
-  const char *options_json;  /* the backend's "options" object, as JSON text */
-  const bp_host_api *host;   /* the same table the entry received          */
-  bp_plugin *plugin;         /* out */
+  const char* backend_name; /* the name given in backends.json             */
+  const char* options_json; /* the backend's "options" object, as JSON text */
+  const bp_host_api* host;  /* the same table the entry received          */
+  bp_plugin* plugin;        /* out */
 } bp_create_args;
 
 typedef struct bp_device_count_args {
   size_t struct_size;
-  bp_plugin *plugin;
-  int32_t num_devices;       /* out: 0..4096 */
+  bp_plugin* plugin;
+  int32_t num_devices; /* out: 0..4096 */
 } bp_device_count_args;
 
 typedef struct bp_attribute {
-  const char *name;
-  const char *value;
+  const char* name;
+  const char* value;
 } bp_attribute;
 
 typedef struct bp_device_info_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
   int32_t num_attributes;         /* out */
-  const char *name;               /* out: e.g. "host (2 threads)", "NVIDIA H200" */
+  const char* name;               /* out: e.g. "host (2 threads)", "NVIDIA H200" */
   uint64_t capabilities;          /* out: BP_CAP_*, constant for the instance */
-  const bp_attribute *attributes; /* out: named attributes (versions, limits) */
+  const bp_attribute* attributes; /* out: named attributes (versions, limits) */
 } bp_device_info_args;
 
 typedef struct bp_device_memory_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
   int32_t reserved_;
-  uint64_t free_bytes;      /* out: now; may change at any time */
-  uint64_t total_bytes;     /* out */
+  uint64_t free_bytes;  /* out: now; may change at any time */
+  uint64_t total_bytes; /* out */
 } bp_device_memory_args;
 
 typedef struct bp_supports_op_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
-  int32_t op;               /* bp_op; may be one this plugin does not know */
-  int32_t dtype;            /* see below */
-  int32_t supported;        /* out: nonzero when the device runs op on dtype */
+  int32_t op;        /* bp_op; may be one this plugin does not know */
+  int32_t dtype;     /* see below */
+  int32_t supported; /* out: nonzero when the device runs op on dtype */
 } bp_supports_op_args;
 /* supports_op is asked with the dtype of the data operand: inputs[0]
  * (WHERE: inputs[1], not the BOOL cond; comparisons: the inputs, not the
@@ -607,40 +599,40 @@ typedef struct bp_supports_op_args {
 
 typedef struct bp_buffer_alloc_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
   int32_t reserved_;
-  uint64_t size;            /* bytes; may be 0 */
-  bp_buffer *buffer;        /* out */
+  uint64_t size;     /* bytes; may be 0 */
+  bp_buffer* buffer; /* out */
 } bp_buffer_alloc_args;
 
 typedef struct bp_buffer_free_args {
   size_t struct_size;
-  bp_plugin *plugin;
-  bp_buffer *buffer;        /* queue-ordered; the host logs a failure */
+  bp_plugin* plugin;
+  bp_buffer* buffer; /* queue-ordered; the host logs a failure */
 } bp_buffer_free_args;
 
 /* buffer_write copies host memory into the buffer, buffer_read the reverse.
  * [offset, offset + size) lies inside the buffer (host-checked). */
 typedef struct bp_buffer_copy_args {
   size_t struct_size;
-  bp_plugin *plugin;
-  bp_buffer *buffer;
+  bp_plugin* plugin;
+  bp_buffer* buffer;
   uint64_t offset;
   uint64_t size;
-  const void *src;          /* buffer_write: consumed before the call returns */
-  void *dst;                /* buffer_read: filled before the call returns */
+  const void* src; /* buffer_write: consumed before the call returns */
+  void* dst;       /* buffer_read: filled before the call returns */
 } bp_buffer_copy_args;
 
 /* buffer_pointer: where a buffer lives, for DLPack export. Synchronising on
  * an async device: when it returns, earlier work on the buffer is done. */
 typedef struct bp_buffer_pointer_args {
   size_t struct_size;
-  bp_plugin *plugin;
-  bp_buffer *buffer;
-  void *data;               /* out: address of byte 0 of the buffer */
-  int32_t dl_device_type;   /* out: BP_DL_CPU, BP_DL_CUDA, ...            */
-  int32_t dl_device_id;     /* out: e.g. the CUDA ordinal                 */
+  bp_plugin* plugin;
+  bp_buffer* buffer;
+  void* data;             /* out: address of byte 0 of the buffer */
+  int32_t dl_device_type; /* out: BP_DL_CPU, BP_DL_CUDA, ...            */
+  int32_t dl_device_id;   /* out: e.g. the CUDA ordinal                 */
 } bp_buffer_pointer_args;
 
 /* buffer_import adopts `size` bytes at `data` (DLPack import) without
@@ -651,47 +643,47 @@ typedef struct bp_buffer_pointer_args {
  * consumers do. It refuses memory it cannot use with BP_STATUS_UNSUPPORTED. */
 typedef struct bp_buffer_import_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
-  int32_t dl_device_type;   /* where `data` lives: BP_DL_CPU, BP_DL_CUDA, ... */
+  int32_t dl_device_type; /* where `data` lives: BP_DL_CPU, BP_DL_CUDA, ... */
   int32_t dl_device_id;
   int32_t reserved_;
-  void *data;
+  void* data;
   uint64_t size;
-  void (*release)(void *release_ctx);
-  void *release_ctx;
-  bp_buffer *buffer;        /* out */
+  void (*release)(void* release_ctx);
+  void* release_ctx;
+  bp_buffer* buffer; /* out */
 } bp_buffer_import_args;
 
 typedef struct bp_execute_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
-  int32_t op;               /* bp_op, accepted by supports_op */
-  const bp_tensor *inputs;
-  const bp_tensor *outputs; /* allocated by the host; never overlap inputs */
+  int32_t op; /* bp_op, accepted by supports_op */
+  const bp_tensor* inputs;
+  const bp_tensor* outputs; /* allocated by the host; never overlap inputs */
   int32_t num_inputs;
   int32_t num_outputs;
-  const bp_op_attrs *attrs; /* never NULL */
+  const bp_op_attrs* attrs; /* never NULL */
 } bp_execute_args;
 
 typedef struct bp_synchronize_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
 } bp_synchronize_args;
 
 typedef struct bp_comm_create_args {
   size_t struct_size;
-  bp_plugin *plugin;
+  bp_plugin* plugin;
   int32_t device;
   int32_t rank;
   int32_t world_size;
   int32_t reserved_;
   int64_t timeout_ms;       /* every collective on the comm obeys it       */
-  const bp_kv_store *store; /* valid until comm_destroy                     */
-  const char *key_prefix;   /* namespace for this comm's keys in the store */
-  bp_comm *comm;            /* out */
+  const bp_kv_store* store; /* valid until comm_destroy                     */
+  const char* key_prefix;   /* namespace for this comm's keys in the store */
+  bp_comm* comm;            /* out */
 } bp_comm_create_args;
 
 /* comm_destroy and comm_abort. After comm_abort every pending and later
@@ -700,8 +692,8 @@ typedef struct bp_comm_create_args {
  * peers' connections; remote: tells the servers] */
 typedef struct bp_comm_args {
   size_t struct_size;
-  bp_plugin *plugin;
-  bp_comm *comm;
+  bp_plugin* plugin;
+  bp_comm* comm;
 } bp_comm_args;
 
 /* One struct for the five collectives; fields an entry does not use are
@@ -712,11 +704,11 @@ typedef struct bp_comm_args {
  * contiguous. */
 typedef struct bp_collective_args {
   size_t struct_size;
-  bp_plugin *plugin;
-  bp_comm *comm;
-  const bp_tensor *input;
-  const bp_tensor *output;
-  int32_t reduce_op;        /* bp_reduce_op */
+  bp_plugin* plugin;
+  bp_comm* comm;
+  const bp_tensor* input;
+  const bp_tensor* output;
+  int32_t reduce_op; /* bp_reduce_op */
   int32_t root;
 } bp_collective_args;
 
@@ -728,50 +720,50 @@ typedef struct bp_plugin_api {
   size_t struct_size;
   uint32_t abi_major;
   uint32_t abi_minor;
-  const char *plugin_name;     /* (required) e.g. "cpu"                        */
-  const char *plugin_version;  /* (required) e.g. "0.2.0"                      */
+  const char* plugin_name;    /* (required) e.g. "cpu"                        */
+  const char* plugin_version; /* (required) e.g. "0.2.0"                      */
 
   /* status (required) */
-  int32_t     (*status_code)   (const bp_status *status);
-  const char *(*status_message)(const bp_status *status);
-  void        (*status_free)   (bp_status *status);
+  int32_t (*status_code)(const bp_status* status);
+  const char* (*status_message)(const bp_status* status);
+  void (*status_free)(bp_status* status);
 
   /* lifetime (required) */
-  bp_status *(*create) (bp_create_args *args);
-  void       (*destroy)(bp_plugin *plugin);
+  bp_status* (*create)(bp_create_args* args);
+  void (*destroy)(bp_plugin* plugin);
 
   /* devices */
-  bp_status *(*device_count) (bp_device_count_args *args);  /* (required) may block: see above */
-  bp_status *(*device_info)  (bp_device_info_args *args);   /* (required) */
-  bp_status *(*supports_op)  (bp_supports_op_args *args);   /* (required) */
-  bp_status *(*device_memory)(bp_device_memory_args *args); /* (optional) free/total bytes */
+  bp_status* (*device_count)(bp_device_count_args* args);   /* (required) may block: see above */
+  bp_status* (*device_info)(bp_device_info_args* args);     /* (required) */
+  bp_status* (*supports_op)(bp_supports_op_args* args);     /* (required) */
+  bp_status* (*device_memory)(bp_device_memory_args* args); /* (optional) free/total bytes */
 
   /* buffers */
-  bp_status *(*buffer_alloc)  (bp_buffer_alloc_args *args);   /* (required) */
-  bp_status *(*buffer_free)   (bp_buffer_free_args *args);    /* (required) */
-  bp_status *(*buffer_write)  (bp_buffer_copy_args *args);    /* (required) */
-  bp_status *(*buffer_read)   (bp_buffer_copy_args *args);    /* (required) synchronising */
-  bp_status *(*buffer_pointer)(bp_buffer_pointer_args *args); /* (optional; required with host_visible) */
-  bp_status *(*buffer_import) (bp_buffer_import_args *args);  /* (optional) DLPack import */
+  bp_status* (*buffer_alloc)(bp_buffer_alloc_args* args);     /* (required) */
+  bp_status* (*buffer_free)(bp_buffer_free_args* args);       /* (required) */
+  bp_status* (*buffer_write)(bp_buffer_copy_args* args);      /* (required) */
+  bp_status* (*buffer_read)(bp_buffer_copy_args* args);       /* (required) synchronising */
+  bp_status* (*buffer_pointer)(bp_buffer_pointer_args* args); /* (optional; required with host_visible) */
+  bp_status* (*buffer_import)(bp_buffer_import_args* args);   /* (optional) DLPack import */
 
   /* execution */
-  bp_status *(*execute)    (bp_execute_args *args);           /* (required) */
-  bp_status *(*synchronize)(bp_synchronize_args *args);       /* (optional; required with async) */
+  bp_status* (*execute)(bp_execute_args* args);         /* (required) */
+  bp_status* (*synchronize)(bp_synchronize_args* args); /* (optional; required with async) */
 
   /* collectives (all optional; all required with collective) */
-  bp_status *(*comm_create)   (bp_comm_create_args *args);
-  bp_status *(*comm_destroy)  (bp_comm_args *args);
-  bp_status *(*comm_abort)    (bp_comm_args *args);
-  bp_status *(*all_reduce)    (bp_collective_args *args);
-  bp_status *(*broadcast)     (bp_collective_args *args);
-  bp_status *(*all_gather)    (bp_collective_args *args);
-  bp_status *(*reduce_scatter)(bp_collective_args *args);
-  bp_status *(*barrier)       (bp_collective_args *args);
+  bp_status* (*comm_create)(bp_comm_create_args* args);
+  bp_status* (*comm_destroy)(bp_comm_args* args);
+  bp_status* (*comm_abort)(bp_comm_args* args);
+  bp_status* (*all_reduce)(bp_collective_args* args);
+  bp_status* (*broadcast)(bp_collective_args* args);
+  bp_status* (*all_gather)(bp_collective_args* args);
+  bp_status* (*reduce_scatter)(bp_collective_args* args);
+  bp_status* (*barrier)(bp_collective_args* args);
 } bp_plugin_api;
 
 /* The one exported symbol. `host` stays valid for the life of the library.
  * Returns a table with static storage duration, or NULL. */
-typedef const bp_plugin_api *(*bp_plugin_entry_fn)(const bp_host_api *host);
+typedef const bp_plugin_api* (*bp_plugin_entry_fn)(const bp_host_api* host);
 
 #ifdef __cplusplus
 } /* extern "C" */

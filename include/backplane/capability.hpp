@@ -50,9 +50,7 @@ class BACKPLANE_API Capabilities {
   constexpr Capabilities() = default;
   constexpr explicit Capabilities(uint64_t bits) : bits_(bits) {}
 
-  constexpr bool has(Capability cap) const noexcept {
-    return (bits_ & static_cast<uint64_t>(cap)) != 0;
-  }
+  constexpr bool has(Capability cap) const noexcept { return (bits_ & static_cast<uint64_t>(cap)) != 0; }
   constexpr uint64_t bits() const noexcept { return bits_; }
   constexpr bool operator==(const Capabilities&) const = default;
   // The names of the known flags that are set, in bit order.

@@ -23,13 +23,13 @@ enum class Errc {
   unsupported_op,        // the device cannot run this op on this dtype
   shape_mismatch,
   dtype_mismatch,
-  device_mismatch,       // operands live on different devices
+  device_mismatch,  // operands live on different devices
   out_of_memory,
-  device_error,          // the plugin or device reported a fault
+  device_error,  // the plugin or device reported a fault
   timeout,
-  collective_error,      // a peer failed or vanished
+  collective_error,  // a peer failed or vanished
   io_error,
-  internal,              // a bug: please report it
+  internal,  // a bug: please report it
 };
 
 // "capability_missing", ... (stable; used in logs and JSON output)

@@ -22,7 +22,8 @@ namespace backplane::nn {
 // parameters require grad.
 class BACKPLANE_API Linear {
  public:
-  Linear(const Device& device, int64_t in_features, int64_t out_features, uint64_t seed, DType dtype = DType::f32);
+  Linear(const Device& device, int64_t in_features, int64_t out_features, uint64_t seed,
+         DType dtype = DType::f32);
 
   // x: [..., in] -> [..., out].
   Tensor operator()(const Tensor& x) const;
@@ -70,7 +71,8 @@ class BACKPLANE_API SGD final : public Optimizer {
 // Adam (Kingma and Ba), with bias correction, as PyTorch's Adam.
 class BACKPLANE_API Adam final : public Optimizer {
  public:
-  Adam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999, double eps = 1e-8);
+  Adam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
+       double eps = 1e-8);
   void step(const Gradients& gradients) override;
 
  private:

@@ -16,12 +16,11 @@
 //     explicit MyPlugin(const backplane::plugin::CreateArgs& args);  // cheap: parse options only
 //     int32_t device_count();                       // may block (driver query, connect)
 //     backplane::plugin::DeviceInfo device_info(int32_t device);
-//     bool supports_op(int32_t device, int32_t op, int32_t dtype);  // raw values: answer false to unknown ones
-//     bp_buffer* buffer_alloc(int32_t device, uint64_t size);
-//     void buffer_free(bp_buffer* buffer);
-//     void buffer_write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size);
-//     void buffer_read(bp_buffer* b, uint64_t offset, void* dst, uint64_t size);
-//     void execute(const bp_execute_args& args);
+//     bool supports_op(int32_t device, int32_t op, int32_t dtype);  // raw values: answer false to unknown
+//     ones bp_buffer* buffer_alloc(int32_t device, uint64_t size); void buffer_free(bp_buffer* buffer); void
+//     buffer_write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size); void
+//     buffer_read(bp_buffer* b, uint64_t offset, void* dst, uint64_t size); void execute(const
+//     bp_execute_args& args);
 //     // Feature::buffer_pointer:  backplane::plugin::BufferPointer buffer_pointer(bp_buffer* b);
 //     // Feature::buffer_import:   bp_buffer* buffer_import(const bp_buffer_import_args& a);
 //     //                           (only the returned buffer owns a.release, taken last:
@@ -30,10 +29,12 @@
 //     // Feature::synchronize:     void synchronize(int32_t device);
 //     // Feature::collectives:     bp_comm* comm_create(const bp_comm_create_args& a);
 //     //                           void comm_destroy(bp_comm* c);  void comm_abort(bp_comm* c);
-//     //                           void all_reduce(bp_comm* c, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op);
+//     //                           void all_reduce(bp_comm* c, const bp_tensor& in, const bp_tensor& out,
+//     bp_reduce_op op);
 //     //                           void broadcast(bp_comm* c, const bp_tensor& t, int32_t root);
 //     //                           void all_gather(bp_comm* c, const bp_tensor& in, const bp_tensor& out);
-//     //                           void reduce_scatter(bp_comm* c, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op);
+//     //                           void reduce_scatter(bp_comm* c, const bp_tensor& in, const bp_tensor& out,
+//     bp_reduce_op op);
 //     //                           void barrier(bp_comm* c);
 //   };
 //   BP_DEFINE_PLUGIN(MyPlugin, "my_plugin", "0.1.0")
@@ -125,7 +126,9 @@ inline void log(bp_log_level level, const std::string& message) noexcept {
 namespace detail {
 
 template <class T>
-concept HasFeatureList = requires { typename T::Features; };
+concept HasFeatureList = requires {
+  typename T::Features;
+};
 
 template <class T>
 constexpr bool lists(Feature f) {
@@ -136,58 +139,97 @@ constexpr bool lists(Feature f) {
 }
 
 // What each optional feature needs from the class, one concept per member.
-template <class T> concept HasBufferPointer = requires(T& x, bp_buffer* b) {
+template <class T>
+concept HasBufferPointer = requires(T& x, bp_buffer* b) {
   { x.buffer_pointer(b) } -> std::same_as<BufferPointer>;
 };
-template <class T> concept HasBufferImport = requires(T& x, const bp_buffer_import_args& a) {
+template <class T>
+concept HasBufferImport = requires(T& x, const bp_buffer_import_args& a) {
   { x.buffer_import(a) } -> std::same_as<bp_buffer*>;
 };
-template <class T> concept HasDeviceMemory = requires(T& x) {
+template <class T>
+concept HasDeviceMemory = requires(T& x) {
   { x.device_memory(int32_t{}) } -> std::same_as<MemoryInfo>;
 };
-template <class T> concept HasSynchronize = requires(T& x) { x.synchronize(int32_t{}); };
-template <class T> concept HasCommCreate = requires(T& x, const bp_comm_create_args& a) {
+template <class T>
+concept HasSynchronize = requires(T& x) {
+  x.synchronize(int32_t{});
+};
+template <class T>
+concept HasCommCreate = requires(T& x, const bp_comm_create_args& a) {
   { x.comm_create(a) } -> std::same_as<bp_comm*>;
 };
-template <class T> concept HasCommDestroy = requires(T& x, bp_comm* c) { x.comm_destroy(c); };
-template <class T> concept HasCommAbort = requires(T& x, bp_comm* c) { x.comm_abort(c); };
-template <class T> concept HasAllReduce = requires(T& x, bp_comm* c, const bp_tensor& t) {
+template <class T>
+concept HasCommDestroy = requires(T& x, bp_comm* c) {
+  x.comm_destroy(c);
+};
+template <class T>
+concept HasCommAbort = requires(T& x, bp_comm* c) {
+  x.comm_abort(c);
+};
+template <class T>
+concept HasAllReduce = requires(T& x, bp_comm* c, const bp_tensor& t) {
   x.all_reduce(c, t, t, BP_REDUCE_SUM);
 };
-template <class T> concept HasBroadcast = requires(T& x, bp_comm* c, const bp_tensor& t) {
+template <class T>
+concept HasBroadcast = requires(T& x, bp_comm* c, const bp_tensor& t) {
   x.broadcast(c, t, int32_t{});
 };
-template <class T> concept HasAllGather = requires(T& x, bp_comm* c, const bp_tensor& t) { x.all_gather(c, t, t); };
-template <class T> concept HasReduceScatter = requires(T& x, bp_comm* c, const bp_tensor& t) {
+template <class T>
+concept HasAllGather = requires(T& x, bp_comm* c, const bp_tensor& t) {
+  x.all_gather(c, t, t);
+};
+template <class T>
+concept HasReduceScatter = requires(T& x, bp_comm* c, const bp_tensor& t) {
   x.reduce_scatter(c, t, t, BP_REDUCE_SUM);
 };
-template <class T> concept HasBarrier = requires(T& x, bp_comm* c) { x.barrier(c); };
+template <class T>
+concept HasBarrier = requires(T& x, bp_comm* c) {
+  x.barrier(c);
+};
 // Any member named like a collective: defining one without listing
 // Feature::collectives is a mistake worth a compile error.
 template <class T>
-concept HasAnyCollectiveMember = HasCommCreate<T> || HasCommDestroy<T> || HasCommAbort<T> || HasAllReduce<T> ||
-                                 HasBroadcast<T> || HasAllGather<T> || HasReduceScatter<T> || HasBarrier<T>;
+concept HasAnyCollectiveMember = HasCommCreate<T> || HasCommDestroy<T> || HasCommAbort<T> ||
+    HasAllReduce<T> || HasBroadcast<T> || HasAllGather<T> || HasReduceScatter<T> || HasBarrier<T>;
 
 // Compile-time checks of a plugin class: every listed feature has its members
 // with the right signatures, and every optional member is listed.
 template <class T>
 constexpr bool check_plugin_class() {
-  static_assert(requires(T& x) { { x.device_count() } -> std::convertible_to<int32_t>; },
-                "a plugin class needs `int32_t device_count()`");
-  static_assert(requires(T& x) { { x.device_info(int32_t{}) } -> std::same_as<DeviceInfo>; },
-                "a plugin class needs `backplane::plugin::DeviceInfo device_info(int32_t device)`");
-  static_assert(requires(T& x) { { x.supports_op(int32_t{}, int32_t{}, int32_t{}) } -> std::convertible_to<bool>; },
-                "a plugin class needs `bool supports_op(int32_t device, int32_t op, int32_t dtype)`");
-  static_assert(requires(T& x) { { x.buffer_alloc(int32_t{}, uint64_t{}) } -> std::same_as<bp_buffer*>; },
-                "a plugin class needs `bp_buffer* buffer_alloc(int32_t device, uint64_t size)`");
-  static_assert(requires(T& x, bp_buffer* b) { x.buffer_free(b); },
-                "a plugin class needs `void buffer_free(bp_buffer* buffer)`");
-  static_assert(requires(T& x, bp_buffer* b, const void* s) { x.buffer_write(b, uint64_t{}, s, uint64_t{}); },
-                "a plugin class needs `void buffer_write(bp_buffer*, uint64_t offset, const void* src, uint64_t size)`");
-  static_assert(requires(T& x, bp_buffer* b, void* d) { x.buffer_read(b, uint64_t{}, d, uint64_t{}); },
-                "a plugin class needs `void buffer_read(bp_buffer*, uint64_t offset, void* dst, uint64_t size)`");
-  static_assert(requires(T& x, const bp_execute_args& a) { x.execute(a); },
-                "a plugin class needs `void execute(const bp_execute_args& args)`");
+  static_assert(
+      requires(T & x) {
+        { x.device_count() } -> std::convertible_to<int32_t>;
+      },
+      "a plugin class needs `int32_t device_count()`");
+  static_assert(
+      requires(T & x) {
+        { x.device_info(int32_t{}) } -> std::same_as<DeviceInfo>;
+      },
+      "a plugin class needs `backplane::plugin::DeviceInfo device_info(int32_t device)`");
+  static_assert(
+      requires(T & x) {
+        { x.supports_op(int32_t{}, int32_t{}, int32_t{}) } -> std::convertible_to<bool>;
+      },
+      "a plugin class needs `bool supports_op(int32_t device, int32_t op, int32_t dtype)`");
+  static_assert(
+      requires(T & x) {
+        { x.buffer_alloc(int32_t{}, uint64_t{}) } -> std::same_as<bp_buffer*>;
+      },
+      "a plugin class needs `bp_buffer* buffer_alloc(int32_t device, uint64_t size)`");
+  static_assert(
+      requires(T & x, bp_buffer * b) { x.buffer_free(b); },
+      "a plugin class needs `void buffer_free(bp_buffer* buffer)`");
+  static_assert(
+      requires(T & x, bp_buffer * b, const void* s) { x.buffer_write(b, uint64_t{}, s, uint64_t{}); },
+      "a plugin class needs `void buffer_write(bp_buffer*, uint64_t offset, const void* src, uint64_t "
+      "size)`");
+  static_assert(
+      requires(T & x, bp_buffer * b, void* d) { x.buffer_read(b, uint64_t{}, d, uint64_t{}); },
+      "a plugin class needs `void buffer_read(bp_buffer*, uint64_t offset, void* dst, uint64_t size)`");
+  static_assert(
+      requires(T & x, const bp_execute_args& a) { x.execute(a); },
+      "a plugin class needs `void execute(const bp_execute_args& args)`");
 
   static_assert(!lists<T>(Feature::buffer_pointer) || HasBufferPointer<T>,
                 "Features lists buffer_pointer, but the class has no "
@@ -209,8 +251,9 @@ constexpr bool check_plugin_class() {
   static_assert(lists<T>(Feature::synchronize) || !HasSynchronize<T>,
                 "the class defines synchronize() but its Features do not list Feature::synchronize");
 
-  static_assert(!lists<T>(Feature::collectives) || HasCommCreate<T>,
-                "Features lists collectives, but the class has no `bp_comm* comm_create(const bp_comm_create_args&)`");
+  static_assert(
+      !lists<T>(Feature::collectives) || HasCommCreate<T>,
+      "Features lists collectives, but the class has no `bp_comm* comm_create(const bp_comm_create_args&)`");
   static_assert(!lists<T>(Feature::collectives) || HasCommDestroy<T>,
                 "Features lists collectives, but the class has no `void comm_destroy(bp_comm*)`");
   static_assert(!lists<T>(Feature::collectives) || HasCommAbort<T>,
@@ -267,9 +310,9 @@ Args read_args(const Args* in) noexcept {
 }
 
 // Writes an out-field only when it lies inside the caller's struct.
-#define BP_SDK_SET_OUT_(args, type, field, value)                                  \
-  do {                                                                              \
-    if (BP_HAS_FIELD(type, field, (args)->struct_size)) (args)->field = (value);    \
+#define BP_SDK_SET_OUT_(args, type, field, value)                                \
+  do {                                                                           \
+    if (BP_HAS_FIELD(type, field, (args)->struct_size)) (args)->field = (value); \
   } while (0)
 
 }  // namespace detail
@@ -297,7 +340,8 @@ struct PluginTable {
   static void destroy(bp_plugin* p) noexcept { delete detail::self<T>(p); }
 
   static bp_status* device_count(bp_device_count_args* args) noexcept {
-    return guard([&] { BP_SDK_SET_OUT_(args, bp_device_count_args, num_devices, impl(args->plugin).device_count()); });
+    return guard(
+        [&] { BP_SDK_SET_OUT_(args, bp_device_count_args, num_devices, impl(args->plugin).device_count()); });
   }
 
   static bool same_strings(const DeviceInfo& a, const DeviceInfo& b) {
@@ -338,7 +382,8 @@ struct PluginTable {
       BP_SDK_SET_OUT_(out, bp_device_info_args, name, cached->info.name.c_str());
       BP_SDK_SET_OUT_(out, bp_device_info_args, capabilities, cached->info.capabilities);
       BP_SDK_SET_OUT_(out, bp_device_info_args, attributes, cached->attributes.data());
-      BP_SDK_SET_OUT_(out, bp_device_info_args, num_attributes, static_cast<int32_t>(cached->attributes.size()));
+      BP_SDK_SET_OUT_(out, bp_device_info_args, num_attributes,
+                      static_cast<int32_t>(cached->attributes.size()));
     });
   }
   static bp_status* supports_op(bp_supports_op_args* args) noexcept {
@@ -357,7 +402,8 @@ struct PluginTable {
 
   static bp_status* buffer_alloc(bp_buffer_alloc_args* args) noexcept {
     return guard([&] {
-      BP_SDK_SET_OUT_(args, bp_buffer_alloc_args, buffer, impl(args->plugin).buffer_alloc(args->device, args->size));
+      BP_SDK_SET_OUT_(args, bp_buffer_alloc_args, buffer,
+                      impl(args->plugin).buffer_alloc(args->device, args->size));
     });
   }
   static bp_status* buffer_free(bp_buffer_free_args* args) noexcept {
@@ -474,10 +520,10 @@ struct PluginTable {
 }  // namespace backplane::plugin
 
 // Defines the plugin's one exported entry symbol for class T.
-#define BP_DEFINE_PLUGIN(T, NAME, VERSION)                                                   \
-  extern "C" BP_EXPORT const bp_plugin_api* bp_plugin_entry(const bp_host_api* host) {      \
-    ::backplane::plugin::host_api().store(host, std::memory_order_release);                \
-    return ::backplane::plugin::PluginTable<T>::table(NAME, VERSION);                        \
+#define BP_DEFINE_PLUGIN(T, NAME, VERSION)                                             \
+  extern "C" BP_EXPORT const bp_plugin_api* bp_plugin_entry(const bp_host_api* host) { \
+    ::backplane::plugin::host_api().store(host, std::memory_order_release);            \
+    return ::backplane::plugin::PluginTable<T>::table(NAME, VERSION);                  \
   }
 
 #endif  // BACKPLANE_PLUGIN_HPP_

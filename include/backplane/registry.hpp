@@ -39,7 +39,7 @@ class Backend;
 struct BACKPLANE_API CollectiveFallback {
   enum class Kind { error, local, host };
   Kind kind = Kind::error;
-  std::string host_backend;  // for Kind::host: the backend to stage through
+  std::string host_backend;       // for Kind::host: the backend to stage through
   std::string to_string() const;  // "error", "local", "host:cpu"
 };
 // "error", "local", "host" / "host:cpu", as backends.json spells them; `<<` writes the same.

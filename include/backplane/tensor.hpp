@@ -110,7 +110,8 @@ class BACKPLANE_API Tensor {
 
 // std::vector<bool> is bit-packed: go through one byte per element.
 template <>
-inline Tensor Tensor::from_vector<bool>(const Device& device, const Shape& shape, const std::vector<bool>& values) {
+inline Tensor Tensor::from_vector<bool>(const Device& device, const Shape& shape,
+                                        const std::vector<bool>& values) {
   const std::vector<uint8_t> bytes(values.begin(), values.end());
   return from_bytes(device, shape, DType::bool_, bytes.data(), bytes.size());
 }

@@ -23,7 +23,8 @@ using plugin::fail;
 constexpr uint64_t kInlineCopyBytes = uint64_t{1} << 20;
 
 [[noreturn, gnu::cold]] void no_device(int32_t device) {
-  fail(BP_STATUS_INVALID_ARGUMENT, "cpu: no device " + std::to_string(device) + " (the cpu backend has 1 device)");
+  fail(BP_STATUS_INVALID_ARGUMENT,
+       "cpu: no device " + std::to_string(device) + " (the cpu backend has 1 device)");
 }
 
 inline void check_device(int32_t device) {
@@ -54,7 +55,9 @@ class CpuPlugin {
     return probe_device(threads_, collective_);
   }
 
-  bool supports_op(int32_t device, int32_t op, int32_t dtype) { return device == 0 && op_supports(op, dtype); }
+  bool supports_op(int32_t device, int32_t op, int32_t dtype) {
+    return device == 0 && op_supports(op, dtype);
+  }
 
   plugin::MemoryInfo device_memory(int32_t device) {
     check_device(device);
@@ -95,14 +98,16 @@ class CpuPlugin {
   bp_buffer* buffer_import(const bp_buffer_import_args& a) {
     check_device(a.device);
     if (a.dl_device_type != BP_DL_CPU && a.dl_device_type != BP_DL_CUDA_HOST)
-      fail(BP_STATUS_UNSUPPORTED, "cpu: buffer_import: DLPack device type " + std::to_string(a.dl_device_type) +
-                                      " is not host memory; the cpu backend imports kDLCPU (1) and kDLCUDAHost (3) "
-                                      "only: copy the tensor to host memory first");
+      fail(BP_STATUS_UNSUPPORTED,
+           "cpu: buffer_import: DLPack device type " + std::to_string(a.dl_device_type) +
+               " is not host memory; the cpu backend imports kDLCPU (1) and kDLCUDAHost (3) "
+               "only: copy the tensor to host memory first");
     if (a.data == nullptr && a.size > 0)
       fail(BP_STATUS_INVALID_ARGUMENT,
            "cpu: buffer_import: data is NULL but size is " + std::to_string(a.size) + " bytes");
     bp_buffer* buffer = wrap_buffer(a.data, a.size, a.release, a.release_ctx);
-    if (buffer == nullptr) fail(BP_STATUS_OUT_OF_MEMORY, "cpu: buffer_import: cannot allocate a buffer header");
+    if (buffer == nullptr)
+      fail(BP_STATUS_OUT_OF_MEMORY, "cpu: buffer_import: cannot allocate a buffer header");
     return buffer;
   }
 

@@ -95,7 +95,8 @@ plugin::DeviceInfo probe_device(int threads, bool collective) {
       {"blas", blas_description()},
       {"blas_threads", n},  // the engine hands OpenBLAS the same count before each gemm
       {"simd", simd_description()},
-      {"vector_math", BP_CPU_VECTOR_MATH ? "glibc libmvec (vectorised exp, log, sin, cos, tanh, pow)" : "scalar libm"},
+      {"vector_math",
+       BP_CPU_VECTOR_MATH ? "glibc libmvec (vectorised exp, log, sin, cos, tanh, pow)" : "scalar libm"},
       {"rng", "philox4x32-10; element i of seed s draws counter i under key s"},
       {"collectives", collective ? "gloo (tcp)" : "off (option \"collective\")"},
 #ifdef BACKPLANE_CPU_OPENMP_SPEC
@@ -103,7 +104,8 @@ plugin::DeviceInfo probe_device(int threads, bool collective) {
 #endif
       {"max_ndim", std::to_string(plugin::kMaxDims)},
   };
-  if (std::string model = cpu_model(); !model.empty()) info.attributes.emplace_back("cpu_model", std::move(model));
+  if (std::string model = cpu_model(); !model.empty())
+    info.attributes.emplace_back("cpu_model", std::move(model));
   return info;
 }
 

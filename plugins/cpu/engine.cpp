@@ -94,15 +94,16 @@ bp_status* all_gather(bp_comm* comm, const bp_tensor* in, const bp_tensor* out) 
   return plugin::guard([&] { Communicator::from_handle(comm, "all_gather").all_gather(*in, *out); });
 }
 bp_status* reduce_scatter(bp_comm* comm, const bp_tensor* in, const bp_tensor* out, int32_t op) {
-  return plugin::guard([&] { Communicator::from_handle(comm, "reduce_scatter").reduce_scatter(*in, *out, op); });
+  return plugin::guard(
+      [&] { Communicator::from_handle(comm, "reduce_scatter").reduce_scatter(*in, *out, op); });
 }
 bp_status* barrier(bp_comm* comm) {
   return plugin::guard([&] { Communicator::from_handle(comm, "barrier").barrier(); });
 }
 
-constexpr EngineApi kApi = {kEngineMagic, sizeof(EngineApi), &execute,     &copy,       &comm_create,
-                            &comm_destroy, &comm_abort,      &all_reduce, &broadcast, &all_gather,
-                            &reduce_scatter, &barrier};
+constexpr EngineApi kApi = {kEngineMagic, sizeof(EngineApi), &execute,        &copy,
+                            &comm_create, &comm_destroy,     &comm_abort,     &all_reduce,
+                            &broadcast,   &all_gather,       &reduce_scatter, &barrier};
 
 }  // namespace
 
@@ -110,8 +111,9 @@ constexpr EngineApi kApi = {kEngineMagic, sizeof(EngineApi), &execute,     &copy
 
 void arity_fail(const OpCall& call, int32_t inputs) {
   const bp_execute_args& a = call.args;
-  plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + plugin::op_name(a.op) + ": expects " + std::to_string(inputs) +
-                                               " inputs and 1 output, got " + std::to_string(a.num_inputs) + " and " +
+  plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + plugin::op_name(a.op) + ": expects " +
+                                               std::to_string(inputs) + " inputs and 1 output, got " +
+                                               std::to_string(a.num_inputs) + " and " +
                                                std::to_string(a.num_outputs));
 }
 
@@ -131,7 +133,8 @@ AxisSplit split_at_axis(const OpCall& call, const TensorView& x) {
   return s;
 }
 
-const unsigned char* contiguous_copy(const TensorView& x, std::unique_ptr<unsigned char[]>& storage, int threads) {
+const unsigned char* contiguous_copy(const TensorView& x, std::unique_ptr<unsigned char[]>& storage,
+                                     int threads) {
   storage = std::make_unique_for_overwrite<unsigned char[]>(static_cast<size_t>(x.numel * x.element_size));
   StridedLayout<2> l;
   l.ndim = x.ndim;

@@ -47,7 +47,8 @@ struct EngineApi {
   bp_status* (*all_reduce)(bp_comm* comm, const bp_tensor* input, const bp_tensor* output, int32_t reduce_op);
   bp_status* (*broadcast)(bp_comm* comm, const bp_tensor* tensor, int32_t root);
   bp_status* (*all_gather)(bp_comm* comm, const bp_tensor* input, const bp_tensor* output);
-  bp_status* (*reduce_scatter)(bp_comm* comm, const bp_tensor* input, const bp_tensor* output, int32_t reduce_op);
+  bp_status* (*reduce_scatter)(bp_comm* comm, const bp_tensor* input, const bp_tensor* output,
+                               int32_t reduce_op);
   bp_status* (*barrier)(bp_comm* comm);
 };
 

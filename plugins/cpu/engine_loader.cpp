@@ -29,14 +29,16 @@ const EngineApi* load() {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
   if (handle == nullptr) {
     const char* why = dlerror();
-    plugin::fail(BP_STATUS_UNAVAILABLE, "cpu: cannot load the kernel library " + path + ": " +
-                                            (why != nullptr ? why : "unknown error") +
-                                            "; install it next to libbackplane_cpu.so (both come from one build)");
+    plugin::fail(BP_STATUS_UNAVAILABLE,
+                 "cpu: cannot load the kernel library " + path + ": " +
+                     (why != nullptr ? why : "unknown error") +
+                     "; install it next to libbackplane_cpu.so (both come from one build)");
   }
   auto entry = reinterpret_cast<EngineEntryFn>(dlsym(handle, kEngineEntrySymbol));
   const EngineApi* api = entry != nullptr ? entry() : nullptr;
   if (api == nullptr || api->magic != kEngineMagic || api->struct_size != sizeof(EngineApi))
-    plugin::fail(BP_STATUS_UNAVAILABLE, "cpu: " + path + " is not the kernel library of this build of the cpu plugin (" +
+    plugin::fail(BP_STATUS_UNAVAILABLE, "cpu: " + path +
+                                            " is not the kernel library of this build of the cpu plugin (" +
                                             (entry == nullptr ? std::string("no ") + kEngineEntrySymbol
                                                               : std::string("its interface differs")) +
                                             "); reinstall both libraries from one build");
@@ -52,7 +54,8 @@ const EngineApi& load_engine() {
   // reports its own reason.
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
-  if (loaded_engine.load(std::memory_order_relaxed) == nullptr) loaded_engine.store(load(), std::memory_order_release);
+  if (loaded_engine.load(std::memory_order_relaxed) == nullptr)
+    loaded_engine.store(load(), std::memory_order_release);
   return *loaded_engine.load(std::memory_order_relaxed);
 }
 

@@ -44,7 +44,7 @@ struct BufferHeader {
   unsigned char* data;         // == the handle for an owned buffer; the foreign memory if wrapped
   void (*release)(void* ctx);  // wrapped only (may be NULL there): called once by free_buffer
   void* release_ctx;
-  uint64_t block_bytes;        // owned only: the malloc size of `raw` (the block cache's key)
+  uint64_t block_bytes;  // owned only: the malloc size of `raw` (the block cache's key)
 };
 static_assert(sizeof(BufferHeader) <= kAlignment, "the header must fit in the cache line before the data");
 
@@ -73,9 +73,9 @@ inline unsigned char* buffer_data(bp_buffer* buffer) noexcept { return header_of
 // blocks never come here (glibc's own caches serve them, with no lock).
 class BlockCache {
  public:
-  static constexpr uint64_t kMinBlock = uint64_t{1} << 20;      // 1 MiB and above are cached
-  static constexpr uint64_t kGranule = uint64_t{64} << 10;      // sizes round up to 64 KiB
-  static constexpr uint64_t kMaxCached = uint64_t{1} << 30;     // at most 1 GiB held while unused
+  static constexpr uint64_t kMinBlock = uint64_t{1} << 20;   // 1 MiB and above are cached
+  static constexpr uint64_t kGranule = uint64_t{64} << 10;   // sizes round up to 64 KiB
+  static constexpr uint64_t kMaxCached = uint64_t{1} << 30;  // at most 1 GiB held while unused
 
   static BlockCache& instance() noexcept {
     static BlockCache* cache = new BlockCache;  // never destroyed: frees may come during exit
@@ -153,7 +153,8 @@ inline bp_buffer* allocate_buffer(uint64_t size) noexcept {
   const uintptr_t data =
       (reinterpret_cast<uintptr_t>(raw) + sizeof(BufferHeader) + kAlignment - 1) & ~uintptr_t{kAlignment - 1};
   auto* buffer = reinterpret_cast<bp_buffer*>(data);
-  *header_of(buffer) = BufferHeader{raw, size, kLiveMagic, reinterpret_cast<unsigned char*>(data), nullptr, nullptr, block};
+  *header_of(buffer) =
+      BufferHeader{raw, size, kLiveMagic, reinterpret_cast<unsigned char*>(data), nullptr, nullptr, block};
   return buffer;
 }
 
@@ -165,7 +166,8 @@ inline bp_buffer* wrap_buffer(void* data, uint64_t size, void (*release)(void*),
   void* raw = std::malloc(sizeof(BufferHeader) + 16);
   if (raw == nullptr) return nullptr;
   auto* buffer = reinterpret_cast<bp_buffer*>(static_cast<unsigned char*>(raw) + sizeof(BufferHeader));
-  *header_of(buffer) = BufferHeader{raw, size, kLiveMagic, static_cast<unsigned char*>(data), release, release_ctx, 0};
+  *header_of(buffer) =
+      BufferHeader{raw, size, kLiveMagic, static_cast<unsigned char*>(data), release, release_ctx, 0};
   return buffer;
 }
 

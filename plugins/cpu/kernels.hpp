@@ -25,7 +25,7 @@
 // runs before the sanitizer's runtime is initialised (a crash at startup).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(BACKPLANE_CPU_NO_CLONES) && \
     !defined(__SANITIZE_THREAD__)
-#define BP_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#define BP_CPU_CLONES     __attribute__((target_clones("avx2", "default")))
 #define BP_CPU_HAS_CLONES 1
 #else
 #define BP_CPU_CLONES

@@ -15,9 +15,7 @@
 #include <vector>
 
 namespace backplane::cpu {
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 // The core's rendezvous store applies the same rule (store_server.cpp,
 // is_loopback); the plugin never links the core, hence this copy.
@@ -48,7 +46,8 @@ bool resolves_to_usable_address(const std::string& host, bool& loopback_only) {
   if (getaddrinfo(host.c_str(), nullptr, &hints, &list) != 0) return false;
   bool usable = false;
   loopback_only = true;
-  for (addrinfo* a = list; a != nullptr; a = a->ai_next) loopback_only = loopback_only && is_loopback(a->ai_addr);
+  for (addrinfo* a = list; a != nullptr; a = a->ai_next)
+    loopback_only = loopback_only && is_loopback(a->ai_addr);
   for (addrinfo* a = list; a != nullptr && !usable; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;

@@ -89,7 +89,8 @@ void run_copy(const OpCall& call) {
     case BP_OP_ARANGE:
       return create<ArithmeticDTypes>(call, [&]<class T>() { return ArangeGen<T>{a.scalar0, a.scalar1}; });
     case BP_OP_RAND_UNIFORM:
-      return create<FloatDTypes>(call, [&]<class T>() { return UniformGen<T>(a.seed, a.scalar0, a.scalar1); });
+      return create<FloatDTypes>(call,
+                                 [&]<class T>() { return UniformGen<T>(a.seed, a.scalar0, a.scalar1); });
     case BP_OP_RANDN:
       return create<FloatDTypes>(call, [&]<class T>() { return NormalGen<T>{a.seed, a.scalar0, a.scalar1}; });
     default:

@@ -27,8 +27,8 @@ using ArithmeticDTypes = plugin::ArithmeticDTypes;
 using FloatDTypes = plugin::FloatDTypes;
 // Numbers the kernels compute with (the 16-bit floats are stored, not computed
 // with): comparisons (inputs), cast (both sides), fill.
-using NumericDTypes = DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I32, BP_DTYPE_I64, BP_DTYPE_BOOL, BP_DTYPE_U8,
-                             BP_DTYPE_I8>;
+using NumericDTypes =
+    DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I32, BP_DTYPE_I64, BP_DTYPE_BOOL, BP_DTYPE_U8, BP_DTYPE_I8>;
 // Ops that only move elements: copy, where, index_select, gather.
 using MovedDTypes = plugin::AllDTypes;
 

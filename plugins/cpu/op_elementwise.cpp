@@ -19,7 +19,8 @@ template <class A, class B, class O, class F>
 void binary(F f, const TensorView& a, const TensorView& b, const TensorView& out, int threads) {
   if (out.numel == 0) return;
   if (out.contiguous && (a.contiguous || a.scalar) && (b.contiguous || b.scalar)) [[likely]] {
-    map2_flat(f, a.as<const A>(), !a.contiguous, b.as<const B>(), !b.contiguous, out.as<O>(), out.numel, threads);
+    map2_flat(f, a.as<const A>(), !a.contiguous, b.as<const B>(), !b.contiguous, out.as<O>(), out.numel,
+              threads);
     return;
   }
   StridedLayout<3> l = plugin::layout_of<3>(out, {&out, &a, &b});
@@ -73,14 +74,15 @@ void arithmetic(const OpCall& call, F f) {
     const TensorView b = input_view(call, 1, D);
     if constexpr (std::is_integral_v<T> && std::is_same_v<F, DivOp>) {
       if (any_element<T>(b, [](T v) { return v == 0; }))
-        plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: div: inputs[1] holds a zero, and integer division (" +
-                                                     plugin::dtype_name(dtype) +
-                                                     ") by zero has no value; use a float dtype or mask the zeros");
+        plugin::fail(BP_STATUS_INVALID_ARGUMENT,
+                     "cpu: div: inputs[1] holds a zero, and integer division (" + plugin::dtype_name(dtype) +
+                         ") by zero has no value; use a float dtype or mask the zeros");
     }
     if constexpr (std::is_integral_v<T> && std::is_same_v<F, PowOp>) {
       if (any_element<T>(b, [](T v) { return v < 0; }))
-        plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: pow: inputs[1] holds a negative exponent, which integer pow (" +
-                                                     plugin::dtype_name(dtype) + ") does not take; use a float dtype");
+        plugin::fail(BP_STATUS_INVALID_ARGUMENT,
+                     "cpu: pow: inputs[1] holds a negative exponent, which integer pow (" +
+                         plugin::dtype_name(dtype) + ") does not take; use a float dtype");
     }
     binary<T, T, T>(f, a, b, out, call.threads);
   });
@@ -116,7 +118,8 @@ void where(const OpCall& call) {
     if (out.numel == 0) return;
     StridedLayout<4> l = plugin::layout_of<4>(out, {&out, &cond, &a, &b});
     coalesce(l);
-    map3(l, SelectOp{}, cond.as<const uint8_t>(), a.as<const E>(), b.as<const E>(), out.as<E>(), call.threads);
+    map3(l, SelectOp{}, cond.as<const uint8_t>(), a.as<const E>(), b.as<const E>(), out.as<E>(),
+         call.threads);
   });
 }
 
@@ -179,8 +182,9 @@ void run_elementwise(const OpCall& call) {
       return unary_op<ArithmeticDTypes>(call, ReluOp{});
     case BP_OP_CLAMP: {
       const bp_op_attrs& attrs = call.attrs();
-      return unary_typed<ArithmeticDTypes>(
-          call, [&]<class T>() { return ClampOp<T>{Convert<T>{}(attrs.scalar0), Convert<T>{}(attrs.scalar1)}; });
+      return unary_typed<ArithmeticDTypes>(call, [&]<class T>() {
+        return ClampOp<T>{Convert<T>{}(attrs.scalar0), Convert<T>{}(attrs.scalar1)};
+      });
     }
     case BP_OP_EXP:
       return unary_op<FloatDTypes>(call, ExpOp{});
@@ -197,7 +201,8 @@ void run_elementwise(const OpCall& call) {
     case BP_OP_COS:
       return unary_op<FloatDTypes>(call, CosOp{});
     default:
-      plugin::fail(BP_STATUS_INTERNAL, "cpu: " + plugin::op_name(call.op()) + " reached the elementwise family");
+      plugin::fail(BP_STATUS_INTERNAL,
+                   "cpu: " + plugin::op_name(call.op()) + " reached the elementwise family");
   }
 }
 

@@ -28,10 +28,12 @@ void run_matmul(const OpCall& call) {
     const TensorView b = input_view(call, 1, dtype);
     const int32_t r = out.ndim - 2;  // the last two dims are the matrices; any before them, batch dims
     if (r < 0)
-      plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: matmul: the output " + out.shape_string() + " is not [...,M,N]");
+      plugin::fail(BP_STATUS_INVALID_ARGUMENT,
+                   "cpu: matmul: the output " + out.shape_string() + " is not [...,M,N]");
     if (!gemm_fits_blas(a.shape[r], b.shape[r + 1], a.shape[r + 1]))
       plugin::fail(BP_STATUS_UNSUPPORTED, "cpu: matmul: a dimension of " + a.shape_string() + " x " +
-                                              b.shape_string() + " exceeds OpenBLAS's 32-bit limit; split the product");
+                                              b.shape_string() +
+                                              " exceeds OpenBLAS's 32-bit limit; split the product");
     if (out.numel == 0) return;
     use_blas_threads(call.threads);
     const MatrixView<const T> ma{a.as<const T>(), a.shape[r], a.shape[r + 1], a.strides[r], a.strides[r + 1]};

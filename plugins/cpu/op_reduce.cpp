@@ -19,10 +19,10 @@ void reduce_as(const OpCall& call) {
     const TensorView out = output_view(call, kArg ? int32_t{BP_DTYPE_I64} : dtype);
     const AxisSplit s = split_at_axis(call, in);
     if (!out.contiguous || out.numel != s.outer * s.inner) [[unlikely]]
-      plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + plugin::op_name(call.op()) + ": outputs[0] (shape " +
-                                                   out.shape_string() + ") is not a contiguous tensor of the " +
-                                                   std::to_string(s.outer * s.inner) + " results of reducing " +
-                                                   in.shape_string() + " over axis " + std::to_string(s.axis));
+      plugin::fail(BP_STATUS_INVALID_ARGUMENT,
+                   "cpu: " + plugin::op_name(call.op()) + ": outputs[0] (shape " + out.shape_string() +
+                       ") is not a contiguous tensor of the " + std::to_string(s.outer * s.inner) +
+                       " results of reducing " + in.shape_string() + " over axis " + std::to_string(s.axis));
     if (out.numel == 0) return;
     // The kernels read [outer, n, inner] densely: a strided input is gathered first.
     std::unique_ptr<unsigned char[]> copy;
@@ -53,7 +53,8 @@ void run_reduce(const OpCall& call) {
     case BP_OP_ARGMIN:
       return reduce_as<ReduceOp::argmin, ArithmeticDTypes>(call);
     default:
-      plugin::fail(BP_STATUS_INTERNAL, "cpu: " + plugin::op_name(call.op()) + " reached the reduction family");
+      plugin::fail(BP_STATUS_INTERNAL,
+                   "cpu: " + plugin::op_name(call.op()) + " reached the reduction family");
   }
 }
 

@@ -17,12 +17,13 @@ void run_softmax(const OpCall& call) {
     const TensorView in = input_view(call, 0, dtype);
     const AxisSplit s = split_at_axis(call, in);
     if (!out.contiguous || out.numel != in.numel) [[unlikely]]
-      plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + plugin::op_name(call.op()) + ": outputs[0] (shape " +
-                                                   out.shape_string() + ") is not a contiguous tensor of inputs[0]'s " +
-                                                   in.shape_string());
+      plugin::fail(BP_STATUS_INVALID_ARGUMENT,
+                   "cpu: " + plugin::op_name(call.op()) + ": outputs[0] (shape " + out.shape_string() +
+                       ") is not a contiguous tensor of inputs[0]'s " + in.shape_string());
     if (out.numel == 0) return;
     std::unique_ptr<unsigned char[]> copy;
-    const auto* x = reinterpret_cast<const T*>(in.contiguous ? in.data : contiguous_copy(in, copy, call.threads));
+    const auto* x =
+        reinterpret_cast<const T*>(in.contiguous ? in.data : contiguous_copy(in, copy, call.threads));
     if (log)
       softmax<true>(x, out.as<T>(), s.outer, s.n, s.inner, call.threads);
     else

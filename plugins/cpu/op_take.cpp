@@ -36,8 +36,8 @@ void run_take(const OpCall& call) {
     const auto axis = static_cast<int32_t>(s.axis);
     if (x.ndim == 0 || index.ndim != (gather ? x.ndim : 1) || out.ndim != x.ndim) [[unlikely]]
       plugin::fail(BP_STATUS_INVALID_ARGUMENT, "cpu: " + plugin::op_name(call.op()) + ": shapes x " +
-                                                   x.shape_string() + ", index " + index.shape_string() + " -> " +
-                                                   out.shape_string() + " do not fit the op");
+                                                   x.shape_string() + ", index " + index.shape_string() +
+                                                   " -> " + out.shape_string() + " do not fit the op");
     const auto* indices = index.as<const int64_t>();
 
     // Indices first: one out of range is an error even when the output is empty.
@@ -55,8 +55,9 @@ void run_take(const OpCall& call) {
         plugin::fail(BP_STATUS_INVALID_ARGUMENT,
                      "cpu: " + plugin::op_name(call.op()) + ": index " + std::to_string(indices[at]) +
                          " at position " + unravel(bad, index.ndim, index.shape) +
-                         " of the index is out of range for axis " + std::to_string(axis) + " of x, of extent " +
-                         std::to_string(s.n) + " (valid: 0 to " + std::to_string(s.n - 1) + ")");
+                         " of the index is out of range for axis " + std::to_string(axis) +
+                         " of x, of extent " + std::to_string(s.n) + " (valid: 0 to " +
+                         std::to_string(s.n - 1) + ")");
       }
     }
     if (out.numel == 0) return;

@@ -24,8 +24,9 @@ using plugin::TensorView;
 
 // Raw storage of an element of `Size` bytes, for ops that only move elements.
 template <size_t Size>
-using Raw = std::conditional_t<Size == 1, uint8_t,
-                               std::conditional_t<Size == 2, uint16_t, std::conditional_t<Size == 4, uint32_t, uint64_t>>>;
+using Raw = std::conditional_t<
+    Size == 1, uint8_t,
+    std::conditional_t<Size == 2, uint16_t, std::conditional_t<Size == 4, uint32_t, uint64_t>>>;
 
 // One execute call as the families see it.
 struct OpCall {
@@ -59,13 +60,15 @@ inline void expect_arity(const OpCall& call, int32_t inputs) {
 }
 
 // A checked view of `t` (dtype `dtype`) in this plugin's host memory: O(ndim).
-[[gnu::always_inline]] inline TensorView view_of(const OpCall& call, const bp_tensor& t, int32_t dtype, Role role) {
+[[gnu::always_inline]] inline TensorView view_of(const OpCall& call, const bp_tensor& t, int32_t dtype,
+                                                 Role role) {
   if (!is_live(t.buffer)) [[unlikely]]
     dead_buffer_fail(call, role);
   // make_view, spelt out so the checks inline into the op (make_view itself
   // stays out of line).
   TensorView v;
-  const plugin::ViewError error = plugin::check_view(t, dtype, buffer_data(t.buffer), buffer_size(t.buffer), v);
+  const plugin::ViewError error =
+      plugin::check_view(t, dtype, buffer_data(t.buffer), buffer_size(t.buffer), v);
   if (error != plugin::ViewError::none) [[unlikely]]
     plugin::view_fail(error, t, call.name(), role, dtype, buffer_size(t.buffer));
   return v;
@@ -89,7 +92,8 @@ struct AxisSplit {
 AxisSplit split_at_axis(const OpCall& call, const TensorView& x);
 
 // x's elements in fresh row-major storage (for kernels that read contiguous input).
-const unsigned char* contiguous_copy(const TensorView& x, std::unique_ptr<unsigned char[]>& storage, int threads);
+const unsigned char* contiguous_copy(const TensorView& x, std::unique_ptr<unsigned char[]>& storage,
+                                     int threads);
 
 }  // namespace backplane::cpu
 

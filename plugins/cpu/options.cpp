@@ -24,8 +24,8 @@ int64_t threads_option(const nlohmann::json& value) {
          "cpu: option \"threads\" must be a non-negative integer (0: one per core), got " + value.dump());
   const uint64_t n = value.get<uint64_t>();
   if (n > static_cast<uint64_t>(kMaxThreadsOption))
-    fail(BP_STATUS_INVALID_ARGUMENT, "cpu: option \"threads\" must be at most " + std::to_string(kMaxThreadsOption) +
-                                         ", got " + value.dump());
+    fail(BP_STATUS_INVALID_ARGUMENT, "cpu: option \"threads\" must be at most " +
+                                         std::to_string(kMaxThreadsOption) + ", got " + value.dump());
   return static_cast<int64_t>(n);
 }
 
@@ -47,15 +47,17 @@ Options parse_options(const std::string& json_text) {
       parsed.threads = threads_option(value);
     } else if (key == "collective") {
       if (!value.is_boolean())
-        fail(BP_STATUS_INVALID_ARGUMENT, "cpu: option \"collective\" must be true or false, got " + value.dump());
+        fail(BP_STATUS_INVALID_ARGUMENT,
+             "cpu: option \"collective\" must be true or false, got " + value.dump());
       parsed.collective = value.get<bool>();
     } else if (key == "hostname") {
       parsed.network.hostname = string_option(key, value);
     } else if (key == "interface") {
       parsed.network.interface = string_option(key, value);
     } else {
-      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: unknown option " + nlohmann::json(key).dump() +
-                                           " (accepted: \"threads\", \"collective\", \"hostname\", \"interface\")");
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           "cpu: unknown option " + nlohmann::json(key).dump() +
+               " (accepted: \"threads\", \"collective\", \"hostname\", \"interface\")");
     }
   }
   if (!parsed.network.hostname.empty() && !parsed.network.interface.empty())

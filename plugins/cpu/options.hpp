@@ -14,8 +14,9 @@ namespace backplane::cpu {
 inline constexpr int64_t kMaxThreadsOption = 1024;
 
 struct Options {
-  int64_t threads = 0;     // "threads": 0 means one per core the process may use
-  bool collective = true;  // "collective": false drops BP_CAP_COLLECTIVE (the host's collective_fallback decides)
+  int64_t threads = 0;  // "threads": 0 means one per core the process may use
+  bool collective =
+      true;  // "collective": false drops BP_CAP_COLLECTIVE (the host's collective_fallback decides)
   NetworkOptions network;  // "hostname" / "interface": where collectives listen (at most one)
 };
 

@@ -20,7 +20,7 @@ static int failures = 0;
 /* Compares a name helper's answer with the expected text (NULL for none). */
 #define EXPECT_NAME(got, want) expect_name((got), (want), #got, __LINE__)
 
-static void expect_name(const char *got, const char *want, const char *expr, int line) {
+static void expect_name(const char* got, const char* want, const char* expr, int line) {
   const int same = (got == NULL || want == NULL) ? got == want : strcmp(got, want) == 0;
   if (!same) {
     fprintf(stderr, "%s:%d: %s gave \"%s\", expected \"%s\"\n", __FILE__, line, expr, got ? got : "(NULL)",
@@ -38,7 +38,7 @@ static void expect_name(const char *got, const char *want, const char *expr, int
 /* A C entry point of the documented type, doing the version handshake the
  * way the rules ask: read the host's version only inside its struct_size,
  * refuse (NULL) another major, else return a static table. */
-static const bp_plugin_api *entry_in_c(const bp_host_api *host) {
+static const bp_plugin_api* entry_in_c(const bp_host_api* host) {
   static bp_plugin_api table;
   if (host == NULL || !BP_HAS_FIELD(bp_host_api, abi_major, host->struct_size)) return NULL;
   if (host->abi_major != BP_ABI_MAJOR) return NULL;
@@ -53,11 +53,11 @@ static const bp_plugin_api *entry_in_c(const bp_host_api *host) {
 
 /* Every entry that can grow takes one argument struct: these entry types
  * must accept exactly that (a mismatch is a compile error under -Werror). */
-static bp_status *take_device_count(bp_device_count_args *args) {
+static bp_status* take_device_count(bp_device_count_args* args) {
   args->num_devices = 0;
   return NULL;
 }
-static bp_status *take_collective(bp_collective_args *args) {
+static bp_status* take_collective(bp_collective_args* args) {
   (void)args;
   return NULL;
 }
@@ -65,7 +65,7 @@ static bp_status *take_collective(bp_collective_args *args) {
 static void check_table_and_handshake(void) {
   bp_plugin_entry_fn entry = entry_in_c;
   bp_host_api host;
-  const bp_plugin_api *t;
+  const bp_plugin_api* t;
   memset(&host, 0, sizeof host);
   host.struct_size = sizeof host;
   host.abi_major = BP_ABI_MAJOR;
@@ -174,8 +174,8 @@ static void check_layout(void) {
   EXPECT(BP_HAS_FIELD(bp_plugin_api, struct_size, sizeof(size_t)));
   EXPECT(!BP_HAS_FIELD(bp_plugin_api, abi_major, sizeof(size_t)));
   EXPECT(!BP_HAS_FIELD(bp_plugin_api, create, before_create));
-  EXPECT(!BP_HAS_FIELD(bp_plugin_api, create, before_create + sizeof(void *) - 1));
-  EXPECT(BP_HAS_FIELD(bp_plugin_api, create, before_create + sizeof(void *)));
+  EXPECT(!BP_HAS_FIELD(bp_plugin_api, create, before_create + sizeof(void*) - 1));
+  EXPECT(BP_HAS_FIELD(bp_plugin_api, create, before_create + sizeof(void*)));
   EXPECT(BP_HAS_FIELD(bp_plugin_api, barrier, sizeof(bp_plugin_api)));
   EXPECT(!BP_HAS_FIELD(bp_plugin_api, barrier, 0));
   EXPECT(BP_HAS_FIELD(bp_device_info_args, attributes, sizeof(bp_device_info_args)));
@@ -184,15 +184,16 @@ static void check_layout(void) {
 
   /* bp_tensor mirrors DLTensor's order: the data handle first, then offset. */
   EXPECT(offsetof(bp_tensor, buffer) == 0);
-  EXPECT(offsetof(bp_tensor, byte_offset) == sizeof(void *));
-  EXPECT(sizeof(((bp_tensor *)0)->dtype) == 4);
-  EXPECT(sizeof(((bp_tensor *)0)->ndim) == 4);
+  EXPECT(offsetof(bp_tensor, byte_offset) == sizeof(void*));
+  EXPECT(sizeof(((bp_tensor*)0)->dtype) == 4);
+  EXPECT(sizeof(((bp_tensor*)0)->ndim) == 4);
 }
 
 static void check_capabilities(void) {
-  const uint64_t named[] = {BP_CAP_COLLECTIVE, BP_CAP_ASYNC, BP_CAP_HOST_VISIBLE, BP_CAP_REMOTE, BP_CAP_MATMUL,
-                            BP_CAP_F32,        BP_CAP_F64,   BP_CAP_I32,          BP_CAP_I64,    BP_CAP_BOOL,
-                            BP_CAP_F16,        BP_CAP_BF16,  BP_CAP_U8,           BP_CAP_I8};
+  const uint64_t named[] = {BP_CAP_COLLECTIVE, BP_CAP_ASYNC, BP_CAP_HOST_VISIBLE, BP_CAP_REMOTE,
+                            BP_CAP_MATMUL,     BP_CAP_F32,   BP_CAP_F64,          BP_CAP_I32,
+                            BP_CAP_I64,        BP_CAP_BOOL,  BP_CAP_F16,          BP_CAP_BF16,
+                            BP_CAP_U8,         BP_CAP_I8};
   const size_t n = sizeof(named) / sizeof(named[0]);
   uint64_t all = 0;
   size_t i, j;
@@ -227,25 +228,26 @@ static void check_capabilities(void) {
   EXPECT_NAME(bp_capability_name(BP_CAP_BOOL), "bool");
   EXPECT_NAME(bp_capability_name(BP_CAP_BF16), "bf16");
   EXPECT_NAME(bp_capability_name(BP_CAP_I8), "i8");
-  for (d = BP_DTYPE_F32; d < BP_DTYPE_COUNT_; ++d) EXPECT_NAME(bp_capability_name(BP_CAP_DTYPE(d)), bp_dtype_name(d));
+  for (d = BP_DTYPE_F32; d < BP_DTYPE_COUNT_; ++d)
+    EXPECT_NAME(bp_capability_name(BP_CAP_DTYPE(d)), bp_dtype_name(d));
   EXPECT_NAME(bp_capability_name(0), NULL);
   EXPECT_NAME(bp_capability_name(BP_CAP_COLLECTIVE | BP_CAP_ASYNC), NULL);
   EXPECT_NAME(bp_capability_name(BP_CAP_F32 | BP_CAP_F64), NULL);
-  EXPECT_NAME(bp_capability_name(UINT64_C(1) << 5), NULL);                    /* unnamed feature bit */
-  EXPECT_NAME(bp_capability_name(UINT64_C(1) << 15), NULL);                   /* last feature bit    */
-  EXPECT_NAME(bp_capability_name(BP_CAP_DTYPE(BP_DTYPE_INVALID)), NULL);      /* bit 16: no dtype    */
-  EXPECT_NAME(bp_capability_name(BP_CAP_DTYPE(BP_DTYPE_COUNT_)), NULL);       /* a future dtype      */
+  EXPECT_NAME(bp_capability_name(UINT64_C(1) << 5), NULL);               /* unnamed feature bit */
+  EXPECT_NAME(bp_capability_name(UINT64_C(1) << 15), NULL);              /* last feature bit    */
+  EXPECT_NAME(bp_capability_name(BP_CAP_DTYPE(BP_DTYPE_INVALID)), NULL); /* bit 16: no dtype    */
+  EXPECT_NAME(bp_capability_name(BP_CAP_DTYPE(BP_DTYPE_COUNT_)), NULL);  /* a future dtype      */
   EXPECT_NAME(bp_capability_name(UINT64_C(1) << 63), NULL);
 }
 
 static void check_dtypes(void) {
   static const struct {
     int32_t dtype;
-    const char *name;
+    const char* name;
     size_t size;
-  } expected[] = {{BP_DTYPE_F32, "f32", 4}, {BP_DTYPE_F64, "f64", 8},   {BP_DTYPE_I32, "i32", 4},
-                  {BP_DTYPE_I64, "i64", 8}, {BP_DTYPE_BOOL, "bool", 1}, {BP_DTYPE_F16, "f16", 2},
-                  {BP_DTYPE_BF16, "bf16", 2}, {BP_DTYPE_U8, "u8", 1},   {BP_DTYPE_I8, "i8", 1}};
+  } expected[] = {{BP_DTYPE_F32, "f32", 4},   {BP_DTYPE_F64, "f64", 8},   {BP_DTYPE_I32, "i32", 4},
+                  {BP_DTYPE_I64, "i64", 8},   {BP_DTYPE_BOOL, "bool", 1}, {BP_DTYPE_F16, "f16", 2},
+                  {BP_DTYPE_BF16, "bf16", 2}, {BP_DTYPE_U8, "u8", 1},     {BP_DTYPE_I8, "i8", 1}};
   const size_t n = sizeof(expected) / sizeof(expected[0]);
   size_t i;
 
@@ -269,23 +271,49 @@ static void check_ops(void) {
   /* Every op, by its enum value: the name table must agree with the enum. */
   static const struct {
     int32_t op;
-    const char *name;
-  } expected[] = {
-      {BP_OP_ADD, "add"},       {BP_OP_SUB, "sub"},         {BP_OP_MUL, "mul"},
-      {BP_OP_DIV, "div"},       {BP_OP_MATMUL, "matmul"},   {BP_OP_COPY, "copy"},
-      {BP_OP_POW, "pow"},       {BP_OP_MAXIMUM, "maximum"}, {BP_OP_MINIMUM, "minimum"},
-      {BP_OP_EQ, "eq"},         {BP_OP_NE, "ne"},           {BP_OP_LT, "lt"},
-      {BP_OP_LE, "le"},         {BP_OP_GT, "gt"},           {BP_OP_GE, "ge"},
-      {BP_OP_WHERE, "where"},   {BP_OP_NEG, "neg"},         {BP_OP_ABS, "abs"},
-      {BP_OP_EXP, "exp"},       {BP_OP_LOG, "log"},         {BP_OP_SQRT, "sqrt"},
-      {BP_OP_TANH, "tanh"},     {BP_OP_SIGMOID, "sigmoid"}, {BP_OP_RELU, "relu"},
-      {BP_OP_SIN, "sin"},       {BP_OP_COS, "cos"},         {BP_OP_CLAMP, "clamp"},
-      {BP_OP_CAST, "cast"},     {BP_OP_FILL, "fill"},       {BP_OP_ARANGE, "arange"},
-      {BP_OP_RAND_UNIFORM, "rand_uniform"},                 {BP_OP_RANDN, "randn"},
-      {BP_OP_SUM, "sum"},       {BP_OP_MEAN, "mean"},       {BP_OP_MAX, "max"},
-      {BP_OP_MIN, "min"},       {BP_OP_ARGMAX, "argmax"},   {BP_OP_ARGMIN, "argmin"},
-      {BP_OP_SOFTMAX, "softmax"}, {BP_OP_LOG_SOFTMAX, "log_softmax"},
-      {BP_OP_INDEX_SELECT, "index_select"},                 {BP_OP_GATHER, "gather"}};
+    const char* name;
+  } expected[] = {{BP_OP_ADD, "add"},
+                  {BP_OP_SUB, "sub"},
+                  {BP_OP_MUL, "mul"},
+                  {BP_OP_DIV, "div"},
+                  {BP_OP_MATMUL, "matmul"},
+                  {BP_OP_COPY, "copy"},
+                  {BP_OP_POW, "pow"},
+                  {BP_OP_MAXIMUM, "maximum"},
+                  {BP_OP_MINIMUM, "minimum"},
+                  {BP_OP_EQ, "eq"},
+                  {BP_OP_NE, "ne"},
+                  {BP_OP_LT, "lt"},
+                  {BP_OP_LE, "le"},
+                  {BP_OP_GT, "gt"},
+                  {BP_OP_GE, "ge"},
+                  {BP_OP_WHERE, "where"},
+                  {BP_OP_NEG, "neg"},
+                  {BP_OP_ABS, "abs"},
+                  {BP_OP_EXP, "exp"},
+                  {BP_OP_LOG, "log"},
+                  {BP_OP_SQRT, "sqrt"},
+                  {BP_OP_TANH, "tanh"},
+                  {BP_OP_SIGMOID, "sigmoid"},
+                  {BP_OP_RELU, "relu"},
+                  {BP_OP_SIN, "sin"},
+                  {BP_OP_COS, "cos"},
+                  {BP_OP_CLAMP, "clamp"},
+                  {BP_OP_CAST, "cast"},
+                  {BP_OP_FILL, "fill"},
+                  {BP_OP_ARANGE, "arange"},
+                  {BP_OP_RAND_UNIFORM, "rand_uniform"},
+                  {BP_OP_RANDN, "randn"},
+                  {BP_OP_SUM, "sum"},
+                  {BP_OP_MEAN, "mean"},
+                  {BP_OP_MAX, "max"},
+                  {BP_OP_MIN, "min"},
+                  {BP_OP_ARGMAX, "argmax"},
+                  {BP_OP_ARGMIN, "argmin"},
+                  {BP_OP_SOFTMAX, "softmax"},
+                  {BP_OP_LOG_SOFTMAX, "log_softmax"},
+                  {BP_OP_INDEX_SELECT, "index_select"},
+                  {BP_OP_GATHER, "gather"}};
   const size_t n = sizeof(expected) / sizeof(expected[0]);
   size_t i;
   int32_t a, b;

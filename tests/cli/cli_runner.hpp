@@ -64,7 +64,8 @@ struct Options {
 };
 
 // Runs `backplane args...`; `scratch` is a directory for the captured output.
-inline Result run(const std::vector<std::string>& args, const fs::path& scratch, const Options& options = {}) {
+inline Result run(const std::vector<std::string>& args, const fs::path& scratch,
+                  const Options& options = {}) {
   const fs::path out_file = scratch / "cli_stdout.txt";
   const fs::path err_file = scratch / "cli_stderr.txt";
 

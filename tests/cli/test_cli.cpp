@@ -57,9 +57,9 @@ Json parse_stdout(const Result& r) {
 
 // {"schema_version": 1, "plugin_dirs": [<real plugin dir>], "backends": [cpu (required), nope]}
 std::string cpu_and_missing_config(bool missing_required) {
-  return "{\"schema_version\": 1, \"plugin_dirs\": [" + json_path(plugin_dir()) +
-         "], \"backends\": [" + backend_json("cpu", "backplane_cpu", true) + ", " +
-         backend_json("nope", "nope", missing_required) + "]}";
+  return "{\"schema_version\": 1, \"plugin_dirs\": [" + json_path(plugin_dir()) + "], \"backends\": [" +
+         backend_json("cpu", "backplane_cpu", true) + ", " + backend_json("nope", "nope", missing_required) +
+         "]}";
 }
 
 const fs::path kCpuLibrary = plugin_dir() / "libbackplane_cpu.so";
@@ -299,7 +299,8 @@ TEST_CASE("check: malformed JSON exits 2 naming the file and the line and column
 
 TEST_CASE("check: an invalid config exits 2 naming the offending key") {
   TempDir tmp;
-  const fs::path config = tmp.write("backends.json", R"({"schema_version": 1, "backends": [], "plugin_dir": []})");
+  const fs::path config =
+      tmp.write("backends.json", R"({"schema_version": 1, "backends": [], "plugin_dir": []})");
   const Result r = cli(tmp, {"check", "--config", config.string()});
   INFO(r.describe());
   CHECK(r.code == kExitConfig);
@@ -355,15 +356,17 @@ TEST_CASE("check: a schema error in any entry exits 2 naming its path, for check
     std::string expected;
   };
   for (const Case& c : std::vector<Case>{
-           {R"({"name": "gpu", "library": "backplane_cpu", "required": true, "requird": true})", "backends[1].requird"},
+           {R"({"name": "gpu", "library": "backplane_cpu", "required": true, "requird": true})",
+            "backends[1].requird"},
            {R"({"name": 5, "library": "backplane_cpu", "required": true})", "backends[1].name"},
            {R"({"name": "gpu", "library": "backplane_cpu", "required": "yes"})", "backends[1].required"},
            {R"({"name": "gpu:0", "library": "backplane_cpu", "required": true})", "U+003A"},
-           {R"({"name": "gpu", "library": "backplane_cpu", "options": {"x": 1e400}})", "backends[1].options.x"},
+           {R"({"name": "gpu", "library": "backplane_cpu", "options": {"x": 1e400}})",
+            "backends[1].options.x"},
            {R"({"name": "gpu", "library": "backplane_cpu\u0000x"})", "backends[1].library"}}) {
-    const fs::path config = tmp.write("backends.json", "{\"schema_version\": 1, " + dirs + ", \"backends\": [" +
-                                                           backend_json("cpu", "backplane_cpu", true) + ", " +
-                                                           c.entry + "]}");
+    const fs::path config =
+        tmp.write("backends.json", "{\"schema_version\": 1, " + dirs + ", \"backends\": [" +
+                                       backend_json("cpu", "backplane_cpu", true) + ", " + c.entry + "]}");
     for (const char* command : {"check", "list"}) {
       CAPTURE(command);
       CAPTURE(c.entry);
@@ -380,14 +383,16 @@ TEST_CASE("check: a schema error in any entry exits 2 naming its path, for check
 TEST_CASE("check: a deeply nested or oversized config exits 2 naming the limit, never crashing") {
   TempDir tmp;
   const std::size_t levels = 100000;
-  const fs::path deep = tmp.write("deep.json", "{\"schema_version\": 1, \"backends\": [" + std::string(levels, '[') +
-                                                   std::string(levels, ']') + "]}");
+  const fs::path deep =
+      tmp.write("deep.json", "{\"schema_version\": 1, \"backends\": [" + std::string(levels, '[') +
+                                 std::string(levels, ']') + "]}");
   Result r = cli(tmp, {"check", "--config", deep.string()});
   INFO(r.describe());
   CHECK(r.code == kExitConfig);
   BP_CHECK_CONTAINS(r.err, "nested deeper than 64");
 
-  const fs::path big = tmp.write("big.json", "{\"schema_version\": 1, \"backends\": []}" + std::string(2u << 20, ' '));
+  const fs::path big =
+      tmp.write("big.json", "{\"schema_version\": 1, \"backends\": []}" + std::string(2u << 20, ' '));
   r = cli(tmp, {"list", "--config", big.string()});
   INFO(r.describe());
   CHECK(r.code == kExitConfig);
@@ -480,7 +485,8 @@ TEST_CASE("repo config: the repository backends.json lists cpu loaded with one d
     expect_repository_listing(cli(tmp, {"list", "--json", "--config", config.string()}), config);
   }
   SUBCASE("list --json reads BACKPLANE_CONFIG without --config") {
-    expect_repository_listing(cli(tmp, {"list", "--json"}, {{{"BACKPLANE_CONFIG", config.string()}}, {}}), config);
+    expect_repository_listing(cli(tmp, {"list", "--json"}, {{{"BACKPLANE_CONFIG", config.string()}}, {}}),
+                              config);
   }
   SUBCASE("a backends.json in the current folder is not read unless named") {
     // Without --config or BACKPLANE_CONFIG the executable's own default is

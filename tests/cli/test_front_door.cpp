@@ -71,9 +71,9 @@ TEST_CASE("front door: a backends.json in the current folder is still never read
 
 TEST_CASE("front door: a library not found suggests the closest plugin and this build's plugin folder") {
   TempDir tmp;
-  const fs::path config = tmp.write(
-      "backends.json", "{\"schema_version\": 1, \"plugin_dirs\": [" + json_path(plugin_dir()) +
-                           "], \"backends\": [" + backend_json("cpu", "backplane_cpuu", true) + "]}");
+  const fs::path config = tmp.write("backends.json", "{\"schema_version\": 1, \"plugin_dirs\": [" +
+                                                         json_path(plugin_dir()) + "], \"backends\": [" +
+                                                         backend_json("cpu", "backplane_cpuu", true) + "]}");
   const Result r = cli(tmp, {"check", "--config", config.string()});
   INFO(r.describe());
   CHECK(r.code == 1);
@@ -86,8 +86,10 @@ TEST_CASE("front door: outside a build tree the hint names the config's plugin f
   TempDir tmp;
   const fs::path plugins = tmp.mkdir("lib_backplane");
   fs::create_symlink(plugin_dir() / "libbackplane_cpu.so", plugins / "libbackplane_cpu.so");
-  const fs::path config = tmp.write("backends.json", "{\"schema_version\": 1, \"plugin_dirs\": [\"lib_backplane\"], "
-                                                     "\"backends\": [" + backend_json("x", "xyz_plugin", true) + "]}");
+  const fs::path config = tmp.write("backends.json",
+                                    "{\"schema_version\": 1, \"plugin_dirs\": [\"lib_backplane\"], "
+                                    "\"backends\": [" +
+                                        backend_json("x", "xyz_plugin", true) + "]}");
   const Result r = cli(tmp, {"check", "--config", config.string()});
   INFO(r.describe());
   CHECK(r.code == 1);
@@ -100,7 +102,8 @@ TEST_CASE("front door: outside a build tree the hint names the config's plugin f
 
 TEST_CASE("front door: an unknown --backend suggests the closest configured name") {
   TempDir tmp;
-  const fs::path config = tmp.write("backends.json", config_json({backend_json("cpu", "backplane_cpu", true)}));
+  const fs::path config =
+      tmp.write("backends.json", config_json({backend_json("cpu", "backplane_cpu", true)}));
   const Result train = cli(tmp, {"train", "--nproc", "1", "--config", config.string(), "--backend", "cpuu"});
   INFO(train.describe());
   CHECK(train.code == 1);
@@ -114,8 +117,8 @@ TEST_CASE("front door: an unknown --backend suggests the closest configured name
 
 TEST_CASE("front door: a default_backend naming no backend exits 2 suggesting the closest name") {
   TempDir tmp;
-  const fs::path config =
-      tmp.write("backends.json", config_json({backend_json("cpu", "backplane_cpu", true)}, R"("default_backend": "cpuu")"));
+  const fs::path config = tmp.write("backends.json", config_json({backend_json("cpu", "backplane_cpu", true)},
+                                                                 R"("default_backend": "cpuu")"));
   const Result r = cli(tmp, {"check", "--config", config.string()});
   INFO(r.describe());
   CHECK(r.code == 2);
@@ -147,13 +150,16 @@ TEST_CASE("front door: conformance groups unsupported ops per family by their pl
   // The table keeps only rows that ran a case; the rest is one line per family.
   BP_CHECK_CONTAINS(r.out, "unsupported: reduce: ");
   BP_CHECK_CONTAINS(r.out, "unsupported: unary: ");
-  CHECK(std::regex_search(r.out, std::regex("unsupported: copy: copy on [a-z0-9, ]+ \\(for [a-z_, ]*\\bto\\b")));
+  CHECK(std::regex_search(r.out,
+                          std::regex("unsupported: copy: copy on [a-z0-9, ]+ \\(for [a-z_, ]*\\bto\\b")));
   CHECK(r.out.find("\nsum ") == std::string::npos);  // no wholly unsupported row
   std::size_t rows = 0, unsupported_lines = 0;
   std::istringstream lines(r.out);
   for (std::string line; std::getline(lines, line);) {
-    if (line.rfind("unsupported: ", 0) == 0) ++unsupported_lines;
-    else if (line.rfind("add ", 0) == 0 || line.rfind("mul ", 0) == 0 || line.rfind("to (copy) ", 0) == 0) ++rows;
+    if (line.rfind("unsupported: ", 0) == 0)
+      ++unsupported_lines;
+    else if (line.rfind("add ", 0) == 0 || line.rfind("mul ", 0) == 0 || line.rfind("to (copy) ", 0) == 0)
+      ++rows;
   }
   CHECK(rows >= 2);
   CHECK(unsupported_lines >= 5);
@@ -163,7 +169,8 @@ TEST_CASE("front door: conformance groups unsupported ops per family by their pl
 
 // ---- the loss plot -------------------------------------------------------------------------------
 
-TEST_CASE("front door: the loss plot is log-scale by default, titled with the world size, means at mid-epoch") {
+TEST_CASE(
+    "front door: the loss plot is log-scale by default, titled with the world size, means at mid-epoch") {
   TempDir tmp;
   const fs::path svg = tmp / "loss.svg";
   const Result r = cli(tmp, {"train", "--nproc", "1", "--epochs", "2", "--plot", svg.string()});
@@ -180,8 +187,8 @@ TEST_CASE("front door: the loss plot is log-scale by default, titled with the wo
   CHECK(mean == doctest::Approx(tick));
 
   const fs::path linear = tmp / "linear.svg";
-  const Result l = cli(tmp, {"train", "--nproc", "1", "--epochs", "1", "--plot", linear.string(), "--plot-scale",
-                             "linear"});
+  const Result l = cli(
+      tmp, {"train", "--nproc", "1", "--epochs", "1", "--plot", linear.string(), "--plot-scale", "linear"});
   REQUIRE_MESSAGE(l.code == 0, l.describe());
   const std::string lt = bpcli::slurp(linear);
   BP_CHECK_CONTAINS(lt, "data-y-scale=\"linear\"");

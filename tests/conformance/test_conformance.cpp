@@ -88,8 +88,9 @@ void expect_cpu_conforms(const std::string& op) {
   for (const bc::CaseResult& r : results) {
     if (r.outcome != Outcome::skipped) continue;
     const bool large = r.case_name.rfind("large ", 0) == 0;
-    const bool peer_dtype = r.op == "to" && r.dtype != "f32" &&
-                            r.detail.find("the peer device opaque:0 cannot hold " + r.dtype) != std::string::npos;
+    const bool peer_dtype =
+        r.op == "to" && r.dtype != "f32" &&
+        r.detail.find("the peer device opaque:0 cannot hold " + r.dtype) != std::string::npos;
     CHECK_MESSAGE((large || peer_dtype), r.case_name << ": " << r.detail);
   }
 }
@@ -110,11 +111,12 @@ namespace {
 const std::vector<std::string> kCreation = {"zeros", "ones", "full", "arange", "rand_uniform", "randn"};
 const std::vector<std::string> kBinary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
 const std::vector<std::string> kCompare = {"eq", "ne", "lt", "le", "gt", "ge", "where"};
-const std::vector<std::string> kUnary = {"neg", "abs",     "exp",  "log", "sqrt", "tanh",
+const std::vector<std::string> kUnary = {"neg",     "abs",  "exp", "log", "sqrt", "tanh",
                                          "sigmoid", "relu", "sin", "cos", "clamp"};
 const std::vector<std::string> kReduce = {"sum", "mean", "max", "min", "argmax", "argmin"};
 const std::vector<std::string> kLinalg = {"matmul", "softmax", "log_softmax"};
-const std::vector<std::string> kShape = {"reshape", "permute", "transpose", "slice", "cat", "index_select", "gather"};
+const std::vector<std::string> kShape = {"reshape", "permute",      "transpose", "slice",
+                                         "cat",     "index_select", "gather"};
 const std::vector<std::string> kPlacement = {"cast", "contiguous", "to"};
 const std::vector<const std::vector<std::string>*> kFamilies = {&kCreation, &kBinary, &kCompare, &kUnary,
                                                                 &kReduce,   &kLinalg, &kShape,   &kPlacement};
@@ -126,14 +128,16 @@ TEST_CASE("cpu: comparisons and where (eq ne lt le gt ge where)") { check_family
 TEST_CASE("cpu: unary (neg abs exp log sqrt tanh sigmoid relu sin cos clamp)") { check_family(kUnary); }
 TEST_CASE("cpu: reductions (sum mean max min argmax argmin)") { check_family(kReduce); }
 TEST_CASE("cpu: matmul, softmax, log_softmax") { check_family(kLinalg); }
-TEST_CASE("cpu: shape ops (reshape permute transpose slice cat index_select gather)") { check_family(kShape); }
+TEST_CASE("cpu: shape ops (reshape permute transpose slice cat index_select gather)") {
+  check_family(kShape);
+}
 TEST_CASE("cpu: cast, contiguous, to") { check_family(kPlacement); }
 
 TEST_CASE("cpu: every op of the suite is covered by one of the family tests above") {
   for (const std::string& op : bc::op_names()) {
-    const bool covered = std::any_of(kFamilies.begin(), kFamilies.end(), [&](const std::vector<std::string>* f) {
-      return std::find(f->begin(), f->end(), op) != f->end();
-    });
+    const bool covered = std::any_of(
+        kFamilies.begin(), kFamilies.end(),
+        [&](const std::vector<std::string>* f) { return std::find(f->begin(), f->end(), op) != f->end(); });
     CHECK_MESSAGE(covered, op);
   }
 }

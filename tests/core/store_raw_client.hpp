@@ -79,7 +79,8 @@ class RawStoreClient {
     if (challenge.size() != w::kChallengeBytes) return -1;
     w::Nonce server_nonce{};
     std::memcpy(server_nonce.data(), challenge.data() + w::kHelloPrefixBytes, w::kNonceBytes);
-    const auto p = w::make_proof(w::client_proof(secret, nonce, server_nonce, rank, world_size), rank, world_size);
+    const auto p =
+        w::make_proof(w::client_proof(secret, nonce, server_nonce, rank, world_size), rank, world_size);
     send(p.data(), p.size());
     const std::vector<uint8_t> verdict = read(w::kVerdictBytes);
     if (verdict.size() != w::kVerdictBytes) return -1;

@@ -882,7 +882,8 @@ TEST_CASE("autograd: installed backward hooks run in every backward, after the c
   CHECK(events.empty());
   CHECK(factories_made == 3);  // the failed backward made one; none since removal
 
-  const bp::Error empty = bptest::error_from([] { (void)bp::add_backward_hooks(bp::BackwardHooksFactory{}); });
+  const bp::Error empty =
+      bptest::error_from([] { (void)bp::add_backward_hooks(bp::BackwardHooksFactory{}); });
   CHECK(empty.code() == bp::Errc::invalid_argument);
 }
 

@@ -36,7 +36,9 @@ TEST_CASE("concurrency: threads share a registry and run ops on one device") {
           if (got[0] != want || got[3] != want) ++wrong;
           bp::Tensor x = bp::Tensor::from_vector(opaque, {3}, std::vector<float>{v, 1, 2});
           if ((x + x).to_vector<float>() != std::vector<float>{2 * v, 2, 4}) ++wrong;
-          if (!cpu.supports(backplane::Op::add, bp::DType::f32) || cpu.supports(backplane::Op::matmul, bp::DType::i32)) ++wrong;
+          if (!cpu.supports(backplane::Op::add, bp::DType::f32) ||
+              cpu.supports(backplane::Op::matmul, bp::DType::i32))
+            ++wrong;
         }
       } catch (...) {
         ++wrong;
@@ -89,7 +91,8 @@ TEST_CASE("concurrency: large buffers are recycled correctly across threads and 
           bp::Tensor b = bp::ones(cpu, {n}, bp::DType::i32);
           bp::Tensor c = a + b;  // a fresh output, often a recycled block
           if (bp::sum(c).to_vector<int32_t>()[0] != static_cast<int32_t>(n * (v + 1))) ++wrong;
-          if (bp::max(c).to_vector<int32_t>()[0] != v + 1 || bp::min(c).to_vector<int32_t>()[0] != v + 1) ++wrong;
+          if (bp::max(c).to_vector<int32_t>()[0] != v + 1 || bp::min(c).to_vector<int32_t>()[0] != v + 1)
+            ++wrong;
         }
       } catch (...) {
         ++wrong;

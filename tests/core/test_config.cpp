@@ -56,7 +56,8 @@ TEST_CASE("config: a library that is not a string makes the whole config invalid
 }
 
 TEST_CASE("config: required that is not a boolean makes the whole config invalid naming the path") {
-  const std::string msg = config_error_of(config_json({R"({"name": "yes", "library": "good_c", "required": "yes"})"}));
+  const std::string msg =
+      config_error_of(config_json({R"({"name": "yes", "library": "good_c", "required": "yes"})"}));
   BP_CHECK_CONTAINS(msg, "backends[0].required");
   BP_CHECK_CONTAINS(msg, "expected a boolean");
 }
@@ -85,8 +86,8 @@ TEST_CASE("config: an unknown top-level key throws config_error naming it") {
 }
 
 TEST_CASE("config: an unknown backend key makes the whole config invalid naming its path") {
-  const std::string msg =
-      config_error_of(config_json({R"({"name": "typo", "libary": "good_c"})", backend_json("good", "good_c")}));
+  const std::string msg = config_error_of(
+      config_json({R"({"name": "typo", "libary": "good_c"})", backend_json("good", "good_c")}));
   BP_CHECK_CONTAINS(msg, "backends[0].libary");
   BP_CHECK_CONTAINS(msg, "unknown key");
   BP_CHECK_CONTAINS(msg, "did you mean \"library\"");
@@ -95,8 +96,9 @@ TEST_CASE("config: an unknown backend key makes the whole config invalid naming 
 TEST_CASE("config: a required entry with a typo key is not ignored: the config is invalid") {
   // "requird" next to a working library: nothing may load, and nothing may
   // report success with a required backend silently dropped.
-  const std::string msg = config_error_of(config_json({R"({"name": "gpu", "library": "good_c", "requird": true})"}),
-                                          RequiredPolicy::throw_on_failure);
+  const std::string msg =
+      config_error_of(config_json({R"({"name": "gpu", "library": "good_c", "requird": true})"}),
+                      RequiredPolicy::throw_on_failure);
   BP_CHECK_CONTAINS(msg, "backends[0].requird");
   BP_CHECK_CONTAINS(msg, "did you mean \"required\"");
 }
@@ -120,8 +122,9 @@ TEST_CASE("config: collective_fallback error and local are accepted") {
 }
 
 TEST_CASE("config: collective_fallback host names another backend") {
-  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:good")"),
-                                 backend_json("good", "good_c")}));
+  Registry r =
+      load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:good")"),
+                        backend_json("good", "good_c")}));
   expect_loaded(r.backend("staged"));
   CHECK(r.backend("staged").collective_fallback().kind == CollectiveFallback::Kind::host);
   CHECK(r.backend("staged").collective_fallback().host_backend == "good");
@@ -129,17 +132,18 @@ TEST_CASE("config: collective_fallback host names another backend") {
 }
 
 TEST_CASE("config: collective_fallback host naming an unknown backend makes the config invalid") {
-  const std::string msg = config_error_of(config_json(
-      {backend_json("staged", "good_c", false, R"("collective_fallback": "host:gpu")"), backend_json("good", "good_c")}));
+  const std::string msg = config_error_of(
+      config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:gpu")"),
+                   backend_json("good", "good_c")}));
   BP_CHECK_CONTAINS(msg, "backends[0].collective_fallback");
   BP_CHECK_CONTAINS(msg, "no backend named \"gpu\"");
   BP_CHECK_CONTAINS(msg, "\"good\"");
 }
 
 TEST_CASE("config: collective_fallback host through itself or through a stager makes the config invalid") {
-  BP_CHECK_CONTAINS(
-      config_error_of(config_json({backend_json("self", "good_c", false, R"("collective_fallback": "host:self")")})),
-      "cannot stage through itself");
+  BP_CHECK_CONTAINS(config_error_of(config_json(
+                        {backend_json("self", "good_c", false, R"("collective_fallback": "host:self")")})),
+                    "cannot stage through itself");
   const std::string msg =
       config_error_of(config_json({backend_json("a", "good_c", false, R"("collective_fallback": "host:b")"),
                                    backend_json("b", "good_c", false, R"("collective_fallback": "host:c")"),
@@ -154,14 +158,15 @@ TEST_CASE("config: collective_fallback host through itself or through a stager m
 }
 
 TEST_CASE("config: an unknown collective_fallback makes the config invalid naming its path") {
-  const std::string msg =
-      config_error_of(config_json({backend_json("boom", "good_c", false, R"("collective_fallback": "explode")")}));
+  const std::string msg = config_error_of(
+      config_json({backend_json("boom", "good_c", false, R"("collective_fallback": "explode")")}));
   BP_CHECK_CONTAINS(msg, "backends[0].collective_fallback");
   BP_CHECK_CONTAINS(msg, "explode");
 }
 
 TEST_CASE("config: a duplicate backend name makes the config invalid naming both entries") {
-  const std::string msg = config_error_of(config_json({backend_json("dup", "good_c"), backend_json("dup", "good_c")}));
+  const std::string msg =
+      config_error_of(config_json({backend_json("dup", "good_c"), backend_json("dup", "good_c")}));
   BP_CHECK_CONTAINS(msg, "backends[1].name");
   BP_CHECK_CONTAINS(msg, "duplicate");
   BP_CHECK_CONTAINS(msg, "backends[0]");
@@ -178,12 +183,14 @@ TEST_CASE("config: failed required backends make from_json throw listing every r
   BP_CHECK_CONTAINS(e.message(), "not found");
   BP_CHECK_CONTAINS(e.message(), "future");
   BP_CHECK_CONTAINS(e.message(), "3.1");  // both ABIs: the plugin's and this host's
-  BP_CHECK_CONTAINS(e.message(), std::to_string(backplane::kAbiMajor) + "." + std::to_string(backplane::kAbiMinor));
+  BP_CHECK_CONTAINS(e.message(),
+                    std::to_string(backplane::kAbiMajor) + "." + std::to_string(backplane::kAbiMinor));
 }
 
 TEST_CASE("config: a failed optional backend does not make from_json throw") {
-  Registry r = load(config_json({backend_json("good", "good_c", true), backend_json("gone", "no_such_plugin_anywhere")}),
-                    RequiredPolicy::throw_on_failure);
+  Registry r = load(
+      config_json({backend_json("good", "good_c", true), backend_json("gone", "no_such_plugin_anywhere")}),
+      RequiredPolicy::throw_on_failure);
   expect_loaded(r.backend("good"));
   expect_failed(r.backend("gone"), Errc::plugin_load_failed);
   CHECK_FALSE(r.backend("gone").required());
@@ -191,8 +198,9 @@ TEST_CASE("config: a failed optional backend does not make from_json throw") {
 }
 
 TEST_CASE("config: RequiredPolicy report keeps a failed required backend in the registry") {
-  Registry r = load(config_json({backend_json("gone", "no_such_plugin_anywhere", true), backend_json("good", "good_c")}),
-                    RequiredPolicy::report);
+  Registry r = load(
+      config_json({backend_json("gone", "no_such_plugin_anywhere", true), backend_json("good", "good_c")}),
+      RequiredPolicy::report);
   Backend gone = r.backend("gone");
   CHECK(gone.required());
   const std::string msg = expect_failed(gone, Errc::plugin_load_failed);
@@ -215,7 +223,8 @@ TEST_CASE("config: using a failed backend's device throws backend_unavailable wi
 }
 
 TEST_CASE("config: backend with an unknown name throws not_found listing the known ones") {
-  Registry r = load(config_json({backend_json("alpha", "good_c"), backend_json("beta", "no_such_plugin_anywhere")}));
+  Registry r =
+      load(config_json({backend_json("alpha", "good_c"), backend_json("beta", "no_such_plugin_anywhere")}));
   Error e = error_from([&] { r.backend("gamma"); });
   CHECK(e.code() == Errc::not_found);
   BP_CHECK_CONTAINS(e.message(), "gamma");
@@ -224,8 +233,8 @@ TEST_CASE("config: backend with an unknown name throws not_found listing the kno
 }
 
 TEST_CASE("config: backends keep config order and default_backend picks the first loaded one") {
-  Registry r = load(config_json({backend_json("gone", "no_such_plugin_anywhere"), backend_json("first", "good_c"),
-                                 backend_json("second", "good_c")}));
+  Registry r = load(config_json({backend_json("gone", "no_such_plugin_anywhere"),
+                                 backend_json("first", "good_c"), backend_json("second", "good_c")}));
   std::vector<Backend> all = r.backends();
   REQUIRE(all.size() == 3);
   CHECK(all[0].name() == "gone");
@@ -244,8 +253,7 @@ TEST_CASE("config: default_backend follows the config's default_backend") {
 TEST_CASE("config: from_config records its path and resolves libraries next to the file") {
   TempDir tmp;
   const fs::path lib = tmp.copy_fixture("good_c", "cfg/plugins/libgood_c.so");
-  const fs::path file =
-      tmp.write("cfg/backends.json", R"({"schema_version": 1, "backends": [
+  const fs::path file = tmp.write("cfg/backends.json", R"({"schema_version": 1, "backends": [
         {"name": "near", "library": "plugins/libgood_c.so", "required": true}]})");
   Registry r = Registry::from_config(file);
   CHECK(fs::equivalent(r.config_path(), file));
@@ -288,8 +296,8 @@ TEST_CASE("config: default_backend that is not a string throws config_error nami
 }
 
 TEST_CASE("config: default_backend naming no backend throws config_error naming it") {
-  const std::string text =
-      config_json({backend_json("good", "good_c"), backend_json("other", "good_c")}, R"("default_backend": "ghost")");
+  const std::string text = config_json({backend_json("good", "good_c"), backend_json("other", "good_c")},
+                                       R"("default_backend": "ghost")");
   Error e = error_from([&] { load(text); });
   CHECK(e.code() == Errc::config_error);
   BP_CHECK_CONTAINS(e.message(), "default_backend");
@@ -297,16 +305,16 @@ TEST_CASE("config: default_backend naming no backend throws config_error naming 
 }
 
 TEST_CASE("config: a backend name that is not a string makes the config invalid naming the path") {
-  const std::string msg =
-      config_error_of(config_json({R"({"name": 7, "library": "good_c", "required": true})", backend_json("good", "good_c")}),
-                      RequiredPolicy::throw_on_failure);
+  const std::string msg = config_error_of(
+      config_json({R"({"name": 7, "library": "good_c", "required": true})", backend_json("good", "good_c")}),
+      RequiredPolicy::throw_on_failure);
   BP_CHECK_CONTAINS(msg, "backends[0].name");
   BP_CHECK_CONTAINS(msg, "expected a string");
 }
 
 TEST_CASE("config: options that is an array makes the config invalid naming the path") {
-  const std::string msg = config_error_of(
-      config_json({backend_json("arr", "good_c", false, R"("options": [])"), backend_json("good", "good_c")}));
+  const std::string msg = config_error_of(config_json(
+      {backend_json("arr", "good_c", false, R"("options": [])"), backend_json("good", "good_c")}));
   BP_CHECK_CONTAINS(msg, "backends[0].options");
   BP_CHECK_CONTAINS(msg, "expected an object");
 }
@@ -325,7 +333,8 @@ TEST_CASE("config: a duplicate key in an object throws config_error naming the k
 
 TEST_CASE("config: a duplicate key inside a backend entry throws config_error naming the key") {
   // The second "library" would silently win in a lenient parser; it must not.
-  const std::string text = config_json({R"({"name": "twice", "library": "good_c", "library": "no_such_plugin"})"});
+  const std::string text =
+      config_json({R"({"name": "twice", "library": "good_c", "library": "no_such_plugin"})"});
   Error e = error_from([&] { load(text); });
   CHECK(e.code() == Errc::config_error);
   BP_CHECK_CONTAINS(e.message(), "backends[0].library: duplicate key");
@@ -382,13 +391,14 @@ TEST_CASE("config: a document over 1 MiB is refused naming the limit") {
 
 TEST_CASE("config: numbers out of range are config_error naming their path") {
   SUBCASE("a double overflow inside options") {
-    const std::string msg =
-        config_error_of(config_json({backend_json("cpu", "good_c", false, R"("options": {"threads": 1e400})")}));
+    const std::string msg = config_error_of(
+        config_json({backend_json("cpu", "good_c", false, R"("options": {"threads": 1e400})")}));
     BP_CHECK_CONTAINS(msg, "backends[0].options.threads");
     BP_CHECK_CONTAINS(msg, "out of range");
   }
   SUBCASE("a double overflow in an array") {
-    const std::string msg = config_error_of(R"({"schema_version": 1, "backends": [], "plugin_dirs": ["a", -1e999]})");
+    const std::string msg =
+        config_error_of(R"({"schema_version": 1, "backends": [], "plugin_dirs": ["a", -1e999]})");
     BP_CHECK_CONTAINS(msg, "plugin_dirs[1]");
     BP_CHECK_CONTAINS(msg, "out of range");
   }
@@ -448,7 +458,8 @@ TEST_CASE("config: a NUL in any string or key is config_error naming its path") 
            {config_json({backend_json("cpu", "good_c", false, R"("options": {"list": ["x", "\u0000"]})")}),
             "backends[0].options.list[1]"},
            {R"({"schema_version": 1, "backends": [], "plugin_dirs": ["a\u0000"]})", "plugin_dirs[0]"},
-           {config_json({backend_json("cpu", "good_c")}, R"("default_backend": "cpu\u0000")"), "default_backend"}}) {
+           {config_json({backend_json("cpu", "good_c")}, R"("default_backend": "cpu\u0000")"),
+            "default_backend"}}) {
     INFO(c.text);
     const std::string msg = config_error_of(c.text);
     BP_CHECK_CONTAINS(msg, c.path + ": ");
@@ -511,7 +522,8 @@ TEST_CASE("config: a backends.json in the current folder is not the default") {
 
 TEST_CASE("config: random mutations of a valid config give a registry or a backplane::Error, nothing else") {
   const std::string seed_text = config_json(
-      {backend_json("cpu", "good_c", true, R"("options": {"threads": 2, "list": [1, 2.5, "x"]}, "collective_fallback": "local")"),
+      {backend_json("cpu", "good_c", true,
+                    R"("options": {"threads": 2, "list": [1, 2.5, "x"]}, "collective_fallback": "local")"),
        backend_json("staged", "no_such_plugin", false, R"("collective_fallback": "host:cpu")")},
       R"("default_backend": "cpu")");
   const std::string alphabet = "{}[]\":,\\ 0123456789-+.eE\nabtrufnl\x01\x7f\xc3\xa9u";
@@ -524,11 +536,21 @@ TEST_CASE("config: random mutations of a valid config give a registry or a backp
     for (std::size_t k = 0; k < edits && !text.empty(); ++k) {
       const std::size_t at = pick(text.size());
       switch (pick(5)) {
-        case 0: text[at] = alphabet[pick(alphabet.size())]; break;
-        case 1: text.insert(at, 1, alphabet[pick(alphabet.size())]); break;
-        case 2: text.erase(at, 1 + pick(8)); break;
-        case 3: text.insert(at, text.substr(pick(text.size()), pick(32))); break;
-        default: text.insert(at, std::string(1 + pick(100), pick(2) ? '[' : '{')); break;
+        case 0:
+          text[at] = alphabet[pick(alphabet.size())];
+          break;
+        case 1:
+          text.insert(at, 1, alphabet[pick(alphabet.size())]);
+          break;
+        case 2:
+          text.erase(at, 1 + pick(8));
+          break;
+        case 3:
+          text.insert(at, text.substr(pick(text.size()), pick(32)));
+          break;
+        default:
+          text.insert(at, std::string(1 + pick(100), pick(2) ? '[' : '{'));
+          break;
       }
     }
     try {

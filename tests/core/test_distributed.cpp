@@ -71,8 +71,9 @@ TEST_CASE("distributed: fallback local returns the tensor unregistered and warns
 }
 
 TEST_CASE("distributed: fallback local warns once per backend") {
-  Registry r = load(config_json({backend_json("cpu_a", "good_c", false, R"("collective_fallback": "local")"),
-                                 backend_json("cpu_b", "good_c", false, R"("collective_fallback": "local")")}));
+  Registry r =
+      load(config_json({backend_json("cpu_a", "good_c", false, R"("collective_fallback": "local")"),
+                        backend_json("cpu_b", "good_c", false, R"("collective_fallback": "local")")}));
   Tensor a = Tensor::from_vector<float>(cpu_device(r, "cpu_a"), {1}, {1});
   Tensor b = Tensor::from_vector<float>(cpu_device(r, "cpu_b"), {1}, {2});
   LogCapture logs;
@@ -137,8 +138,9 @@ TEST_CASE("distributed: an undefined tensor throws invalid_argument") {
 
 TEST_CASE("process group: a device without collective refuses a group by default") {
   Registry r = load(config_json({backend_json("plain", "good_c")}));
-  const Error e = error_from(
-      [&] { ProcessGroup::create(r.backend("plain").device(0), Rendezvous::single_process(std::chrono::seconds(5))); });
+  const Error e = error_from([&] {
+    ProcessGroup::create(r.backend("plain").device(0), Rendezvous::single_process(std::chrono::seconds(5)));
+  });
   CHECK(e.code() == Errc::capability_missing);
   BP_CHECK_CONTAINS(e.message(), "ProcessGroup::create");
   BP_CHECK_CONTAINS(e.message(), "plain:0");
@@ -146,7 +148,8 @@ TEST_CASE("process group: a device without collective refuses a group by default
 }
 
 TEST_CASE("process group: the local fallback is a world of one that synchronises nothing") {
-  Registry r = load(config_json({backend_json("plain", "good_c", false, R"("collective_fallback": "local")")}));
+  Registry r =
+      load(config_json({backend_json("plain", "good_c", false, R"("collective_fallback": "local")")}));
   Device d = r.backend("plain").device(0);
   ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
   CHECK(pg.is_local());
@@ -161,7 +164,8 @@ TEST_CASE("process group: the local fallback is a world of one that synchronises
 }
 
 TEST_CASE("process group: collectives on a world of one, and their argument checks") {
-  Registry r = load(config_json({backend_json("world", "collective_world1"), backend_json("plain", "good_c")}));
+  Registry r =
+      load(config_json({backend_json("world", "collective_world1"), backend_json("plain", "good_c")}));
   Device d = r.backend("world").device(0);
   ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
   CHECK_FALSE(pg.is_local());
@@ -220,8 +224,9 @@ TEST_CASE("process group: abort makes every later collective fail promptly with 
 }
 
 TEST_CASE("process group: host fallback stages the tensor through the named backend and back") {
-  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:world")"),
-                                 backend_json("world", "collective_world1")}));
+  Registry r =
+      load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:world")"),
+                        backend_json("world", "collective_world1")}));
   Device d = r.backend("staged").device(0);
   ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
   CHECK(pg.device() == d);
@@ -237,14 +242,17 @@ TEST_CASE("process group: host fallback stages the tensor through the named back
 }
 
 TEST_CASE("process group: a host fallback whose backend lacks collective names both") {
-  Registry r = load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:other")"),
-                                 backend_json("other", "good_c")}));
+  Registry r =
+      load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:other")"),
+                        backend_json("other", "good_c")}));
   Device d = r.backend("staged").device(0);
-  const Error e = error_from([&] { ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5))); });
+  const Error e =
+      error_from([&] { ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5))); });
   CHECK(e.code() == Errc::capability_missing);
   BP_CHECK_CONTAINS(e.message(), "staged:0");
   BP_CHECK_CONTAINS(e.message(), "other:0");
   BP_CHECK_CONTAINS(e.message(), "host:other");
-  const Error reg = error_from([&] { set_distributed_params(Tensor::from_vector<float>(d, {1}, {1}), DistributedParamId{1}); });
+  const Error reg = error_from(
+      [&] { set_distributed_params(Tensor::from_vector<float>(d, {1}, {1}), DistributedParamId{1}); });
   CHECK(reg.code() == Errc::capability_missing);
 }

@@ -280,10 +280,18 @@ TEST_CASE("dlpack: a layout whose negative strides reach before data is refused,
   };
   const Case cases[] = {
       {"1-D, reversed from data", {4}, {-1}, 0, "elements [-3, 0]", "12 bytes before dl_tensor.data"},
-      {"byte_offset covers part of it", {4}, {-1}, sizeof(float), "elements [-3, 0]",
+      {"byte_offset covers part of it",
+       {4},
+       {-1},
+       sizeof(float),
+       "elements [-3, 0]",
        "8 bytes before dl_tensor.data"},
       {"2-D, inner dim reversed", {2, 2}, {2, -1}, 0, "elements [-1, 2]", "4 bytes before dl_tensor.data"},
-      {"2-D, both reversed", {2, 2}, {-2, -1}, 2 * sizeof(float), "elements [-3, 0]",
+      {"2-D, both reversed",
+       {2, 2},
+       {-2, -1},
+       2 * sizeof(float),
+       "elements [-3, 0]",
        "4 bytes before dl_tensor.data"},
   };
   for (const Device& device : {cpu(), opaque()}) {

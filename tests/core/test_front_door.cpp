@@ -36,8 +36,10 @@ TEST_CASE("front door: to_string shows a small tensor's values with its shape, d
         "Tensor([ 7, -8,  9], shape=[3], dtype=i64, device=cpu:0)");
   CHECK(Tensor::from_vector<bool>(d, {2}, {true, false}).to_string() ==
         "Tensor([ true, false], shape=[2], dtype=bool, device=cpu:0)");
-  CHECK(Tensor::from_vector<double>(d, {}, {2.5}).to_string() == "Tensor(2.5, shape=[], dtype=f64, device=cpu:0)");
-  CHECK(Tensor::from_vector<float>(d, {0}, {}).to_string() == "Tensor([], shape=[0], dtype=f32, device=cpu:0)");
+  CHECK(Tensor::from_vector<double>(d, {}, {2.5}).to_string() ==
+        "Tensor(2.5, shape=[], dtype=f64, device=cpu:0)");
+  CHECK(Tensor::from_vector<float>(d, {0}, {}).to_string() ==
+        "Tensor([], shape=[0], dtype=f32, device=cpu:0)");
 }
 
 TEST_CASE("front door: to_string of a view shows the view's values") {
@@ -56,7 +58,8 @@ TEST_CASE("front door: to_string summarises a tensor of more than 1000 elements 
   INFO(text);
   CHECK(text.rfind("Tensor([[   0,    1,    2, ...,   47,   48,   49],\n", 0) == 0);
   BP_CHECK_CONTAINS(text, "        ...,\n");
-  BP_CHECK_CONTAINS(text, "[1950, 1951, 1952, ..., 1997, 1998, 1999]], shape=[40, 50], dtype=i32, device=cpu:0)");
+  BP_CHECK_CONTAINS(text,
+                    "[1950, 1951, 1952, ..., 1997, 1998, 1999]], shape=[40, 50], dtype=i32, device=cpu:0)");
   CHECK(count(text, "\n") == 6);  // between 6 rows and the "..." row
   CHECK(text.find("1000") == std::string::npos);
 
@@ -104,7 +107,8 @@ TEST_CASE("front door: CollectiveFallback prints with << and to_string as backen
   CHECK(to_string(host) == "host:cpu");
   CHECK(to_string(CollectiveFallback::Kind::host) == "host");
 
-  Registry r = load(config_json({backend_json("cpu", "backplane_cpu", true, R"("collective_fallback": "local")")}));
+  Registry r =
+      load(config_json({backend_json("cpu", "backplane_cpu", true, R"("collective_fallback": "local")")}));
   std::ostringstream fb;
   fb << r.backend("cpu").collective_fallback();
   CHECK(fb.str() == "local");
@@ -141,7 +145,8 @@ TEST_CASE("front door: a default_backend naming no backend suggests the closest 
   BP_CHECK_CONTAINS(e.message(), "default_backend: \"cpuu\" is not the name of any entry in backends");
   BP_CHECK_CONTAINS(e.message(), "(did you mean \"cpu\"?)");
   BP_CHECK_CONTAINS(e.message(), "configured: \"cpu\", \"opaque\"");
-  const Error far = error_from(
-      [] { load(config_json({backend_json("cpu", "backplane_cpu")}, R"("default_backend": "something_else")")); });
+  const Error far = error_from([] {
+    load(config_json({backend_json("cpu", "backplane_cpu")}, R"("default_backend": "something_else")"));
+  });
   CHECK(far.message().find("did you mean") == std::string::npos);
 }

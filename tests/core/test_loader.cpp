@@ -29,14 +29,16 @@ Registry load_next_to_good(const std::string& backend_under_test) {
 std::string resolution_config(const std::string& library, const std::vector<std::string>& plugin_dirs = {}) {
   std::string dirs;
   for (const auto& d : plugin_dirs) dirs += (dirs.empty() ? "" : ", ") + json_string(d);
-  return "{\"schema_version\": 1, \"plugin_dirs\": [" + dirs + "], \"backends\": [" + backend_json("b", library) + "]}";
+  return "{\"schema_version\": 1, \"plugin_dirs\": [" + dirs + "], \"backends\": [" +
+         backend_json("b", library) + "]}";
 }
 
 // This host's ABI version, "2.1".
 std::string host_abi() { return std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR); }
 
 std::string lower(std::string text) {
-  std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  std::transform(text.begin(), text.end(), text.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return text;
 }
 
@@ -48,12 +50,12 @@ bool names_device(const std::string& msg, const std::string& backend, int index)
 }
 
 // CHECKs that `text` does not contain `part` (the counterpart of BP_CHECK_CONTAINS).
-#define BP_CHECK_ABSENT(text, part)                                                                    \
-  do {                                                                                                 \
-    const std::string bp_text_ = (text);                                                               \
-    const std::string bp_part_ = (part);                                                               \
-    CHECK_MESSAGE(bp_text_.find(bp_part_) == std::string::npos,                                        \
-                  "did not expect \"" << bp_part_ << "\" in: " << bp_text_);                             \
+#define BP_CHECK_ABSENT(text, part)                                          \
+  do {                                                                       \
+    const std::string bp_text_ = (text);                                     \
+    const std::string bp_part_ = (part);                                     \
+    CHECK_MESSAGE(bp_text_.find(bp_part_) == std::string::npos,              \
+                  "did not expect \"" << bp_part_ << "\" in: " << bp_text_); \
   } while (0)
 
 // The fixtures' never-called entries log this at error level when called.
@@ -151,7 +153,8 @@ TEST_CASE("loader: a file that is not a shared object fails with the path and th
   Registry r = load_next_to_good(backend_json("text", path.string()));
   const std::string msg = expect_failed(r.backend("text"), Errc::plugin_load_failed);
   BP_CHECK_CONTAINS(msg, path.string());
-  CHECK_MESSAGE((msg.find("invalid ELF header") != std::string::npos || msg.find("file too short") != std::string::npos),
+  CHECK_MESSAGE((msg.find("invalid ELF header") != std::string::npos ||
+                 msg.find("file too short") != std::string::npos),
                 "expected the dlerror text in: " << msg);
 }
 
@@ -190,7 +193,9 @@ TEST_CASE("loader: a plugin built against ABI 1 is refused naming 1.1, this host
   CHECK(b.device_count() == 0);
 }
 
-TEST_CASE("loader: a plugin built against a newer minor of this major loads, reading only the fields this host knows") {
+TEST_CASE(
+    "loader: a plugin built against a newer minor of this major loads, reading only the fields this host "
+    "knows") {
   LogCapture logs;
   Registry r = load_next_to_good(backend_json("newer", "abi_newer_minor"));
   Backend b = r.backend("newer");
@@ -209,7 +214,8 @@ TEST_CASE("loader: required entries left NULL are rejected naming each of them a
   const std::string msg = expect_failed(b, Errc::abi_mismatch);
   BP_CHECK_CONTAINS(msg, "device_count");
   BP_CHECK_CONTAINS(msg, "buffer_read");
-  for (const char* set : {"buffer_write", "buffer_alloc", "device_info", "supports_op", "execute", "status_free"})
+  for (const char* set :
+       {"buffer_write", "buffer_alloc", "device_info", "supports_op", "execute", "status_free"})
     BP_CHECK_ABSENT(msg, set);
   CHECK(b.device_count() == 0);
 }
@@ -220,7 +226,9 @@ TEST_CASE("loader: a table whose struct_size hides required entries fails with a
   BP_CHECK_CONTAINS(msg, "struct_size");
 }
 
-TEST_CASE("loader: a table cut short after the required entries loads, and the entries beyond it are never called") {
+TEST_CASE(
+    "loader: a table cut short after the required entries loads, and the entries beyond it are never "
+    "called") {
   // struct_short's struct_size ends after execute; the memory beyond holds
   // non-NULL entries that log an error when called. The host must read them
   // as NULL: a synchronous device's synchronize() then calls nothing.
@@ -249,7 +257,8 @@ TEST_CASE("loader: a table too small to hold the ABI version fails with abi_mism
   CHECK(b.version().empty());
 }
 
-TEST_CASE("loader: a device that declares collective with only some entries is rejected naming the missing ones") {
+TEST_CASE(
+    "loader: a device that declares collective with only some entries is rejected naming the missing ones") {
   Registry r = load_next_to_good(backend_json("partial", "collective_partial"));
   Backend b = r.backend("partial");
   const std::string msg = expect_failed(b, Errc::abi_mismatch);
@@ -258,7 +267,8 @@ TEST_CASE("loader: a device that declares collective with only some entries is r
   BP_CHECK_CONTAINS(msg, "all_gather");
   BP_CHECK_CONTAINS(msg, "reduce_scatter");
   BP_CHECK_CONTAINS(msg, "barrier");
-  for (const char* set : {"all_reduce", "comm_create", "comm_destroy", "comm_abort"}) BP_CHECK_ABSENT(msg, set);
+  for (const char* set : {"all_reduce", "comm_create", "comm_destroy", "comm_abort"})
+    BP_CHECK_ABSENT(msg, set);
   CHECK(names_device(msg, "partial", 0));
   // The device was enumerated before the check; a rejected plugin keeps none of it.
   CHECK(b.device_count() == 0);
@@ -269,26 +279,29 @@ TEST_CASE("loader: a device that declares collective without the entries is reje
   Registry r = load_next_to_good(backend_json("liar", "collective_liar"));
   const std::string msg = expect_failed(r.backend("liar"), Errc::abi_mismatch);
   BP_CHECK_CONTAINS(msg, "collective");
-  for (const char* entry : {"comm_create", "comm_destroy", "comm_abort", "all_reduce", "broadcast", "all_gather",
-                            "reduce_scatter", "barrier"})
+  for (const char* entry : {"comm_create", "comm_destroy", "comm_abort", "all_reduce", "broadcast",
+                            "all_gather", "reduce_scatter", "barrier"})
     BP_CHECK_CONTAINS(msg, entry);
 }
 
-TEST_CASE("loader: a device that declares collective without comm_abort is rejected naming flag, device and entry") {
+TEST_CASE(
+    "loader: a device that declares collective without comm_abort is rejected naming flag, device and "
+    "entry") {
   Registry r = load_next_to_good(backend_json("noabort", "collective_no_abort"));
   Backend b = r.backend("noabort");
   const std::string msg = expect_failed(b, Errc::abi_mismatch);
   BP_CHECK_CONTAINS(msg, "collective");
   BP_CHECK_CONTAINS(msg, "comm_abort");
   CHECK_MESSAGE(names_device(msg, "noabort", 0), "expected device 0 named in: " << msg);
-  for (const char* set : {"comm_create", "comm_destroy", "all_reduce", "broadcast", "all_gather", "reduce_scatter",
-                          "barrier"})
+  for (const char* set :
+       {"comm_create", "comm_destroy", "all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"})
     BP_CHECK_ABSENT(msg, set);
   CHECK(b.device_count() == 0);
   CHECK(b.capabilities() == Capabilities());
 }
 
-TEST_CASE("loader: a device that declares async without synchronize is rejected naming flag, device and entry") {
+TEST_CASE(
+    "loader: a device that declares async without synchronize is rejected naming flag, device and entry") {
   Registry r = load_next_to_good(backend_json("nosync", "async_no_sync"));
   Backend b = r.backend("nosync");
   const std::string msg = expect_failed(b, Errc::abi_mismatch);
@@ -298,7 +311,8 @@ TEST_CASE("loader: a device that declares async without synchronize is rejected 
   CHECK(b.device_count() == 0);
 }
 
-TEST_CASE("loader: a device that declares host_visible without buffer_pointer is rejected naming that device") {
+TEST_CASE(
+    "loader: a device that declares host_visible without buffer_pointer is rejected naming that device") {
   // Device 0 is not host_visible and needs no buffer_pointer; device 1 is.
   Registry r = load_next_to_good(backend_json("nopointer", "host_visible_no_pointer"));
   Backend b = r.backend("nopointer");
@@ -312,7 +326,8 @@ TEST_CASE("loader: a device that declares host_visible without buffer_pointer is
 
 // ---- devices that cannot be reached ----------------------------------------
 
-TEST_CASE("loader: device_count UNAVAILABLE keeps the backend as unavailable, with no devices and the reason") {
+TEST_CASE(
+    "loader: device_count UNAVAILABLE keeps the backend as unavailable, with no devices and the reason") {
   Registry r = load_next_to_good(backend_json("gpu", "unavailable"));
   Backend b = r.backend("gpu");
   CHECK(b.status() == Backend::Status::unavailable);
@@ -334,8 +349,8 @@ TEST_CASE("loader: device_count UNAVAILABLE keeps the backend as unavailable, wi
 
 TEST_CASE("loader: a required unavailable backend makes from_config throw naming it and the reason") {
   TempDir tmp;
-  const fs::path config =
-      tmp.write("backends.json", config_json({backend_json("good", "good_c", true), backend_json("gpu", "unavailable", true)}));
+  const fs::path config = tmp.write("backends.json", config_json({backend_json("good", "good_c", true),
+                                                                  backend_json("gpu", "unavailable", true)}));
   Error e = error_from([&] { Registry::from_config(config); });
   CHECK(e.code() == Errc::backend_unavailable);
   BP_CHECK_CONTAINS(e.message(), "gpu");
@@ -353,13 +368,15 @@ TEST_CASE("loader: a required unavailable backend makes from_config throw naming
 TEST_CASE("loader: an optional unavailable backend does not make from_config throw") {
   TempDir tmp;
   const fs::path config =
-      tmp.write("backends.json", config_json({backend_json("good", "good_c", true), backend_json("gpu", "unavailable")}));
+      tmp.write("backends.json",
+                config_json({backend_json("good", "good_c", true), backend_json("gpu", "unavailable")}));
   Registry r = Registry::from_config(config);
   CHECK(r.backend("gpu").status() == Backend::Status::unavailable);
   expect_adds(r.backend("good").device(0));
 }
 
-TEST_CASE("loader: a device_count failure other than UNAVAILABLE fails the backend with the plugin's message") {
+TEST_CASE(
+    "loader: a device_count failure other than UNAVAILABLE fails the backend with the plugin's message") {
   Registry r = load_next_to_good(backend_json("broken", "device_count_fails"));
   Backend b = r.backend("broken");
   const std::string msg = expect_failed(b, Errc::plugin_load_failed);
@@ -384,8 +401,12 @@ TEST_CASE("loader: a device without the f64 flag refuses f64 tensors, whatever s
     BP_CHECK_CONTAINS(e.message(), "narrow");
     BP_CHECK_CONTAINS(e.message(), d.id());
   };
-  SUBCASE("zeros") { check_refusal(error_from([&] { zeros(d, {2}, DType::f64); })); }
-  SUBCASE("from_vector") { check_refusal(error_from([&] { Tensor::from_vector<double>(d, {2}, {1.0, 2.0}); })); }
+  SUBCASE("zeros") {
+    check_refusal(error_from([&] { zeros(d, {2}, DType::f64); }));
+  }
+  SUBCASE("from_vector") {
+    check_refusal(error_from([&] { Tensor::from_vector<double>(d, {2}, {1.0, 2.0}); }));
+  }
   SUBCASE("cast of an f32 tensor") {
     Tensor t = Tensor::from_vector<float>(d, {2}, {1, 2});
     check_refusal(error_from([&] { cast(t, DType::f64); }));
@@ -403,13 +424,15 @@ TEST_CASE("loader: a failing create reports the plugin's own message") {
 }
 
 TEST_CASE("loader: a C++ exception in device_info becomes plugin_load_failed with its text") {
-  Registry r = load_next_to_good(backend_json("throws", "cpp_throws", false, R"("options": {"throw_in": "device_info"})"));
+  Registry r = load_next_to_good(
+      backend_json("throws", "cpp_throws", false, R"("options": {"throw_in": "device_info"})"));
   const std::string msg = expect_failed(r.backend("throws"), Errc::plugin_load_failed);
   BP_CHECK_CONTAINS(msg, "cpp_throws: device_info exploded");
 }
 
 TEST_CASE("loader: a C++ exception in execute becomes a backplane::Error and the process goes on") {
-  Registry r = load(config_json({backend_json("throws", "cpp_throws", false, R"("options": {"throw_in": "execute"})")}));
+  Registry r = load(
+      config_json({backend_json("throws", "cpp_throws", false, R"("options": {"throw_in": "execute"})")}));
   Backend b = r.backend("throws");
   expect_loaded(b);
   Device d = b.device(0);
@@ -431,8 +454,9 @@ TEST_CASE("loader: a C++ exception in execute becomes a backplane::Error and the
 TEST_CASE("loader: options reach the plugin's create") {
   // cpp_throws throws in device_info unless told otherwise, so loading proves
   // the options arrived; an invalid value is refused by the plugin itself.
-  Registry r = load(config_json({backend_json("calm", "cpp_throws", false, R"("options": {"throw_in": "nothing"})"),
-                                 backend_json("bogus", "cpp_throws", false, R"("options": {"throw_in": "bogus"})")}));
+  Registry r =
+      load(config_json({backend_json("calm", "cpp_throws", false, R"("options": {"throw_in": "nothing"})"),
+                        backend_json("bogus", "cpp_throws", false, R"("options": {"throw_in": "bogus"})")}));
   expect_loaded(r.backend("calm"));
   expect_adds(r.backend("calm").device(0));
   const std::string msg = expect_failed(r.backend("bogus"), Errc::plugin_load_failed);
@@ -472,7 +496,8 @@ TEST_CASE("resolve: a relative path resolves against base_dir before plugin_dirs
   ScopedEnv no_env("BACKPLANE_PLUGIN_PATH", std::nullopt);
   const fs::path near = tmp.copy_fixture("good_c", "base/sub/libgood_c.so");
   tmp.copy_fixture("good_c", "dir/sub/libgood_c.so");
-  CHECK(fs::equivalent(resolved(resolution_config("sub/libgood_c.so", {(tmp / "dir").string()}), tmp / "base"), near));
+  CHECK(fs::equivalent(
+      resolved(resolution_config("sub/libgood_c.so", {(tmp / "dir").string()}), tmp / "base"), near));
 }
 
 TEST_CASE("resolve: a bare name is looked for next to the config before plugin_dirs") {
@@ -512,11 +537,13 @@ TEST_CASE("resolve: BACKPLANE_PLUGIN_PATH is searched after plugin_dirs") {
   const std::string path_var = (tmp / "env_empty").string() + ":" + (tmp / "env_two").string();
   ScopedEnv env("BACKPLANE_PLUGIN_PATH", path_var);
   SUBCASE("found only there") {
-    CHECK(fs::equivalent(resolved(resolution_config("good_c", {(tmp / "base").string()}), tmp / "base"), from_env));
+    CHECK(fs::equivalent(resolved(resolution_config("good_c", {(tmp / "base").string()}), tmp / "base"),
+                         from_env));
   }
   SUBCASE("plugin_dirs win over it") {
     const fs::path in_dir = tmp.copy_fixture("good_c", "dir/libgood_c.so");
-    CHECK(fs::equivalent(resolved(resolution_config("good_c", {(tmp / "dir").string()}), tmp / "base"), in_dir));
+    CHECK(fs::equivalent(resolved(resolution_config("good_c", {(tmp / "dir").string()}), tmp / "base"),
+                         in_dir));
   }
 }
 
@@ -540,7 +567,8 @@ TEST_CASE("resolve: every candidate of one directory comes before the next direc
   const fs::path first = tmp.copy_fixture("good_c", "one/good_c.so");
   tmp.copy_fixture("good_c", "two/libgood_c.so");
   CHECK(fs::equivalent(
-      resolved(resolution_config("good_c", {(tmp / "one").string(), (tmp / "two").string()}), tmp / "base"), first));
+      resolved(resolution_config("good_c", {(tmp / "one").string(), (tmp / "two").string()}), tmp / "base"),
+      first));
 }
 
 TEST_CASE("resolve: not found lists the directories tried including BACKPLANE_PLUGIN_PATH") {
@@ -549,7 +577,8 @@ TEST_CASE("resolve: not found lists the directories tried including BACKPLANE_PL
   const std::string env_dir = tmp.mkdir("env_dir").string();
   const std::string dir = tmp.mkdir("dir").string();
   ScopedEnv env("BACKPLANE_PLUGIN_PATH", env_dir);
-  Registry r = Registry::from_json(resolution_config("good_c", {dir}), tmp / "base", "resolution", RequiredPolicy::report);
+  Registry r = Registry::from_json(resolution_config("good_c", {dir}), tmp / "base", "resolution",
+                                   RequiredPolicy::report);
   const std::string msg = expect_failed(r.backend("b"), Errc::plugin_load_failed);
   BP_CHECK_CONTAINS(msg, "good_c");
   BP_CHECK_CONTAINS(msg, "not found");
@@ -564,8 +593,8 @@ TEST_CASE("resolve: a long plugin_dirs is searched once per folder and the tried
   // 20,000 folders, each named twice: linear work, and each candidate tried once.
   std::vector<std::string> dirs;
   for (int i = 0; i < 20000; ++i) dirs.push_back((tmp / ("missing_" + std::to_string(i % 10000))).string());
-  Registry r =
-      Registry::from_json(resolution_config("good_c", dirs), tmp / "base", "resolution", RequiredPolicy::report);
+  Registry r = Registry::from_json(resolution_config("good_c", dirs), tmp / "base", "resolution",
+                                   RequiredPolicy::report);
   const std::string msg = expect_failed(r.backend("b"), Errc::plugin_load_failed);
   BP_CHECK_CONTAINS(msg, "not found; tried:");
   BP_CHECK_CONTAINS(msg, (tmp / "base" / "good_c").string());

@@ -70,9 +70,12 @@ TEST_CASE("nn: cross_entropy rejects bad labels with a clear error") {
   Device d = cpu(r);
   Tensor logits = zeros(d, {2, 3});
   CHECK(error_from([&] { nn::cross_entropy(logits, zeros(d, {2})); }).code() == Errc::dtype_mismatch);
-  CHECK(error_from([&] { nn::cross_entropy(logits, Tensor::from_vector<int64_t>(d, {3}, {0, 1, 2})); }).code() ==
-        Errc::shape_mismatch);
-  const Error e = error_from([&] { nn::cross_entropy(logits, Tensor::from_vector<int64_t>(d, {2}, {0, 3})); });
+  CHECK(error_from([&] {
+          nn::cross_entropy(logits, Tensor::from_vector<int64_t>(d, {3}, {0, 1, 2}));
+        }).code() == Errc::shape_mismatch);
+  const Error e = error_from([&] {
+    nn::cross_entropy(logits, Tensor::from_vector<int64_t>(d, {2}, {0, 3}));
+  });
   CHECK(e.code() == Errc::invalid_argument);
 }
 
@@ -139,8 +142,11 @@ TEST_CASE("grad sync: backward reaching a registered parameter without init_dist
   Registry r = load(config_json({backend_json("world", "collective_world1")}));
   Device d = r.backend("world").device(0);
   REQUIRE_FALSE(distributed_initialized());
-  Tensor p = set_distributed_params(Tensor::from_vector<float>(d, {2}, {1, 2}).require_grad(), DistributedParamId{3});
-  const Error e = error_from([&] { mul(p, p).backward(BackwardOptions{Tensor::from_vector<float>(d, {2}, {1, 1}), false, {}, {}}); });
+  Tensor p = set_distributed_params(Tensor::from_vector<float>(d, {2}, {1, 2}).require_grad(),
+                                    DistributedParamId{3});
+  const Error e = error_from([&] {
+    mul(p, p).backward(BackwardOptions{Tensor::from_vector<float>(d, {2}, {1, 1}), false, {}, {}});
+  });
   CHECK(e.code() == Errc::invalid_argument);
   BP_CHECK_CONTAINS(e.message(), "init_distributed");
   BP_CHECK_CONTAINS(e.message(), "parameter 3");
@@ -152,10 +158,12 @@ TEST_CASE("grad sync: a world of one reduces registered gradients and leaves the
   init_distributed(Rendezvous::single_process(std::chrono::seconds(10)));
   CHECK(distributed_initialized());
   CHECK(error_from([&] { init_distributed(Rendezvous::single_process()); }).code() == Errc::invalid_argument);
-  Tensor p = set_distributed_params(Tensor::from_vector<float>(d, {2}, {1, 2}).require_grad(), DistributedParamId{1});
+  Tensor p = set_distributed_params(Tensor::from_vector<float>(d, {2}, {1, 2}).require_grad(),
+                                    DistributedParamId{1});
   Tensor q = Tensor::from_vector<float>(d, {2}, {3, 4}).require_grad();
   reset_grad_sync_stats();
-  Gradients g = add(mul(p, p), q).backward(BackwardOptions{Tensor::from_vector<float>(d, {2}, {1, 1}), false, {}, {}});
+  Gradients g =
+      add(mul(p, p), q).backward(BackwardOptions{Tensor::from_vector<float>(d, {2}, {1, 1}), false, {}, {}});
   CHECK(g.get(p)->to_vector<float>() == std::vector<float>{2, 4});
   CHECK(g.get(q)->to_vector<float>() == std::vector<float>{1, 1});
   const GradSyncStats s = grad_sync_stats();

@@ -430,8 +430,9 @@ TEST_CASE("ops: to() copies across backends through the ABI and returns the same
 }
 
 TEST_CASE("validation: slice with a huge step selects one element, without overflow") {
-  backplane::Registry reg = bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
-                                  backplane::RequiredPolicy::throw_on_failure);
+  backplane::Registry reg =
+      bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
+                   backplane::RequiredPolicy::throw_on_failure);
   const backplane::Device cpu = reg.backend("cpu").device(0);
   backplane::Tensor t = backplane::arange(cpu, 0, 10, 1, backplane::DType::i64);
   backplane::Tensor s = backplane::slice(t, 0, 3, 10, std::numeric_limits<int64_t>::max());
@@ -440,8 +441,9 @@ TEST_CASE("validation: slice with a huge step selects one element, without overf
 }
 
 TEST_CASE("validation: clamp on an integer tensor takes integer bounds the dtype can hold") {
-  backplane::Registry reg = bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
-                                  backplane::RequiredPolicy::throw_on_failure);
+  backplane::Registry reg =
+      bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
+                   backplane::RequiredPolicy::throw_on_failure);
   const backplane::Device cpu = reg.backend("cpu").device(0);
   backplane::Tensor t = backplane::Tensor::from_vector(cpu, {4}, std::vector<int32_t>{-5, 0, 5, 10});
   CHECK(backplane::clamp(t, 0, 6).to_vector<int32_t>() == std::vector<int32_t>{0, 0, 5, 6});

@@ -34,8 +34,8 @@ std::vector<T> iota_values(int64_t n, T start, T step) {
 
 // Naive NumPy-broadcast reference: out[idx] = f(a[idx'], b[idx'']).
 template <class T>
-std::vector<T> reference(const bp::Shape& as, const std::vector<T>& a, const bp::Shape& bs, const std::vector<T>& b,
-                         const std::function<T(T, T)>& f) {
+std::vector<T> reference(const bp::Shape& as, const std::vector<T>& a, const bp::Shape& bs,
+                         const std::vector<T>& b, const std::function<T(T, T)>& f) {
   const bp::Shape out = bp::broadcast_shapes(as, bs);
   std::vector<T> r(static_cast<std::size_t>(out.numel()));
   for (int64_t flat = 0; flat < out.numel(); ++flat) {
@@ -61,9 +61,10 @@ std::vector<T> reference(const bp::Shape& as, const std::vector<T>& a, const bp:
 template <class T>
 void check_binary_cases() {
   const std::vector<std::pair<bp::Shape, bp::Shape>> cases = {
-      {{2, 3}, {2, 3}}, {{2, 3}, {3}},       {{2, 1}, {1, 3}},    {{4, 1, 5}, {3, 1}}, {{}, {2, 2}},
-      {{2, 2}, {}},     {{1}, {7}},          {{0, 3}, {3}},       {{3, 0}, {1}},       {{5, 1, 1}, {1, 4, 6}},
-      {{300, 257}, {257}}, {{300, 257}, {300, 1}}, {{70000}, {70000}}, {{1, 70000}, {3, 1}},
+      {{2, 3}, {2, 3}},   {{2, 3}, {3}},          {{2, 1}, {1, 3}},    {{4, 1, 5}, {3, 1}},
+      {{}, {2, 2}},       {{2, 2}, {}},           {{1}, {7}},          {{0, 3}, {3}},
+      {{3, 0}, {1}},      {{5, 1, 1}, {1, 4, 6}}, {{300, 257}, {257}}, {{300, 257}, {300, 1}},
+      {{70000}, {70000}}, {{1, 70000}, {3, 1}},
   };
   for (const auto& [as, bs] : cases) {
     CAPTURE(as.to_string());
@@ -113,7 +114,8 @@ std::vector<double> naive_matmul(int64_t m, int64_t k, int64_t n, const std::vec
   for (int64_t i = 0; i < m; ++i)
     for (int64_t p = 0; p < k; ++p)
       for (int64_t j = 0; j < n; ++j)
-        c[static_cast<std::size_t>(i * n + j)] += a[static_cast<std::size_t>(i * k + p)] * b[static_cast<std::size_t>(p * n + j)];
+        c[static_cast<std::size_t>(i * n + j)] +=
+            a[static_cast<std::size_t>(i * k + p)] * b[static_cast<std::size_t>(p * n + j)];
   return c;
 }
 
@@ -174,7 +176,8 @@ TEST_CASE("integer division by zero is an error, not a crash") {
 TEST_CASE("matmul matches a naive reference, f32 and f64, including empty dims") {
   std::mt19937 rng(7);
   std::uniform_real_distribution<double> dist(-1.0, 1.0);
-  const std::vector<std::array<int64_t, 3>> sizes = {{1, 1, 1}, {2, 3, 4}, {17, 31, 5}, {64, 64, 64}, {3, 0, 2}, {0, 4, 2}};
+  const std::vector<std::array<int64_t, 3>> sizes = {{1, 1, 1},    {2, 3, 4}, {17, 31, 5},
+                                                     {64, 64, 64}, {3, 0, 2}, {0, 4, 2}};
   for (const auto& [m, k, n] : sizes) {
     CAPTURE(m);
     CAPTURE(k);
@@ -184,13 +187,15 @@ TEST_CASE("matmul matches a naive reference, f32 and f64, including empty dims")
     for (auto& x : b) x = dist(rng);
     const auto want = naive_matmul(m, k, n, a, b);
 
-    const auto got64 = bp::matmul(bp::Tensor::from_vector(cpu(), {m, k}, a), bp::Tensor::from_vector(cpu(), {k, n}, b))
-                           .to_vector<double>();
+    const auto got64 =
+        bp::matmul(bp::Tensor::from_vector(cpu(), {m, k}, a), bp::Tensor::from_vector(cpu(), {k, n}, b))
+            .to_vector<double>();
     REQUIRE(got64.size() == want.size());
     for (std::size_t i = 0; i < want.size(); ++i) CHECK(got64[i] == doctest::Approx(want[i]).epsilon(1e-12));
 
     const std::vector<float> af(a.begin(), a.end()), bf(b.begin(), b.end());
-    bp::Tensor c = bp::matmul(bp::Tensor::from_vector(cpu(), {m, k}, af), bp::Tensor::from_vector(cpu(), {k, n}, bf));
+    bp::Tensor c =
+        bp::matmul(bp::Tensor::from_vector(cpu(), {m, k}, af), bp::Tensor::from_vector(cpu(), {k, n}, bf));
     CHECK(c.shape() == bp::Shape{m, n});
     const auto got32 = c.to_vector<float>();
     for (std::size_t i = 0; i < want.size(); ++i) CHECK(got32[i] == doctest::Approx(want[i]).epsilon(1e-4));

@@ -212,7 +212,8 @@ TEST_CASE("store security: a flood of connections that never authenticate does n
   CHECK(text(server->get("in", 1s)) == "yes");
   for (auto& c : flood) CHECK(c->closed_by_peer());
   CHECK_FALSE(logs.at(bp::LogLevel::warning, "accepting pauses").empty());
-  CHECK_FALSE(logs.at(bp::LogLevel::warning, "did not complete the authenticated handshake within 0.3 s").empty());
+  CHECK_FALSE(
+      logs.at(bp::LogLevel::warning, "did not complete the authenticated handshake within 0.3 s").empty());
 }
 
 TEST_CASE("store security: half-sent frames are dropped at the idle deadline") {
@@ -241,7 +242,8 @@ TEST_CASE("store security: half-sent frames are dropped at the idle deadline") {
   CHECK(rank1->add("n", 2) == 2);
 }
 
-TEST_CASE("store security: a huge announced frame allocates only what arrives, and a client's memory is capped") {
+TEST_CASE(
+    "store security: a huge announced frame allocates only what arrives, and a client's memory is capped") {
   bptest::LogCapture logs(bp::LogLevel::warning);
   ScopedEnv client_cap("BACKPLANE_STORE_MAX_CLIENT_BYTES", std::to_string(256 << 10));
   auto server = host(3);
@@ -258,7 +260,8 @@ TEST_CASE("store security: a huge announced frame allocates only what arrives, a
     CHECK(c.closed_by_peer());
     CHECK(resident_bytes() - before < (32L << 20));
   }
-  BP_CHECK_CONTAINS(logs.at(bp::LogLevel::error, "BACKPLANE_STORE_MAX_CLIENT_BYTES").at(0), "limit per client");
+  BP_CHECK_CONTAINS(logs.at(bp::LogLevel::error, "BACKPLANE_STORE_MAX_CLIENT_BYTES").at(0),
+                    "limit per client");
   auto rank2 = join(2, 3, port);
   REQUIRE(rank2);
   // Within the cap values are stored; past it the connection is closed.

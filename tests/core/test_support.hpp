@@ -96,9 +96,9 @@ class TempDir {
     static std::atomic<unsigned> counter{0};
     std::random_device rd;
     for (int attempt = 0; attempt < 100; ++attempt) {
-      fs::path p = fs::temp_directory_path() /
-                   ("backplane-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++) + "-" +
-                    std::to_string(rd() % 1000000));
+      fs::path p =
+          fs::temp_directory_path() / ("backplane-test-" + std::to_string(::getpid()) + "-" +
+                                       std::to_string(counter++) + "-" + std::to_string(rd() % 1000000));
       if (fs::create_directory(p)) {
         path_ = p;
         return;
@@ -229,12 +229,12 @@ backplane::Error error_from(Fn&& fn) {
 }
 
 // CHECKs that `text` contains `part`, printing both when it does not.
-#define BP_CHECK_CONTAINS(text, part)                                                              \
-  do {                                                                                             \
-    const std::string bp_text_ = (text);                                                           \
-    const std::string bp_part_ = (part);                                                           \
-    CHECK_MESSAGE(bp_text_.find(bp_part_) != std::string::npos,                                    \
-                  "expected to find \"" << bp_part_ << "\" in: " << bp_text_);                     \
+#define BP_CHECK_CONTAINS(text, part)                                          \
+  do {                                                                         \
+    const std::string bp_text_ = (text);                                       \
+    const std::string bp_part_ = (part);                                       \
+    CHECK_MESSAGE(bp_text_.find(bp_part_) != std::string::npos,                \
+                  "expected to find \"" << bp_part_ << "\" in: " << bp_text_); \
   } while (0)
 
 // One backend entry of a config.
@@ -247,12 +247,14 @@ inline std::string backend_json(std::string_view name, std::string_view library,
 }
 
 // A whole config: plugin_dirs = [fixture dir, plugin dir] plus `backends`.
-inline std::string config_json(const std::vector<std::string>& backends, std::string_view extra_top_level = {}) {
+inline std::string config_json(const std::vector<std::string>& backends,
+                               std::string_view extra_top_level = {}) {
   std::string out = "{\n  \"schema_version\": 1,\n  \"plugin_dirs\": [" + json_path(fixture_dir()) + ", " +
                     json_path(plugin_dir()) + "],\n";
   if (!extra_top_level.empty()) out += "  " + std::string(extra_top_level) + ",\n";
   out += "  \"backends\": [\n";
-  for (std::size_t i = 0; i < backends.size(); ++i) out += "    " + backends[i] + (i + 1 < backends.size() ? ",\n" : "\n");
+  for (std::size_t i = 0; i < backends.size(); ++i)
+    out += "    " + backends[i] + (i + 1 < backends.size() ? ",\n" : "\n");
   return out + "  ]\n}\n";
 }
 

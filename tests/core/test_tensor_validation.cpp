@@ -9,7 +9,8 @@ using namespace bptest;
 namespace {
 
 struct Cpu {
-  Registry registry = load(config_json({backend_json("cpu", "backplane_cpu"), backend_json("good", "good_c")}));
+  Registry registry =
+      load(config_json({backend_json("cpu", "backplane_cpu"), backend_json("good", "good_c")}));
   Device device = registry.backend("cpu").device(0);
 };
 
@@ -40,7 +41,8 @@ TEST_CASE("tensor: describes its shape dtype and device") {
   CHECK(t.nbytes() == 24);
   CHECK(t.is_contiguous());
   CHECK(t.device() == cpu.device);
-  CHECK(t.to_string() == "Tensor([[1., 2., 3.],\n        [4., 5., 6.]], shape=[2, 3], dtype=f32, device=cpu:0)");
+  CHECK(t.to_string() ==
+        "Tensor([[1., 2., 3.],\n        [4., 5., 6.]], shape=[2, 3], dtype=f32, device=cpu:0)");
   Tensor s = Tensor::from_vector<double>(cpu.device, {}, {2.5});
   CHECK(s.rank() == 0);
   CHECK(s.numel() == 1);

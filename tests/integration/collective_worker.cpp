@@ -22,9 +22,9 @@
 #include <algorithm>
 #include <cmath>
 #include <csignal>
-#include <functional>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -46,10 +46,18 @@ double reduce_ref(ReduceOp op, int world, int64_t i, bool integer) {
     const double v = value_for(r, i);
     switch (op) {
       case ReduceOp::sum:
-      case ReduceOp::mean: acc += v; break;
-      case ReduceOp::prod: acc *= v; break;
-      case ReduceOp::min: acc = std::min(acc, v); break;
-      case ReduceOp::max: acc = std::max(acc, v); break;
+      case ReduceOp::mean:
+        acc += v;
+        break;
+      case ReduceOp::prod:
+        acc *= v;
+        break;
+      case ReduceOp::min:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::max:
+        acc = std::max(acc, v);
+        break;
     }
   }
   if (op == ReduceOp::mean) {
@@ -62,14 +70,16 @@ double reduce_ref(ReduceOp op, int world, int64_t i, bool integer) {
 template <class T>
 Tensor make(const Device& d, const Shape& shape, int rank, int64_t offset = 0) {
   std::vector<T> v(static_cast<std::size_t>(shape.numel()));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<T>(value_for(rank, static_cast<int64_t>(i) + offset));
+  for (std::size_t i = 0; i < v.size(); ++i)
+    v[i] = static_cast<T>(value_for(rank, static_cast<int64_t>(i) + offset));
   return Tensor::from_vector<T>(d, shape, v);
 }
 
 template <class T>
 void expect_values(const Tensor& t, const Shape& shape, const std::string& what,
                    const std::function<double(int64_t)>& ref) {
-  if (!(t.shape() == shape)) fail(what + ": shape " + t.shape().to_string() + ", expected " + shape.to_string());
+  if (!(t.shape() == shape))
+    fail(what + ": shape " + t.shape().to_string() + ", expected " + shape.to_string());
   const std::vector<T> got = t.to_vector<T>();
   for (std::size_t i = 0; i < got.size(); ++i) {
     const double want = ref(static_cast<int64_t>(i));
@@ -101,7 +111,8 @@ int run_dtype(ProcessGroup& pg, const Device& d, const std::vector<Shape>& shape
       expect_values<T>(x, shape, what + " (input)", [&](int64_t i) { return value_for(rank, i); });
       ++checks;
       pg.all_reduce_(x, op);
-      expect_values<T>(x, shape, "in-place " + what, [&](int64_t i) { return reduce_ref(op, world, i, integer); });
+      expect_values<T>(x, shape, "in-place " + what,
+                       [&](int64_t i) { return reduce_ref(op, world, i, integer); });
       ++checks;
     }
     for (int root = 0; root < world; ++root) {
@@ -115,16 +126,17 @@ int run_dtype(ProcessGroup& pg, const Device& d, const std::vector<Shape>& shape
       for (int i = 0; i < shape.rank(); ++i) gdims.push_back(shape[i]);
       const int64_t n = shape.numel();
       Tensor g = pg.all_gather(make<T>(d, shape, rank));
-      expect_values<T>(g, Shape(gdims), "all_gather " + sz,
-                       [&](int64_t i) { return value_for(static_cast<int>(n == 0 ? 0 : i / n), n == 0 ? 0 : i % n); });
+      expect_values<T>(g, Shape(gdims), "all_gather " + sz, [&](int64_t i) {
+        return value_for(static_cast<int>(n == 0 ? 0 : i / n), n == 0 ? 0 : i % n);
+      });
       ++checks;
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::mean}) {
         // Block r of every rank's input holds value_for(rank, offset + i) with offset r*n.
         Tensor in = make<T>(d, Shape(gdims), rank);
         Tensor rs = pg.reduce_scatter(in, op);
-        expect_values<T>(rs, shape, std::string("reduce_scatter(") + to_string(op) + ") " + sz, [&](int64_t i) {
-          return reduce_ref(op, world, static_cast<int64_t>(rank) * n + i, integer);
-        });
+        expect_values<T>(
+            rs, shape, std::string("reduce_scatter(") + to_string(op) + ") " + sz,
+            [&](int64_t i) { return reduce_ref(op, world, static_cast<int64_t>(rank) * n + i, integer); });
         ++checks;
       }
     }
@@ -177,8 +189,8 @@ int main(int argc, char** argv) {
         try {
           x = pg.all_reduce(x, ReduceOp::max);
         } catch (const Error& e) {
-          std::cout << "rank " << pg.rank() << ": caught " << to_string(e.code()) << " in round " << round << ": "
-                    << e.message() << std::endl;
+          std::cout << "rank " << pg.rank() << ": caught " << to_string(e.code()) << " in round " << round
+                    << ": " << e.message() << std::endl;
           const bool expected = e.code() == Errc::timeout || e.code() == Errc::collective_error;
           return expected ? 0 : 4;
         }

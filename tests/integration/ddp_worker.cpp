@@ -41,8 +41,10 @@ struct Model {
 
 Model make_model(const Device& d) {
   Model m;
-  m.params = {randn(d, {8, 16}, 11, 0, 0.5, DType::f64).require_grad(), randn(d, {16}, 12, 0, 0.1, DType::f64).require_grad(),
-              randn(d, {16, 4}, 13, 0, 0.5, DType::f64).require_grad(), randn(d, {4}, 14, 0, 0.1, DType::f64).require_grad()};
+  m.params = {randn(d, {8, 16}, 11, 0, 0.5, DType::f64).require_grad(),
+              randn(d, {16}, 12, 0, 0.1, DType::f64).require_grad(),
+              randn(d, {16, 4}, 13, 0, 0.5, DType::f64).require_grad(),
+              randn(d, {4}, 14, 0, 0.1, DType::f64).require_grad()};
   return m;
 }
 
@@ -80,7 +82,8 @@ void compare(const std::vector<Tensor>& got, const std::vector<Tensor>& want, co
              std::to_string(a[k]) + " vs " + std::to_string(b[k]));
     }
   }
-  std::cout << "rank " << g_rank << ": ok " << what << " (worst relative difference " << worst << ")" << std::endl;
+  std::cout << "rank " << g_rank << ": ok " << what << " (worst relative difference " << worst << ")"
+            << std::endl;
 }
 
 }  // namespace
@@ -118,7 +121,8 @@ int main(int argc, char** argv) {
       for (std::size_t i = 0; i < model.params.size(); ++i)
         set_distributed_params(model.params[i], DistributedParamId{i + shift});
     } catch (const Error& e) {
-      if (expect != "error") fail(std::string("set_distributed_params: ") + to_string(e.code()) + ": " + e.message());
+      if (expect != "error")
+        fail(std::string("set_distributed_params: ") + to_string(e.code()) + ": " + e.message());
       const std::string m = e.message();
       if (e.code() != Errc::capability_missing || m.find(backend) == std::string::npos ||
           m.find("collective") == std::string::npos || m.find("collective_fallback") == std::string::npos)

@@ -59,8 +59,8 @@ fs::path scratch_dir(const std::string& name) {
 }
 
 // Starts one rank with RANK/WORLD_SIZE/MASTER_* set and its stdout+stderr in a file.
-Rank start_rank(int rank, int world, uint16_t port, double timeout_s, const std::vector<std::string>& extra_args,
-                const fs::path& dir) {
+Rank start_rank(int rank, int world, uint16_t port, double timeout_s,
+                const std::vector<std::string>& extra_args, const fs::path& dir) {
   Rank r;
   r.log = dir / ("rank" + std::to_string(rank) + ".log");
   std::vector<std::string> args{BP_TEST_WORKER, "--config", BP_TEST_COLLECTIVES_JSON};
@@ -135,8 +135,10 @@ std::string describe(const std::vector<Rank>& ranks) {
   std::ostringstream s;
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     s << "--- rank " << i << ": ";
-    if (ranks[i].exited) s << "exit " << ranks[i].code;
-    else s << "signal " << ranks[i].signal;
+    if (ranks[i].exited)
+      s << "exit " << ranks[i].code;
+    else
+      s << "signal " << ranks[i].signal;
     s << "\n" << ranks[i].output << "\n";
   }
   return s.str();
@@ -148,7 +150,8 @@ void check_dead_peer(int world, int die_rank) {
   std::vector<Rank> ranks;
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < world; ++r)
-    ranks.push_back(start_rank(r, world, port, 3.0, {"--mode", "die", "--die-rank", std::to_string(die_rank)}, dir));
+    ranks.push_back(
+        start_rank(r, world, port, 3.0, {"--mode", "die", "--die-rank", std::to_string(die_rank)}, dir));
   wait_all(ranks, std::chrono::seconds(60));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   INFO(describe(ranks));

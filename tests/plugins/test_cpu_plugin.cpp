@@ -14,7 +14,8 @@
 
 namespace {
 
-const bp_host_api g_host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, [](void*, int32_t, const char*) {}};
+const bp_host_api g_host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
+                         [](void*, int32_t, const char*) {}};
 
 // True when a library whose file name contains `part` is mapped in this process.
 bool loaded(const char* part) {
@@ -93,7 +94,8 @@ class Plugin {
   }
   Outcome execute(int32_t op, std::vector<bp_tensor> inputs, bp_tensor output, bp_op_attrs attrs = {}) {
     attrs.struct_size = sizeof attrs;
-    bp_execute_args e{sizeof e, plugin, 0, op, inputs.data(), &output, static_cast<int32_t>(inputs.size()), 1, &attrs};
+    bp_execute_args e{sizeof e, plugin, 0, op, inputs.data(), &output, static_cast<int32_t>(inputs.size()),
+                      1,        &attrs};
     return take(api->execute(&e));
   }
   bool supports(int32_t op, int32_t dtype) {
@@ -110,7 +112,8 @@ class Plugin {
 };
 
 // A dense tensor of `shape` over buffer b (the shape array must outlive it).
-bp_tensor dense(bp_buffer* b, int32_t dtype, const std::vector<int64_t>& shape, std::vector<int64_t>& strides) {
+bp_tensor dense(bp_buffer* b, int32_t dtype, const std::vector<int64_t>& shape,
+                std::vector<int64_t>& strides) {
   strides.assign(shape.size(), 1);
   for (size_t d = shape.size(); d-- > 1;) strides[d - 1] = strides[d] * shape[d];
   return bp_tensor{b, 0, 0, dtype, static_cast<int32_t>(shape.size()), 0, shape.data(), strides.data()};
@@ -161,8 +164,9 @@ TEST_CASE("cpu: the device holds all nine dtypes, and supports_op agrees with ex
   bp_buffer* a = p.alloc(8);
   bp_buffer* b = p.alloc(8);
   bp_buffer* o = p.alloc(8);
-  const Outcome r = p.execute(BP_OP_ADD, {dense(a, BP_DTYPE_F16, shape, s1), dense(b, BP_DTYPE_F16, shape, s2)},
-                              dense(o, BP_DTYPE_F16, shape, s3));
+  const Outcome r =
+      p.execute(BP_OP_ADD, {dense(a, BP_DTYPE_F16, shape, s1), dense(b, BP_DTYPE_F16, shape, s2)},
+                dense(o, BP_DTYPE_F16, shape, s3));
   CHECK(r.code == BP_STATUS_UNSUPPORTED);
   CHECK(r.message.find("add: dtype f16 is not supported (f32, f64, i32, i64)") != std::string::npos);
 
@@ -174,7 +178,8 @@ TEST_CASE("cpu: the device holds all nine dtypes, and supports_op agrees with ex
   }
 }
 
-TEST_CASE("cpu: binary ops: integer div truncates, a broadcast comparison writes bool, a zero divisor is refused") {
+TEST_CASE(
+    "cpu: binary ops: integer div truncates, a broadcast comparison writes bool, a zero divisor is refused") {
   Plugin p;
   std::vector<int64_t> shape{2, 3}, sa, sb, so;
   bp_buffer* a = p.upload(std::vector<int32_t>{7, -7, 9, 1, 2, 3});
@@ -190,8 +195,8 @@ TEST_CASE("cpu: binary ops: integer div truncates, a broadcast comparison writes
   std::vector<int64_t> bcast{0, 1};
   bp_tensor tb = dense(b, BP_DTYPE_I32, shape, sb);
   tb.strides = bcast.data();
-  REQUIRE(p.execute(BP_OP_GT, {dense(a, BP_DTYPE_I32, shape, sa), tb}, dense(ob, BP_DTYPE_BOOL, shape, so)).code ==
-          BP_STATUS_OK);
+  REQUIRE(p.execute(BP_OP_GT, {dense(a, BP_DTYPE_I32, shape, sa), tb}, dense(ob, BP_DTYPE_BOOL, shape, so))
+              .code == BP_STATUS_OK);
   CHECK(p.download<uint8_t>(ob, 6) == std::vector<uint8_t>{1, 0, 1, 0, 0, 1});
 
   // A zero divisor is data the host cannot see: INVALID_ARGUMENT naming the op.
@@ -215,8 +220,8 @@ TEST_CASE("cpu ops: softmax of logits spread over 0..500 matches the double-prec
   attrs.axis = 1;
   for (const int32_t op : {BP_OP_SOFTMAX, BP_OP_LOG_SOFTMAX}) {
     CAPTURE(op);
-    REQUIRE(p.execute(op, {dense(in, BP_DTYPE_F32, shape, sx)}, dense(out, BP_DTYPE_F32, shape, so), attrs).code ==
-            BP_STATUS_OK);
+    REQUIRE(p.execute(op, {dense(in, BP_DTYPE_F32, shape, sx)}, dense(out, BP_DTYPE_F32, shape, so), attrs)
+                .code == BP_STATUS_OK);
     const std::vector<float> y = p.download<float>(out, x.size());
     for (int64_t r = 0; r < rows; ++r) {
       double m = -INFINITY, total = 0;
@@ -236,8 +241,9 @@ TEST_CASE("cpu: DLPack import adopts host memory and releases it once, a failed 
   Plugin p;
   int released = 0;
   float data[4] = {1, 2, 3, 4};
-  bp_buffer_import_args cuda{sizeof cuda, p.plugin, 0, BP_DL_CUDA, 0, 0, data, sizeof data,
-                             [](void* c) { ++*static_cast<int*>(c); }, &released, nullptr};
+  bp_buffer_import_args cuda{
+      sizeof cuda, p.plugin, 0, BP_DL_CUDA, 0, 0, data, sizeof data, [](void* c) { ++*static_cast<int*>(c); },
+      &released,   nullptr};
   // Refused: the caller keeps the memory, so release is never called.
   const Outcome refused = p.take(p.api->buffer_import(&cuda));
   CHECK(refused.code == BP_STATUS_UNSUPPORTED);

@@ -22,7 +22,8 @@ struct Recorder {
 bp_status* record_set(bp_kv_set_args* args) {
   auto* r = static_cast<Recorder*>(args->ctx);
   r->set_struct_sizes.push_back(args->struct_size);
-  r->set_timeouts.push_back(BP_HAS_FIELD(bp_kv_set_args, timeout_ms, args->struct_size) ? args->timeout_ms : -1);
+  r->set_timeouts.push_back(BP_HAS_FIELD(bp_kv_set_args, timeout_ms, args->struct_size) ? args->timeout_ms
+                                                                                        : -1);
   r->values[args->key] = std::string(static_cast<const char*>(args->value), args->size);
   return nullptr;
 }
@@ -56,7 +57,7 @@ TEST_CASE("kv store: publishing a failure is one bounded set of exactly the mess
   board.publish(2, "rank 2: all_reduce timed out");
   REQUIRE(r.set_timeouts.size() == 1);
   CHECK(r.set_struct_sizes[0] == sizeof(bp_kv_set_args));
-  CHECK(r.set_timeouts[0] > 0);       // bounded...
-  CHECK(r.set_timeouts[0] <= 5000);   // ...and short, whatever the store's own timeout
+  CHECK(r.set_timeouts[0] > 0);      // bounded...
+  CHECK(r.set_timeouts[0] <= 5000);  // ...and short, whatever the store's own timeout
   CHECK(r.values.at("job/g0/failed/2") == "rank 2: all_reduce timed out");
 }

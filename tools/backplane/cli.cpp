@@ -81,8 +81,8 @@ std::string library_not_found_hint(const Backend& backend, const fs::path& confi
   for (const fs::path& dir : existing) {
     for (fs::path up = dir; !up.empty() && up != up.parent_path(); up = up.parent_path()) {
       if (!fs::exists(up / "CMakeCache.txt", ec)) continue;
-      return hint + "; is the plugin built? `cmake --build " + up.string() + "` puts the bundled plugins in " +
-             dir.string() + ", or fix the \"library\" value";
+      return hint + "; is the plugin built? `cmake --build " + up.string() +
+             "` puts the bundled plugins in " + dir.string() + ", or fix the \"library\" value";
     }
   }
   return hint + "; install the plugin into " + existing.front().string() + " or fix the \"library\" value";
@@ -118,11 +118,13 @@ fs::path choose_config(const std::string& flag) {
   const fs::path share = share_dir();
   if (!share.empty() && is_file(share / "backends.json")) return share / "backends.json";
   if (!path.empty() && is_file(path)) return path;
-  throw CommandError(kExitConfig,
-                     "no config found: BACKPLANE_CONFIG is not set and there is no default config beside this "
-                     "program (" + (share.empty() ? std::string("share/backplane") : share.string()) +
-                         "/backends.json); a backends.json in the current folder is not read unless named\n"
-                         "pass --config FILE or set BACKPLANE_CONFIG=FILE");
+  throw CommandError(
+      kExitConfig,
+      "no config found: BACKPLANE_CONFIG is not set and there is no default config beside this "
+      "program (" +
+          (share.empty() ? std::string("share/backplane") : share.string()) +
+          "/backends.json); a backends.json in the current folder is not read unless named\n"
+          "pass --config FILE or set BACKPLANE_CONFIG=FILE");
 }
 
 fs::path share_dir() {
@@ -209,9 +211,10 @@ std::string failure_hint(const Backend& backend, const fs::path& config) {
   if (code == Errc::config_error) return "fix this backend's entry in " + cfg;
   if (code == Errc::abi_mismatch) {
     // A version mismatch and a table that contradicts its flags need different fixes.
-    if (backend.abi_version().empty() || backend.abi_version().rfind(std::to_string(kAbiMajor) + ".", 0) != 0) {
-      return "rebuild the plugin against this backplane's abi.h (plugin ABI " + std::to_string(kAbiMajor) + "." +
-             std::to_string(kAbiMinor) + "; the major must match)";
+    if (backend.abi_version().empty() ||
+        backend.abi_version().rfind(std::to_string(kAbiMajor) + ".", 0) != 0) {
+      return "rebuild the plugin against this backplane's abi.h (plugin ABI " + std::to_string(kAbiMajor) +
+             "." + std::to_string(kAbiMinor) + "; the major must match)";
     }
     return "the plugin's table breaks the ABI rules named above; fix the plugin (set the entries its "
            "capability flags promise, or drop those flags) and rebuild it";

@@ -71,7 +71,8 @@ int run_check(const CheckOptions& options) {
   if (backends.empty()) throw CommandError(kExitFailed, "no backends configured in " + config.string());
 
   std::size_t name_width = 0;
-  for (const BackendReport& backend : backends) name_width = std::max(name_width, text_of(backend.info, "name").size());
+  for (const BackendReport& backend : backends)
+    name_width = std::max(name_width, text_of(backend.info, "name").size());
   name_width += 2;
   constexpr std::size_t kStatusWidth = 8;     // "FAILED  "
   constexpr std::size_t kRequiredWidth = 10;  // "required  "
@@ -101,7 +102,9 @@ int run_check(const CheckOptions& options) {
     else
       (required ? required_failed : optional_failed).push_back(name);
     const std::string code = text_of(info, "error_code");
-    std::string reason = unavailable ? std::string("unavailable: ") : !code.empty() ? code + ": " : std::string();
+    std::string reason = unavailable     ? std::string("unavailable: ")
+                         : !code.empty() ? code + ": "
+                                         : std::string();
     reason += error.empty() ? "(no reason given)" : error;
     reason += "\nhint: " + backend.hint;
     out += indent_continuation(reason, reason_column) + "\n";

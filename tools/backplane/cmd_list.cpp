@@ -121,7 +121,8 @@ void backend_text(std::string& out, const Json& info, bool is_default) {
   const std::string library_path = text_of(info, "library_path");
   field(out, 2, "library", library.empty() ? "(none)" : library);
   field(out, 2, "resolved", library_path.empty() ? "(not found)" : library_path);
-  if (const std::string version = text_of(info, "version"); !version.empty()) field(out, 2, "version", version);
+  if (const std::string version = text_of(info, "version"); !version.empty())
+    field(out, 2, "version", version);
   if (const std::string abi = text_of(info, "abi_version"); !abi.empty()) field(out, 2, "abi", abi);
   const std::string fallback = "collective_fallback: " + text_of(info, "collective_fallback");
   if (unavailable) {  // loaded, but no device can be reached: the plugin's reason
@@ -135,7 +136,8 @@ void backend_text(std::string& out, const Json& info, bool is_default) {
     return;
   }
   const Json& caps = info["capabilities"];
-  const bool collective = std::find(caps.begin(), caps.end(), Json(to_string(Capability::collective))) != caps.end();
+  const bool collective =
+      std::find(caps.begin(), caps.end(), Json(to_string(Capability::collective))) != caps.end();
   field(out, 2, "collectives", collective ? "yes" : "no (" + fallback + ")");
   field(out, 2, "capabilities", capabilities_text(caps));
   const Json& devices = info["devices"];
@@ -147,8 +149,9 @@ std::string list_text(const RegistryReport& report) {
   const std::vector<BackendReport>& backends = report.backends;
   const auto loaded = std::count_if(backends.begin(), backends.end(),
                                     [](const BackendReport& b) { return b.info["status"] == "loaded"; });
-  const auto unavailable = std::count_if(backends.begin(), backends.end(),
-                                         [](const BackendReport& b) { return b.info["status"] == "unavailable"; });
+  const auto unavailable = std::count_if(backends.begin(), backends.end(), [](const BackendReport& b) {
+    return b.info["status"] == "unavailable";
+  });
 
   std::string out;
   field(out, 0, "config", report.config.string(), 10);
@@ -161,7 +164,8 @@ std::string list_text(const RegistryReport& report) {
       out += text_of(backend.info, "name") + ": 0 devices (" + text_of(backend.info, "error") + ")\n";
   for (const BackendReport& backend : backends) {
     out += '\n';
-    backend_text(out, backend.info, report.default_backend && *report.default_backend == text_of(backend.info, "name"));
+    backend_text(out, backend.info,
+                 report.default_backend && *report.default_backend == text_of(backend.info, "name"));
   }
   return out;
 }
@@ -183,8 +187,9 @@ Command add_list_command(CLI::App& parent) {
       "list", "Show every configured backend: library, version, status, capabilities and devices");
   sub->add_option("-c,--config", options->config, "The backends.json to read")->type_name("FILE");
   sub->add_flag("--json", options->json, "Print one JSON object instead of the table");
-  sub->add_flag("--isolate", options->isolate,
-                "Load each backend in a child process, so a plugin that crashes or hangs is reported, not fatal");
+  sub->add_flag(
+      "--isolate", options->isolate,
+      "Load each backend in a child process, so a plugin that crashes or hangs is reported, not fatal");
   sub->add_option("--timeout", options->timeout_seconds,
                   "With --isolate: seconds each backend may take to load before it is killed")
       ->type_name("SECONDS")

@@ -20,11 +20,11 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -72,10 +72,11 @@ fs::path find_data(const std::string& flag) {
   const fs::path share = share_dir();
   std::error_code ec;
   if (!share.empty() && fs::is_regular_file(share / "digits.csv.gz", ec)) return share / "digits.csv.gz";
-  throw CommandError(kExitFailed, "cannot find the digits data: it belongs at " +
-                                      (share.empty() ? std::string("share/backplane") : share.string()) +
-                                      "/digits.csv.gz beside this program (the build and `cmake --install` put "
-                                      "it there); pass --data FILE");
+  throw CommandError(kExitFailed,
+                     "cannot find the digits data: it belongs at " +
+                         (share.empty() ? std::string("share/backplane") : share.string()) +
+                         "/digits.csv.gz beside this program (the build and `cmake --install` put "
+                         "it there); pass --data FILE");
 }
 
 // Each rank's rows of one epoch, like PyTorch's DistributedSampler: one
@@ -95,10 +96,11 @@ struct Batch {
   Tensor x, y;
 };
 
-Batch make_batch(const Device& d, const digits::Dataset& data, const std::vector<int64_t>& rows, std::size_t begin,
-                 std::size_t end) {
+Batch make_batch(const Device& d, const digits::Dataset& data, const std::vector<int64_t>& rows,
+                 std::size_t begin, std::size_t end) {
   const digits::Dataset b = digits::rows(data, rows, begin, end);
-  return {Tensor::from_vector<float>(d, {b.rows(), digits::kFeatures}, b.x), Tensor::from_vector<int64_t>(d, {b.rows()}, b.y)};
+  return {Tensor::from_vector<float>(d, {b.rows(), digits::kFeatures}, b.x),
+          Tensor::from_vector<int64_t>(d, {b.rows()}, b.y)};
 }
 
 void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t steps, double loss, double rate,
@@ -108,8 +110,8 @@ void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t ste
     const int filled = static_cast<int>(kWidth * static_cast<double>(step) / static_cast<double>(steps));
     std::string bar(static_cast<std::size_t>(filled), '#');
     bar.resize(kWidth, '.');
-    std::printf("\repoch %2d/%d [%s] %3zu/%zu  loss %.4f  %8.0f samples/s%s", epoch, epochs, bar.c_str(), step,
-                steps, loss, rate, done ? "\n" : "");
+    std::printf("\repoch %2d/%d [%s] %3zu/%zu  loss %.4f  %8.0f samples/s%s", epoch, epochs, bar.c_str(),
+                step, steps, loss, rate, done ? "\n" : "");
     std::fflush(stdout);
   } else if (done) {
     std::printf("epoch %d/%d: %zu steps, loss %.4f, %.0f samples/s\n", epoch, epochs, steps, loss, rate);
@@ -133,7 +135,8 @@ Backend chosen_backend(const Registry& registry, const std::string& name, const 
   if (backend.status() != Backend::Status::loaded)
     throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" failed to load: " + backend.error() +
                                         "\n" + failure_hint(backend, config));
-  if (backend.devices().empty()) throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" has no devices");
+  if (backend.devices().empty())
+    throw CommandError(kExitFailed, "backend \"" + backend.name() + "\" has no devices");
   return backend;
 }
 
@@ -159,7 +162,9 @@ std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o, co
 void check_writable(const std::string& path, const char* flag) {
   if (path.empty()) return;
   std::ofstream out(path, std::ios::trunc);
-  if (!out) throw CommandError(kExitFailed, std::string("cannot write ") + flag + " " + path + ": " + std::strerror(errno));
+  if (!out)
+    throw CommandError(kExitFailed,
+                       std::string("cannot write ") + flag + " " + path + ": " + std::strerror(errno));
 }
 
 // Ends the job's groups on every path out of a rank.
@@ -186,7 +191,8 @@ int train_rank(const TrainOptions& o) {
   Backend backend = chosen_backend(registry, o.backend, config);
   // One device per local rank, round robin (all on device 0 with one device).
   const std::size_t n_devices = backend.devices().size();
-  Device device = backend.device(static_cast<int32_t>(static_cast<std::size_t>(rdzv.local_rank()) % n_devices));
+  Device device =
+      backend.device(static_cast<int32_t>(static_cast<std::size_t>(rdzv.local_rank()) % n_devices));
   check_training_support(device, world);
 
   GradSyncOptions sync;
@@ -204,17 +210,20 @@ int train_rank(const TrainOptions& o) {
   // backend's collective_fallback (an error names the remedy).
   for (std::size_t i = 0; i < params.size(); ++i) set_distributed_params(params[i], DistributedParamId{i});
   std::unique_ptr<nn::Optimizer> opt;
-  if (o.optimizer == "sgd") opt = std::make_unique<nn::SGD>(params, o.lr, o.momentum);
-  else opt = std::make_unique<nn::Adam>(params, o.lr);  // --momentum does not apply
+  if (o.optimizer == "sgd")
+    opt = std::make_unique<nn::SGD>(params, o.lr, o.momentum);
+  else
+    opt = std::make_unique<nn::Adam>(params, o.lr);  // --momentum does not apply
   auto forward = [&](const Tensor& x) { return l2(relu(l1(x))); };
 
   const bool tty = lead && ::isatty(STDOUT_FILENO) != 0;
   if (lead)
-    std::printf("backplane train: MLP 64-128-10 on %s (%lld train / %lld test rows), %d rank%s on %s, batch %d "
-                "per rank, %s lr %g, %d epochs, seed %llu\n",
-                data_path.string().c_str(), static_cast<long long>(train.rows()),
-                static_cast<long long>(test.rows()), world, world == 1 ? "" : "s", device.id().c_str(), o.batch_size,
-                o.optimizer.c_str(), o.lr, o.epochs, static_cast<unsigned long long>(o.seed));
+    std::printf(
+        "backplane train: MLP 64-128-10 on %s (%lld train / %lld test rows), %d rank%s on %s, batch %d "
+        "per rank, %s lr %g, %d epochs, seed %llu\n",
+        data_path.string().c_str(), static_cast<long long>(train.rows()), static_cast<long long>(test.rows()),
+        world, world == 1 ? "" : "s", device.id().c_str(), o.batch_size, o.optimizer.c_str(), o.lr, o.epochs,
+        static_cast<unsigned long long>(o.seed));
 
   std::vector<double> epoch_loss, step_loss;
   int64_t steps = 0;
@@ -247,7 +256,8 @@ int train_rank(const TrainOptions& o) {
     }
     // The epoch's loss over every rank's shard.
     const float local_loss = static_cast<float>(loss_sum / static_cast<double>(n_steps));
-    Tensor mean_loss = group.all_reduce(Tensor::from_vector<float>(device, {1}, {local_loss}), ReduceOp::mean);
+    Tensor mean_loss =
+        group.all_reduce(Tensor::from_vector<float>(device, {1}, {local_loss}), ReduceOp::mean);
     epoch_loss.push_back(mean_loss.to_vector<float>()[0]);
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     if (lead)
@@ -265,11 +275,12 @@ int train_rank(const TrainOptions& o) {
   const double per_step = train_seconds / static_cast<double>(std::max<int64_t>(steps, 1));
   const double sync_fraction = train_seconds > 0 ? stats.seconds / train_seconds : 0;
   if (lead) {
-    std::printf("test accuracy %.4f | %lld steps | %.1f steps/s | %.3f ms/step | all_reduce %.0f%% of step time "
-                "(%lld collectives, %.1f KiB each)\n",
-                test_accuracy, static_cast<long long>(steps), 1.0 / per_step, per_step * 1e3, sync_fraction * 100,
-                static_cast<long long>(stats.collectives),
-                stats.collectives > 0 ? static_cast<double>(stats.bytes) / stats.collectives / 1024 : 0.0);
+    std::printf(
+        "test accuracy %.4f | %lld steps | %.1f steps/s | %.3f ms/step | all_reduce %.0f%% of step time "
+        "(%lld collectives, %.1f KiB each)\n",
+        test_accuracy, static_cast<long long>(steps), 1.0 / per_step, per_step * 1e3, sync_fraction * 100,
+        static_cast<long long>(stats.collectives),
+        stats.collectives > 0 ? static_cast<double>(stats.bytes) / stats.collectives / 1024 : 0.0);
     if (!o.metrics_out.empty()) {
       nlohmann::json m{{"test_accuracy", test_accuracy},
                        {"steps", steps},
@@ -305,9 +316,9 @@ int train_rank(const TrainOptions& o) {
       chart.x_label = "epoch";
       chart.y_label = "cross-entropy loss";
       chart.log_y = o.plot_scale == "log";
-      const std::string svg = svg_line_chart(
-          chart, {Series{"rank 0 step loss", sx, step_loss, "#9ecae1"},
-                  Series{"epoch mean over ranks (at mid-epoch)", ex, epoch_loss, "#d62728", /*markers=*/true}});
+      const std::string svg = svg_line_chart(chart, {Series{"rank 0 step loss", sx, step_loss, "#9ecae1"},
+                                                     Series{"epoch mean over ranks (at mid-epoch)", ex,
+                                                            epoch_loss, "#d62728", /*markers=*/true}});
       std::ofstream out(o.plot);
       out << svg;
       if (!out) throw CommandError(kExitFailed, "cannot write --plot " + o.plot);
@@ -371,7 +382,8 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--nproc", o->nproc, "Ranks, started through the launcher (default 2)")
       ->check(CLI::Range(1, 256));
   app->add_option("--epochs", o->epochs, "Epochs (default 20)")->check(CLI::Range(1, 100000));
-  app->add_option("--batch-size", o->batch_size, "Rows per rank per step (default 32)")->check(CLI::Range(1, 1 << 20));
+  app->add_option("--batch-size", o->batch_size, "Rows per rank per step (default 32)")
+      ->check(CLI::Range(1, 1 << 20));
   app->add_option("--lr", o->lr, "Learning rate (default 0.1 for sgd, 0.001 for adam)")
       ->check(CLI::Range(1e-12, 1e6));
   app->add_option("--momentum", o->momentum, "SGD momentum (default 0.9)")->check(CLI::Range(0.0, 1.0));

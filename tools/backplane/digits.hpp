@@ -21,8 +21,8 @@ inline constexpr int kFeatures = 64;
 inline constexpr int kClasses = 10;
 
 struct Dataset {
-  std::vector<float> x;      // rows * 64, scaled to [0, 1]
-  std::vector<int64_t> y;    // rows labels
+  std::vector<float> x;    // rows * 64, scaled to [0, 1]
+  std::vector<int64_t> y;  // rows labels
   int64_t rows() const { return static_cast<int64_t>(y.size()); }
 };
 
@@ -31,8 +31,9 @@ struct Dataset {
 inline Dataset load(const std::string& path) {
   gzFile f = gzopen(path.c_str(), "rb");
   if (f == nullptr)
-    throw std::runtime_error(path + ": cannot open (pass the digits CSV with --data; the repository ships "
-                                    "data/digits.csv.gz)");
+    throw std::runtime_error(path +
+                             ": cannot open (pass the digits CSV with --data; the repository ships "
+                             "data/digits.csv.gz)");
   std::string text;
   char buf[1 << 16];
   int n = 0;
@@ -43,7 +44,8 @@ inline Dataset load(const std::string& path) {
   const std::string gz_error = msg != nullptr ? msg : "";
   gzclose(f);
   if (n < 0 || (err != Z_OK && err != Z_STREAM_END))
-    throw std::runtime_error(path + ": read error: " + (gz_error.empty() ? "truncated or corrupt" : gz_error) +
+    throw std::runtime_error(path +
+                             ": read error: " + (gz_error.empty() ? "truncated or corrupt" : gz_error) +
                              " (is the file complete?)");
 
   Dataset d;
@@ -63,7 +65,8 @@ inline Dataset load(const std::string& path) {
       const std::string cell = row.substr(p, comma == std::string::npos ? std::string::npos : comma - p);
       const std::string where = path + ":" + std::to_string(line) + ": column " + std::to_string(col + 1);
       if ((comma == std::string::npos) != (col == kFeatures))
-        throw std::runtime_error(where + ": expected " + std::to_string(kFeatures + 1) + " comma-separated values");
+        throw std::runtime_error(where + ": expected " + std::to_string(kFeatures + 1) +
+                                 " comma-separated values");
       std::size_t used = 0;
       long v = 0;
       try {

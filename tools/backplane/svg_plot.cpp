@@ -13,11 +13,20 @@ std::string escape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
@@ -74,7 +83,9 @@ std::string svg_line_chart(const ChartOptions& options, const std::vector<Series
   constexpr double W = 760, H = 440, L = 70, R = 20, T = 40, B = 55;
   const bool log_y = options.log_y;
   // A point is drawn when finite (and positive on a log axis).
-  const auto drawn = [log_y](double x, double y) { return std::isfinite(x) && std::isfinite(y) && (!log_y || y > 0); };
+  const auto drawn = [log_y](double x, double y) {
+    return std::isfinite(x) && std::isfinite(y) && (!log_y || y > 0);
+  };
   double x0 = std::numeric_limits<double>::infinity(), x1 = -x0, y0 = x0, y1 = -x0;
   for (const Series& s : series)
     for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i) {
@@ -103,16 +114,16 @@ std::string svg_line_chart(const ChartOptions& options, const std::vector<Series
   };
 
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 " << W
-    << ' ' << H << "\" font-family=\"sans-serif\" font-size=\"12\" data-y-scale=\"" << (log_y ? "log" : "linear")
-    << "\">\n"
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 "
+    << W << ' ' << H << "\" font-family=\"sans-serif\" font-size=\"12\" data-y-scale=\""
+    << (log_y ? "log" : "linear") << "\">\n"
     << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-    << "<text x=\"" << W / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">" << escape(options.title)
-    << "</text>\n";
+    << "<text x=\"" << W / 2 << "\" y=\"24\" text-anchor=\"middle\" font-size=\"15\">"
+    << escape(options.title) << "</text>\n";
   for (double t : ticks(x0, x1))
     o << "<line x1=\"" << px(t) << "\" y1=\"" << T << "\" x2=\"" << px(t) << "\" y2=\"" << H - B
-      << "\" stroke=\"#e5e5e5\"/><text x=\"" << px(t) << "\" y=\"" << H - B + 16 << "\" text-anchor=\"middle\">"
-      << num(t) << "</text>\n";
+      << "\" stroke=\"#e5e5e5\"/><text x=\"" << px(t) << "\" y=\"" << H - B + 16
+      << "\" text-anchor=\"middle\">" << num(t) << "</text>\n";
   std::vector<Tick> y_ticks;
   if (log_y) {
     y_ticks = log_ticks(y0, y1);
@@ -143,11 +154,11 @@ std::string svg_line_chart(const ChartOptions& options, const std::vector<Series
     if (s.markers)
       for (std::size_t i = 0; i < std::min(s.x.size(), s.y.size()); ++i)
         if (drawn(s.x[i], s.y[i]))
-          o << "<circle cx=\"" << px(s.x[i]) << "\" cy=\"" << py(s.y[i]) << "\" r=\"3\" fill=\"" << escape(s.color)
-            << "\"/>\n";
+          o << "<circle cx=\"" << px(s.x[i]) << "\" cy=\"" << py(s.y[i]) << "\" r=\"3\" fill=\""
+            << escape(s.color) << "\"/>\n";
     o << "<line x1=\"" << W - R - 30 << "\" y1=\"" << legend_y - 4 << "\" x2=\"" << W - R - 10 << "\" y2=\""
-      << legend_y - 4 << "\" stroke=\"" << escape(s.color) << "\" stroke-width=\"2\"/><text x=\"" << W - R - 36
-      << "\" y=\"" << legend_y << "\" text-anchor=\"end\">" << escape(s.label) << "</text>\n";
+      << legend_y - 4 << "\" stroke=\"" << escape(s.color) << "\" stroke-width=\"2\"/><text x=\""
+      << W - R - 36 << "\" y=\"" << legend_y << "\" text-anchor=\"end\">" << escape(s.label) << "</text>\n";
     legend_y += 18;
   }
   o << "</svg>\n";

@@ -28,15 +28,42 @@ struct bf16_bits {
 
 template <int32_t D>
 struct cpp_type;  // undefined for BP_DTYPE_INVALID and unknown values
-template <> struct cpp_type<BP_DTYPE_F32> { using type = float; };
-template <> struct cpp_type<BP_DTYPE_F64> { using type = double; };
-template <> struct cpp_type<BP_DTYPE_I32> { using type = int32_t; };
-template <> struct cpp_type<BP_DTYPE_I64> { using type = int64_t; };
-template <> struct cpp_type<BP_DTYPE_BOOL> { using type = uint8_t; };  // one byte, 0 or 1
-template <> struct cpp_type<BP_DTYPE_F16> { using type = f16_bits; };
-template <> struct cpp_type<BP_DTYPE_BF16> { using type = bf16_bits; };
-template <> struct cpp_type<BP_DTYPE_U8> { using type = uint8_t; };
-template <> struct cpp_type<BP_DTYPE_I8> { using type = int8_t; };
+template <>
+struct cpp_type<BP_DTYPE_F32> {
+  using type = float;
+};
+template <>
+struct cpp_type<BP_DTYPE_F64> {
+  using type = double;
+};
+template <>
+struct cpp_type<BP_DTYPE_I32> {
+  using type = int32_t;
+};
+template <>
+struct cpp_type<BP_DTYPE_I64> {
+  using type = int64_t;
+};
+template <>
+struct cpp_type<BP_DTYPE_BOOL> {
+  using type = uint8_t;
+};  // one byte, 0 or 1
+template <>
+struct cpp_type<BP_DTYPE_F16> {
+  using type = f16_bits;
+};
+template <>
+struct cpp_type<BP_DTYPE_BF16> {
+  using type = bf16_bits;
+};
+template <>
+struct cpp_type<BP_DTYPE_U8> {
+  using type = uint8_t;
+};
+template <>
+struct cpp_type<BP_DTYPE_I8> {
+  using type = int8_t;
+};
 template <int32_t D>
 using cpp_type_t = typename cpp_type<D>::type;
 
@@ -83,8 +110,8 @@ namespace detail {
 // Out of line and cold: the message is built only when a dtype is refused.
 template <class Set>
 [[noreturn, gnu::cold, gnu::noinline]] void unsupported_dtype(int32_t dtype, const char* what) {
-  fail(BP_STATUS_UNSUPPORTED, std::string(what) + ": dtype " + dtype_name(dtype) + " is not supported (" +
-                                  Set::names() + ")");
+  fail(BP_STATUS_UNSUPPORTED,
+       std::string(what) + ": dtype " + dtype_name(dtype) + " is not supported (" + Set::names() + ")");
 }
 
 template <class Set, class Fn, int32_t D, int32_t... Rest>

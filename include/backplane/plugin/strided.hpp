@@ -25,7 +25,8 @@ struct StridedLayout {
 
 // The layout of operands that all have `shape_of`'s shape.
 template <int N>
-StridedLayout<N> layout_of(const TensorView& shape_of, std::initializer_list<const TensorView*> operands) noexcept {
+StridedLayout<N> layout_of(const TensorView& shape_of,
+                           std::initializer_list<const TensorView*> operands) noexcept {
   StridedLayout<N> l;
   l.ndim = shape_of.ndim;
   for (int32_t d = 0; d < shape_of.ndim; ++d) l.shape[d] = shape_of.shape[d];

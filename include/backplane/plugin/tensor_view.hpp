@@ -84,8 +84,8 @@ struct TensorView {
   int32_t element_size = 0;
   const int64_t* shape = nullptr;    // borrowed from the bp_tensor
   const int64_t* strides = nullptr;  // in elements
-  bool contiguous = true;  // row-major dense (dimensions of extent 1 ignored)
-  bool scalar = true;      // every stride 0 (or extent 1): one element broadcast
+  bool contiguous = true;            // row-major dense (dimensions of extent 1 ignored)
+  bool scalar = true;                // every stride 0 (or extent 1): one element broadcast
 
   template <class T>
   T* as() const noexcept {
@@ -111,7 +111,16 @@ struct TensorView {
   std::string shape_string() const { return describe_shape(ndim, shape); }
 };
 
-enum class ViewError { none, dtype, ndim, null_arrays, misaligned, negative_extent, count_overflow, out_of_bounds };
+enum class ViewError {
+  none,
+  dtype,
+  ndim,
+  null_arrays,
+  misaligned,
+  negative_extent,
+  count_overflow,
+  out_of_bounds
+};
 
 namespace detail {
 
@@ -217,27 +226,31 @@ namespace detail {
   return ViewError::none;
 }
 
-[[noreturn, gnu::cold, gnu::noinline]] inline void view_fail(ViewError error, const bp_tensor& t, const char* what,
-                                                             Role role, int32_t dtype, uint64_t capacity) {
+[[noreturn, gnu::cold, gnu::noinline]] inline void view_fail(ViewError error, const bp_tensor& t,
+                                                             const char* what, Role role, int32_t dtype,
+                                                             uint64_t capacity) {
   const std::string where = std::string(what) + ": " + role.to_string() + ": ";
   switch (error) {
     case ViewError::dtype:
       if (bp_dtype_size(dtype) == 0)
-        fail(BP_STATUS_UNSUPPORTED, where + "dtype " + dtype_name(dtype) + " is not one this plugin was built with");
-      fail(BP_STATUS_INVALID_ARGUMENT, where + "dtype " + dtype_name(t.dtype) + " differs from the expected " +
-                                           dtype_name(dtype));
+        fail(BP_STATUS_UNSUPPORTED,
+             where + "dtype " + dtype_name(dtype) + " is not one this plugin was built with");
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           where + "dtype " + dtype_name(t.dtype) + " differs from the expected " + dtype_name(dtype));
     case ViewError::ndim:
-      fail(BP_STATUS_INVALID_ARGUMENT, where + "ndim " + std::to_string(t.ndim) + " is outside 0.." +
-                                           std::to_string(kMaxDims));
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           where + "ndim " + std::to_string(t.ndim) + " is outside 0.." + std::to_string(kMaxDims));
     case ViewError::null_arrays:
       fail(BP_STATUS_INVALID_ARGUMENT, where + "shape or strides is NULL");
     case ViewError::misaligned:
-      fail(BP_STATUS_INVALID_ARGUMENT, where + "byte_offset " + std::to_string(t.byte_offset) +
-                                           " is not a multiple of the element size");
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           where + "byte_offset " + std::to_string(t.byte_offset) + " is not a multiple of the element size");
     case ViewError::negative_extent:
-      fail(BP_STATUS_INVALID_ARGUMENT, where + "shape " + describe_shape(t.ndim, t.shape) + " has a negative extent");
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           where + "shape " + describe_shape(t.ndim, t.shape) + " has a negative extent");
     case ViewError::count_overflow:
-      fail(BP_STATUS_INVALID_ARGUMENT, where + "shape " + describe_shape(t.ndim, t.shape) + ": element count overflows");
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           where + "shape " + describe_shape(t.ndim, t.shape) + ": element count overflows");
     case ViewError::out_of_bounds:
       fail(BP_STATUS_INVALID_ARGUMENT, where + "shape " + describe_shape(t.ndim, t.shape) + ", strides " +
                                            describe_shape(t.ndim, t.strides) + " at byte_offset " +
