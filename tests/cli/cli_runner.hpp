@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <string_view>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -78,7 +79,11 @@ inline Result run(const std::vector<std::string>& args, const fs::path& scratch,
 
   std::vector<std::string> env_storage;
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "BACKPLANE_", 10) != 0) env_storage.emplace_back(*e);
+    if (std::strncmp(*e, "BACKPLANE_", 10) == 0) continue;
+    // A variable the test sets replaces the inherited one (getenv finds the first).
+    const std::string_view entry(*e);
+    if (options.env.count(std::string(entry.substr(0, entry.find('=')))) != 0) continue;
+    env_storage.emplace_back(*e);
   }
   for (const auto& [name, value] : options.env) env_storage.push_back(name + "=" + value);
   std::vector<char*> envp;

@@ -20,7 +20,8 @@ constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 64;
 
 // Sanitizer runtimes turn a SEGV into their own report and exit(1); the
-// children must die of the signal itself, as they do in a plain build.
+// children must die of the signal itself, as they do in a plain build. This
+// replaces any ASAN_OPTIONS the suite runs with (the sanitizer presets set one).
 bpcli::Options child_signals() {
   return {{{"ASAN_OPTIONS", "handle_segv=0:handle_abort=0:handle_sigbus=0:handle_sigfpe=0:detect_leaks=0"}},
           {}};
