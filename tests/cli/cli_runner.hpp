@@ -14,9 +14,9 @@
 #include <fstream>
 #include <iterator>
 #include <map>
-#include <string_view>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <fcntl.h>
