@@ -646,7 +646,9 @@ void Server::park(const SessionPtr& s, uint64_t id, bool is_get, std::vector<std
   w->parked_on = *first_missing(w->keys);
   parked_[w->parked_on].push_back(w);
   s->waiters.insert(w);
-  if (timeout_ms != kNoTimeout && milliseconds(timeout_ms) < kForever) {
+  // Compared unsigned: a wire value past int64's range must not turn into a
+  // negative duration (nor overflow when asio converts it to nanoseconds).
+  if (timeout_ms < static_cast<uint64_t>(kForever.count())) {
     w->timer.expires_after(milliseconds(timeout_ms));
     w->timer.async_wait([this, w](const error_code& ec) {
       if (ec || stopping_ || w->finished) return;
