@@ -273,6 +273,10 @@ Registry Registry::from_json(std::string_view json, const fs::path& base_dir, st
   return Registry(detail::build(cfg, policy));
 }
 
+void Registry::check_config_permissions(const std::filesystem::path& path) {
+  detail::require_private_file(path, "config file", Errc::config_error);
+}
+
 Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
@@ -286,7 +290,7 @@ Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
                     " is not a regular file (a directory?); name the backends.json file itself");
   }
   // It names the code this process will load: only its owner (or root) may change it.
-  detail::require_private_file(path, "config file", Errc::config_error);
+  check_config_permissions(path);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     throw Error(Errc::config_error,

@@ -154,6 +154,11 @@ class BACKPLANE_API Registry {
   // BACKPLANE_CONFIG if set, else the installed default. The current folder
   // is never searched: a backends.json there is read only when named.
   static Registry from_env();
+  // The rule from_config applies to its file before reading it, for tools
+  // that read a config themselves: throws Errc::config_error when anyone
+  // other than its owner and root can write `path` or its folder (a sticky
+  // folder such as /tmp excepted), saying how to fix the permissions.
+  static void check_config_permissions(const std::filesystem::path& path);
   // The path from_env() would read.
   static std::filesystem::path default_config_path();
 

@@ -289,29 +289,25 @@ TEST_CASE("store security: a huge announced frame with 1 byte sent does not pin 
 }
 
 TEST_CASE("store security: the secret file must be private") {
-  char path[] = "/tmp/bp_token_XXXXXX";
-  const int fd = ::mkstemp(path);
-  REQUIRE(fd >= 0);
+  const bptest::TempDir tmp;
   const std::string token = "file-secret";
-  REQUIRE(::write(fd, (token + "\n").data(), token.size() + 1) == static_cast<ssize_t>(token.size() + 1));
-  ::close(fd);
+  const std::string path = tmp.write("token", token + "\n").string();
   ScopedEnv file("BACKPLANE_JOB_TOKEN_FILE", path);
   ::unsetenv("BACKPLANE_JOB_TOKEN");
   bp::TcpStoreOptions o = options(0, 2, 0);
   o.is_server = true;
   o.job_token.reset();  // from the environment
-  REQUIRE(::chmod(path, 0644) == 0);
+  REQUIRE(::chmod(path.c_str(), 0644) == 0);
   bp::Error e = bptest::error_from([&] { bp::make_tcp_store(o); });
   CHECK(e.code() == bp::Errc::invalid_argument);
   BP_CHECK_CONTAINS(e.message(), "chmod 600");
   BP_CHECK_CONTAINS(e.message(), "BACKPLANE_JOB_TOKEN_FILE");
-  REQUIRE(::chmod(path, 0600) == 0);
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
   auto server = bp::make_tcp_store(o);
   // The file's secret, its newline dropped, is the one the ranks share.
   auto rank1 = bp::make_tcp_store(options(1, 2, port_of(*server), token));
   rank1->set("k", bytes("v"));
   CHECK(text(server->get("k", 1s)) == "v");
-  ::unlink(path);
 }
 
 TEST_CASE("store security: failure paths on a hung store host are bounded and say the time waited") {

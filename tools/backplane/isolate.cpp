@@ -126,33 +126,6 @@ std::string only_library(Json doc, std::ptrdiff_t keep) {
   return doc.dump(-1, ' ', false, Json::error_handler_t::strict);
 }
 
-// The core's rule for a file that names code to load (from_config applies it
-// to the config file; a config read here must pass it too): owned by this
-// user or root, writable by nobody else, in a folder the same holds for
-// (a sticky folder such as /tmp excepted).
-void require_private_config(const fs::path& config) {
-  std::error_code ec;
-  const fs::path real = fs::canonical(config, ec);
-  if (ec) return;  // reading it reports the problem
-  const uid_t me = ::geteuid();
-  for (const auto& [p, is_dir] : {std::pair{real, false}, std::pair{real.parent_path(), true}}) {
-    struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) continue;
-    const std::string name = is_dir
-                                 ? "the folder holding config file " + real.string() + ", " + p.string() + ","
-                                 : "config file " + p.string();
-    if (st.st_uid != 0 && st.st_uid != me)
-      throw CommandError(kExitConfig, name + " is owned by another user (uid " + std::to_string(st.st_uid) +
-                                          "), who could change it; it is refused. Make it yours or root's "
-                                          "(`chown` it) and `chmod go-w " +
-                                          p.string() + "`");
-    if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && !(is_dir && (st.st_mode & S_ISVTX) != 0))
-      throw CommandError(kExitConfig, name + " is writable by " +
-                                          ((st.st_mode & S_IWOTH) != 0 ? "anyone" : "its group") +
-                                          ", so it is refused: `chmod go-w " + p.string() + "`");
-  }
-}
-
 std::string signal_text(int sig) {
   const char* abbrev = sigabbrev_np(sig);
   return std::to_string(sig) + (abbrev != nullptr ? std::string(" (SIG") + abbrev + ")" : std::string());
@@ -415,7 +388,11 @@ RegistryReport report_in_process(const fs::path& config) {
 }
 
 RegistryReport report_isolated(const fs::path& config, int timeout_seconds) {
-  require_private_config(config);
+  try {
+    Registry::check_config_permissions(config);  // before reading it, as from_config does
+  } catch (const Error& e) {
+    throw CommandError(kExitConfig, e.message());
+  }
   const std::optional<Json> doc = parse_config_document(read_config_text(config));
   // Not a document this side can take apart: the core refuses it, loading nothing, and says why.
   if (!doc) return report_in_process(config);
