@@ -9,6 +9,8 @@ packages=(
   libopenblas-dev libdlpack-dev libgloo-dev libssl-dev
   libopenmpi-dev openmpi-bin zlib1g-dev
   iproute2 clang-format
+  libflatbuffers-dev flatbuffers-compiler clang libclang-rt-14-dev
+  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
 )
 
 missing=()
