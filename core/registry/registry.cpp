@@ -5,6 +5,7 @@
 #include "config/config.hpp"
 #include "registry/loader.hpp"
 
+#include <backplane/hosting.hpp>
 #include <backplane/log.hpp>
 #include <backplane/registry.hpp>
 
@@ -377,6 +378,12 @@ std::string Backend::abi_version() const {
 CollectiveFallback Backend::collective_fallback() const { return impl_->fallback; }
 Capabilities Backend::capabilities() const { return impl_->capabilities; }
 int32_t Backend::device_count() const { return static_cast<int32_t>(impl_->devices.size()); }
+
+HostedPlugin hosted_plugin(const Backend& backend) {
+  const auto& impl = detail::Access::impl(backend);
+  impl->require_loaded();
+  return HostedPlugin{&impl->api, impl->plugin};
+}
 
 Device Backend::device(int32_t index) const {
   impl_->require_loaded();
