@@ -92,10 +92,13 @@ int main(int argc, char** argv) try {
   constexpr int64_t kBatch = 32;
 
   // 1. The job (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, or mpirun's, or Slurm's)
-  //    and the device the JSON's default backend offers.
+  //    and a device of the JSON's default backend: one per local rank, round
+  //    robin (torchrun's convention: rank r on device LOCAL_RANK mod count).
   bp::Rendezvous job = bp::Rendezvous::from_env();
   bp::Registry registry = bp::Registry::from_config(config);
-  bp::Device device = registry.default_backend().device(0);
+  const bp::Backend backend = registry.default_backend();
+  bp::Device device =
+      backend.device(backend.device_count() > 0 ? job.local_rank() % backend.device_count() : 0);
   bp::init_distributed(job);
 
   // 2. The same seeded model on every rank; its parameters are distributed.

@@ -97,7 +97,10 @@ int main(int argc, char** argv) {
     g_rank = rdzv.rank();
     const int world = rdzv.world_size();
     Registry registry = Registry::from_config(config);
-    Device d = registry.backend(backend).device(0);
+    // One device per local rank, round robin (torchrun's convention): with a
+    // remote backend of two endpoints, rank 0 runs on one server and rank 1 on the other.
+    const Backend b = registry.backend(backend);
+    Device d = b.device(b.device_count() > 0 ? rdzv.local_rank() % b.device_count() : 0);
     GradSyncOptions sync;
     sync.bucket_bytes = std::stoull(arg(argc, argv, "--bucket-bytes", std::to_string(sync.bucket_bytes)));
     init_distributed(rdzv, sync);
