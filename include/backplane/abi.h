@@ -123,6 +123,10 @@
  *    synchronising points: they return after every earlier call on the
  *    device has taken effect. buffer_free must not reuse memory that queued
  *    work still reads (stream-ordered free). [cuda, remote]
+ *    buffer_alloc may also return before the memory exists when the plugin
+ *    names the buffer itself: a failed allocation then surfaces at the next
+ *    synchronising call, naming buffer_alloc, like any failed queued work.
+ *    [remote: a tiny op costs no round trip]
  *  - An error from asynchronous work is sticky on its device: the next
  *    synchronising call returns it, naming the op that failed, and clears it.
  *    A device that can no longer work (a CUDA fault that poisons its
