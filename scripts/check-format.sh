@@ -33,7 +33,7 @@ if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   exit 77
 fi
 
-mapfile -t files < <(git ls-files -- '*.c' '*.h' '*.cpp' '*.hpp')
+mapfile -t files < <(git ls-files -- '*.c' '*.h' '*.cpp' '*.hpp' '*.cu' '*.cuh')
 if [[ $fix -eq 1 ]]; then
   "$clang_format" -i -- "${files[@]}"
   echo "formatted ${#files[@]} files"

@@ -1,0 +1,134 @@
+// The cuda plugin's ops: which dtypes each op takes (supports_op answers from
+// the same sets the launches dispatch over), and the host side of execute:
+// operand views, index maps, scratch, then one kernel launch (kernels.hpp) or
+// one cuBLAS call (matmul.cpp). Requests arrive validated by the host (abi.h,
+// "Trust contract"); what is checked is cheap and would otherwise corrupt
+// memory: arity, live buffers, views inside their buffers. Data-dependent
+// errors (an index out of range) are found by the kernels and reported at the
+// next synchronising call.
+#ifndef BACKPLANE_PLUGINS_CUDA_NCCL_OPS_HPP_
+#define BACKPLANE_PLUGINS_CUDA_NCCL_OPS_HPP_
+
+#include <backplane/plugin.hpp>
+
+#include <cstdint>
+#include <memory>
+
+#include "device.hpp"
+
+namespace backplane::cuda {
+
+using plugin::DTypes;
+using plugin::TensorView;
+
+// Arithmetic: add sub mul div pow maximum minimum, neg abs relu clamp, arange,
+// sum max min argmax argmin. The 16-bit floats compute in f32.
+using ArithmeticDTypes =
+    DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I32, BP_DTYPE_I64, BP_DTYPE_F16, BP_DTYPE_BF16>;
+// Floats: exp log sqrt tanh sigmoid sin cos, rand_uniform randn, mean,
+// softmax log_softmax, matmul (f16/bf16 through cuBLAS with f32 accumulation).
+using FloatDTypes = DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_F16, BP_DTYPE_BF16>;
+// Every dtype: comparisons, cast, fill, copy, where, index_select, gather.
+using AllDTypes = plugin::AllDTypes;
+
+constexpr bool op_supports(int32_t op, int32_t dtype) noexcept {
+  switch (op) {
+    case BP_OP_ADD:
+    case BP_OP_SUB:
+    case BP_OP_MUL:
+    case BP_OP_DIV:
+    case BP_OP_POW:
+    case BP_OP_MAXIMUM:
+    case BP_OP_MINIMUM:
+    case BP_OP_NEG:
+    case BP_OP_ABS:
+    case BP_OP_RELU:
+    case BP_OP_CLAMP:
+    case BP_OP_ARANGE:
+    case BP_OP_SUM:
+    case BP_OP_MAX:
+    case BP_OP_MIN:
+    case BP_OP_ARGMAX:
+    case BP_OP_ARGMIN:
+      return ArithmeticDTypes::contains(dtype);
+    case BP_OP_EXP:
+    case BP_OP_LOG:
+    case BP_OP_SQRT:
+    case BP_OP_TANH:
+    case BP_OP_SIGMOID:
+    case BP_OP_SIN:
+    case BP_OP_COS:
+    case BP_OP_RAND_UNIFORM:
+    case BP_OP_RANDN:
+    case BP_OP_MEAN:
+    case BP_OP_SOFTMAX:
+    case BP_OP_LOG_SOFTMAX:
+    case BP_OP_MATMUL:
+      return FloatDTypes::contains(dtype);
+    case BP_OP_EQ:
+    case BP_OP_NE:
+    case BP_OP_LT:
+    case BP_OP_LE:
+    case BP_OP_GT:
+    case BP_OP_GE:
+    case BP_OP_CAST:
+    case BP_OP_FILL:
+    case BP_OP_COPY:
+    case BP_OP_WHERE:
+    case BP_OP_INDEX_SELECT:
+    case BP_OP_GATHER:
+      return AllDTypes::contains(dtype);
+    default:
+      return false;
+  }
+}
+
+// One execute call as the op code sees it.
+struct OpCall {
+  Device& device;
+  const bp_execute_args& args;
+
+  int32_t op() const noexcept { return args.op; }
+  const char* name() const noexcept { return bp_op_name(args.op); }
+  const bp_tensor& input(int i) const noexcept { return args.inputs[i]; }
+  const bp_tensor& output() const noexcept { return args.outputs[0]; }
+  const bp_op_attrs& attrs() const noexcept { return *args.attrs; }
+  KernelContext kernels() const noexcept { return device.kernels(args.op); }
+};
+
+// Runs one validated op on the device (under its queue, after enter()).
+void run_op(const OpCall& call);
+void run_matmul(const OpCall& call);  // matmul.cpp
+
+// Shared by ops.cpp and matmul.cpp.
+void expect_arity(const OpCall& call, int32_t inputs);
+// A checked view of `t` (dtype `dtype`) in this plugin's device memory; orders
+// the compute stream after collectives still using its buffer.
+TensorView operand(const OpCall& call, const bp_tensor& t, int32_t dtype, plugin::Role role);
+
+// Stream-ordered scratch, freed (stream-ordered) when it goes out of scope.
+class Scratch {
+ public:
+  explicit Scratch(Device& device) : device_(device) {}
+  ~Scratch() { device_.free_async(data_); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  void* allocate(uint64_t size, const std::string& what) {
+    data_ = device_.allocate(size, what);
+    return data_;
+  }
+
+ private:
+  Device& device_;
+  void* data_ = nullptr;
+};
+
+// v's elements, row-major and dense: v.data itself when v is contiguous, else
+// a copy in `scratch`.
+const void* dense(const OpCall& call, const TensorView& v, Scratch& scratch);
+// Copies a dense row-major `from` into the (strided) view `to`.
+void scatter_dense(const OpCall& call, const void* from, const TensorView& to);
+
+}  // namespace backplane::cuda
+
+#endif  // BACKPLANE_PLUGINS_CUDA_NCCL_OPS_HPP_
