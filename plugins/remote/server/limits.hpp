@@ -1,0 +1,46 @@
+// The limits `backplane serve` enforces, with their defaults (each is a
+// command-line option; docs/remote-server.md lists them). A client learns the
+// ones that concern it from the Welcome's Limits table.
+#ifndef BACKPLANE_REMOTE_SERVER_LIMITS_HPP_
+#define BACKPLANE_REMOTE_SERVER_LIMITS_HPP_
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace backplane::remote::server {
+
+struct ServerLimits {
+  // Time from accept to the end of the handshake (TLS, Hello, Proof).
+  std::chrono::milliseconds handshake_timeout{5000};
+  // Connections still in their handshake; over it a new connection is closed at once.
+  int32_t max_handshakes = 128;
+  // Authenticated sessions; over it a new one gets a Fatal and is closed.
+  int32_t max_sessions = 64;
+  // Bytes of hosted buffers one session may hold, and how many buffers.
+  uint64_t max_session_bytes = uint64_t{16} << 30;
+  uint32_t max_buffers = 65536;
+  // Requests queued for a session's worker; when full the server stops
+  // reading that connection (TCP backpressure) until the worker catches up.
+  uint32_t max_inflight = 4096;
+  // Payload bytes of one frame: a Write's data, a Read's reply. Larger
+  // transfers are split by the client.
+  uint64_t max_frame_bytes = uint64_t{1} << 30;
+  // A session that sends nothing for this long is closed (clients Ping);
+  // so is one that does not read what the server writes for this long.
+  std::chrono::milliseconds idle_timeout{60000};
+};
+
+// Fixed bounds (not options): a handshake message is tiny; a session needs
+// few communicators; world sizes and key prefixes stay sane.
+inline constexpr uint64_t kHandshakeMessageBytes = 4096;
+inline constexpr uint32_t kMaxCommsPerSession = 1024;
+inline constexpr int32_t kMaxWorldSize = 1 << 16;
+inline constexpr std::size_t kMaxKeyPrefixBytes = 1024;
+// How much longer than a key-value request's own timeout the server waits
+// for the client's KvReply before it gives up on it.
+inline constexpr std::chrono::milliseconds kKvReplyGrace{5000};
+
+}  // namespace backplane::remote::server
+
+#endif  // BACKPLANE_REMOTE_SERVER_LIMITS_HPP_
