@@ -31,56 +31,9 @@ using FloatDTypes = DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_F16, BP_DTYPE_BF
 // Every dtype: comparisons, cast, fill, copy, where, index_select, gather.
 using AllDTypes = plugin::AllDTypes;
 
+// supports_op's answer (unknown ops and dtypes: false).
 constexpr bool op_supports(int32_t op, int32_t dtype) noexcept {
-  switch (op) {
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_POW:
-    case BP_OP_MAXIMUM:
-    case BP_OP_MINIMUM:
-    case BP_OP_NEG:
-    case BP_OP_ABS:
-    case BP_OP_RELU:
-    case BP_OP_CLAMP:
-    case BP_OP_ARANGE:
-    case BP_OP_SUM:
-    case BP_OP_MAX:
-    case BP_OP_MIN:
-    case BP_OP_ARGMAX:
-    case BP_OP_ARGMIN:
-      return ArithmeticDTypes::contains(dtype);
-    case BP_OP_EXP:
-    case BP_OP_LOG:
-    case BP_OP_SQRT:
-    case BP_OP_TANH:
-    case BP_OP_SIGMOID:
-    case BP_OP_SIN:
-    case BP_OP_COS:
-    case BP_OP_RAND_UNIFORM:
-    case BP_OP_RANDN:
-    case BP_OP_MEAN:
-    case BP_OP_SOFTMAX:
-    case BP_OP_LOG_SOFTMAX:
-    case BP_OP_MATMUL:
-      return FloatDTypes::contains(dtype);
-    case BP_OP_EQ:
-    case BP_OP_NE:
-    case BP_OP_LT:
-    case BP_OP_LE:
-    case BP_OP_GT:
-    case BP_OP_GE:
-    case BP_OP_CAST:
-    case BP_OP_FILL:
-    case BP_OP_COPY:
-    case BP_OP_WHERE:
-    case BP_OP_INDEX_SELECT:
-    case BP_OP_GATHER:
-      return AllDTypes::contains(dtype);
-    default:
-      return false;
-  }
+  return plugin::family_supports<ArithmeticDTypes, FloatDTypes, AllDTypes, AllDTypes>(op, dtype);
 }
 
 // One execute call as the op code sees it.

@@ -877,3 +877,28 @@ TEST_CASE("plugin sdk: coalesce merges dense dimensions and keeps broadcast ones
   CHECK(starts[0] == std::make_pair(int64_t{8}, int64_t{0}));
   CHECK(starts[1] == std::make_pair(int64_t{16}, int64_t{0}));
 }
+
+TEST_CASE("op_family: every op abi.h names has a family, unknown values none, and family_supports uses it") {
+  using namespace backplane::plugin;
+  for (int32_t op = 1; op < BP_OP_COUNT_; ++op) {
+    INFO(bp_op_name(op));
+    CHECK(op_family(op) != OpFamily::none);
+  }
+  CHECK(op_family(BP_OP_INVALID) == OpFamily::none);
+  CHECK(op_family(BP_OP_COUNT_) == OpFamily::none);
+  CHECK(op_family(-3) == OpFamily::none);
+  CHECK(op_family(BP_OP_MATMUL) == OpFamily::floating);
+  CHECK(op_family(BP_OP_ADD) == OpFamily::arithmetic);
+  CHECK(op_family(BP_OP_CAST) == OpFamily::numeric);
+  CHECK(op_family(BP_OP_GATHER) == OpFamily::moving);
+  using F = DTypes<BP_DTYPE_F32>;
+  using I = DTypes<BP_DTYPE_I64>;
+  using B = DTypes<BP_DTYPE_BOOL>;
+  using U = DTypes<BP_DTYPE_U8>;
+  CHECK(family_supports<I, F, B, U>(BP_OP_ADD, BP_DTYPE_I64));
+  CHECK_FALSE(family_supports<I, F, B, U>(BP_OP_ADD, BP_DTYPE_F32));
+  CHECK(family_supports<I, F, B, U>(BP_OP_EXP, BP_DTYPE_F32));
+  CHECK(family_supports<I, F, B, U>(BP_OP_EQ, BP_DTYPE_BOOL));
+  CHECK(family_supports<I, F, B, U>(BP_OP_COPY, BP_DTYPE_U8));
+  CHECK_FALSE(family_supports<I, F, B, U>(BP_OP_COUNT_ + 1, BP_DTYPE_U8));
+}
