@@ -2,11 +2,8 @@
 #include "fake_server.hpp"
 
 #include <backplane/abi.h>
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
 #include <sys/socket.h>
+#include "../self_signed_cert.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -403,37 +400,6 @@ void FakeServer::session(Conn& c) {
   }
 }
 
-void make_self_signed(const std::string& dir) {
-  EVP_PKEY* key = EVP_EC_gen("P-256");
-  if (key == nullptr) throw std::runtime_error("EVP_EC_gen failed");
-  X509* cert = X509_new();
-  X509_set_version(cert, 2);
-  ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
-  X509_gmtime_adj(X509_getm_notBefore(cert), -3600);
-  X509_gmtime_adj(X509_getm_notAfter(cert), 24 * 3600);
-  X509_set_pubkey(cert, key);
-  X509_NAME* name = X509_get_subject_name(cert);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("localhost"),
-                             -1, -1, 0);
-  X509_set_issuer_name(cert, name);
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
-  for (const auto& [nid, value] : {std::pair{NID_subject_alt_name, "IP:127.0.0.1,DNS:localhost"},
-                                   std::pair{NID_basic_constraints, "critical,CA:TRUE"}}) {
-    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
-    X509_add_ext(cert, ext, -1);
-    X509_EXTENSION_free(ext);
-  }
-  X509_sign(cert, key, EVP_sha256());
-  FILE* f = std::fopen((dir + "/cert.pem").c_str(), "w");
-  PEM_write_X509(f, cert);
-  std::fclose(f);
-  f = std::fopen((dir + "/key.pem").c_str(), "w");
-  PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
-  std::fclose(f);
-  X509_free(cert);
-  EVP_PKEY_free(key);
-}
+void make_self_signed(const std::string& dir) { testing::write_self_signed(dir); }
 
 }  // namespace backplane::remote::test

@@ -12,10 +12,9 @@
 
 #include <doctest/doctest.h>
 
-#include <openssl/evp.h>
-#include <openssl/pem.h>
-#include <openssl/x509.h>
-#include <openssl/x509v3.h>
+#include "../self_signed_cert.hpp"
+
+#include <openssl/ssl.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -123,41 +122,8 @@ class TempDir {
 
 // A self-signed certificate for "localhost" and 127.0.0.1 (P-256), written as PEM files into `dir`.
 inline TlsFiles make_self_signed(const fs::path& dir) {
-  EVP_PKEY* key = EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256");
-  REQUIRE(key != nullptr);
-  X509* cert = X509_new();
-  X509_set_version(cert, 2);
-  ASN1_INTEGER_set(X509_get_serialNumber(cert), 1);
-  X509_gmtime_adj(X509_getm_notBefore(cert), -3600);
-  X509_gmtime_adj(X509_getm_notAfter(cert), 24 * 3600);
-  X509_set_pubkey(cert, key);
-  X509_NAME* name = X509_get_subject_name(cert);
-  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC, reinterpret_cast<const unsigned char*>("localhost"),
-                             -1, -1, 0);
-  X509_set_issuer_name(cert, name);
-  X509V3_CTX ctx;
-  X509V3_set_ctx_nodb(&ctx);
-  X509V3_set_ctx(&ctx, cert, cert, nullptr, nullptr, 0);
-  for (const auto& [nid, value] : {std::pair{NID_basic_constraints, "critical,CA:TRUE"},
-                                   std::pair{NID_subject_alt_name, "DNS:localhost,IP:127.0.0.1"}}) {
-    X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value);
-    REQUIRE(ext != nullptr);
-    X509_add_ext(cert, ext, -1);
-    X509_EXTENSION_free(ext);
-  }
-  REQUIRE(X509_sign(cert, key, EVP_sha256()) > 0);
-  TlsFiles files{(dir / "cert.pem").string(), (dir / "key.pem").string()};
-  FILE* f = std::fopen(files.cert.c_str(), "w");
-  REQUIRE(f != nullptr);
-  PEM_write_X509(f, cert);
-  std::fclose(f);
-  f = std::fopen(files.key.c_str(), "w");
-  REQUIRE(f != nullptr);
-  PEM_write_PrivateKey(f, key, nullptr, nullptr, 0, nullptr, nullptr);
-  std::fclose(f);
-  X509_free(cert);
-  EVP_PKEY_free(key);
-  return files;
+  auto [cert, key] = backplane::remote::testing::write_self_signed(dir);
+  return TlsFiles{cert, key};
 }
 
 // A client TLS context that trusts exactly `ca_file`.
