@@ -45,6 +45,9 @@ class CpuPlugin {
     threads_ = 1;  // built without OpenMP (the TSan build): kernels run on the calling thread
 #endif
     collective_ = options.collective;
+    ops_ = options.ops;
+    dtypes_ = options.dtypes;
+    narrowed_ = !ops_.all() || dtypes_ != HeldDTypes::capabilities();
     network_ = std::move(options.network);
   }
 
@@ -52,11 +55,12 @@ class CpuPlugin {
 
   plugin::DeviceInfo device_info(int32_t device) {
     check_device(device);
-    return probe_device(threads_, collective_);
+    return probe_device(threads_, collective_, ops_, dtypes_);
   }
 
   bool supports_op(int32_t device, int32_t op, int32_t dtype) {
-    return device == 0 && op_supports(op, dtype);
+    // op_supports first: it answers false to unknown values, so op and dtype index safely below.
+    return device == 0 && op_supports(op, dtype) && ops_.test(op) && (dtypes_ & BP_CAP_DTYPE(dtype)) != 0;
   }
 
   plugin::MemoryInfo device_memory(int32_t device) {
@@ -111,7 +115,11 @@ class CpuPlugin {
     return buffer;
   }
 
-  void execute(const bp_execute_args& args) { rethrow(engine().execute(&args, threads_)); }
+  void execute(const bp_execute_args& args) {
+    if (narrowed_) [[unlikely]]
+      check_claimed(args);
+    rethrow(engine().execute(&args, threads_));
+  }
 
   // Collectives: forwarded to the Communicator (collectives.hpp) inside the engine.
   bp_comm* comm_create(const bp_comm_create_args& args) {
@@ -148,6 +156,27 @@ class CpuPlugin {
     return buffer;
   }
 
+  // The host sends only what the device claims (abi.h, "Trust contract"), and the
+  // kernels would run the rest correctly. But a device narrowed by "ops" / "dtypes"
+  // stands for a backend that cannot: refusing here makes a host that sends an
+  // unclaimed op fail the test that models it instead of passing unnoticed.
+  void check_claimed(const bp_execute_args& args) const {
+    if (args.op <= 0 || args.op >= BP_OP_COUNT_ || !ops_.test(args.op))
+      fail(BP_STATUS_UNSUPPORTED, "cpu: " + plugin::op_name(args.op) +
+                                      " is left out by the cpu option \"ops\" (supports_op refuses it)");
+    const auto check = [&](const bp_tensor* tensors, int32_t count) {
+      for (int32_t i = 0; i < count; ++i) {
+        const int32_t d = tensors[i].dtype;
+        if (d <= 0 || d >= BP_DTYPE_COUNT_ || (dtypes_ & BP_CAP_DTYPE(d)) == 0)
+          fail(BP_STATUS_UNSUPPORTED,
+               "cpu: " + plugin::op_name(args.op) + ": dtype " + plugin::dtype_name(d) +
+                   " is left out by the cpu option \"dtypes\" (the device lacks its flag)");
+      }
+    };
+    check(args.inputs, args.num_inputs);
+    check(args.outputs, args.num_outputs);
+  }
+
   // Offsets and sizes are host-checked against the buffer (abi.h, "Trust contract").
   void copy(void* dst, const void* src, uint64_t size) const {
     if (size == 0) return;
@@ -160,6 +189,9 @@ class CpuPlugin {
 
   int threads_ = 1;         // team size for large ops (>= 1)
   bool collective_ = true;  // option "collective": declare BP_CAP_COLLECTIVE
+  OpSet ops_;               // option "ops": the ops supports_op may accept
+  uint64_t dtypes_ = 0;     // option "dtypes": the dtype flags the device declares
+  bool narrowed_ = false;   // "ops" or "dtypes" narrows the device: execute checks what it is sent
   NetworkOptions network_;  // where collectives listen (options "hostname" / "interface")
 };
 

@@ -71,6 +71,22 @@ int64_t meminfo_kb(const std::string& line, const char* key) {
   return std::strtoll(line.c_str() + std::char_traits<char>::length(key), nullptr, 10);
 }
 
+// "fill, copy, matmul (option \"ops\")": what a narrowing option left, so that
+// `backplane list` shows why the device claims less than the cpu backend runs.
+std::string restricted_ops(const OpSet& ops) {
+  std::string out;
+  for (int32_t op = 1; op < BP_OP_COUNT_; ++op)
+    if (ops.test(op)) out += (out.empty() ? "" : ", ") + plugin::op_name(op);
+  return (out.empty() ? "none" : out) + " (option \"ops\")";
+}
+
+std::string restricted_dtypes(uint64_t dtypes) {
+  std::string out;
+  for (int32_t d = 1; d < BP_DTYPE_COUNT_; ++d)
+    if ((dtypes & BP_CAP_DTYPE(d)) != 0) out += (out.empty() ? "" : ", ") + plugin::dtype_name(d);
+  return out + " (option \"dtypes\")";
+}
+
 }  // namespace
 
 int default_thread_count() noexcept {
@@ -84,10 +100,14 @@ int default_thread_count() noexcept {
   return online > 0 ? online : 1;
 }
 
-plugin::DeviceInfo probe_device(int threads, bool collective) {
+plugin::DeviceInfo probe_device(int threads, bool collective, const OpSet& ops, uint64_t dtypes) {
   plugin::DeviceInfo info;
   info.name = "host (" + std::to_string(threads) + " threads)";
-  info.capabilities = BP_CAP_HOST_VISIBLE | BP_CAP_MATMUL | HeldDTypes::capabilities();
+  info.capabilities = BP_CAP_HOST_VISIBLE | (dtypes & HeldDTypes::capabilities());
+  // The flag says the device runs matmul (abi.h): not when "ops" leaves it out, nor
+  // when "dtypes" leaves no dtype it takes (supports_op would refuse every one).
+  if (ops.test(BP_OP_MATMUL) && (dtypes & FloatDTypes::capabilities()) != 0)
+    info.capabilities |= BP_CAP_MATMUL;
   if (collective) info.capabilities |= BP_CAP_COLLECTIVE;
   const std::string n = std::to_string(threads);
   info.attributes = {
@@ -106,6 +126,8 @@ plugin::DeviceInfo probe_device(int threads, bool collective) {
   };
   if (std::string model = cpu_model(); !model.empty())
     info.attributes.emplace_back("cpu_model", std::move(model));
+  if (!ops.all()) info.attributes.emplace_back("ops", restricted_ops(ops));
+  if (dtypes != HeldDTypes::capabilities()) info.attributes.emplace_back("dtypes", restricted_dtypes(dtypes));
   return info;
 }
 

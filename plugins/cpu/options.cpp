@@ -4,6 +4,9 @@
 #include <backplane/plugin/status.hpp>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <vector>
+
 namespace backplane::cpu {
 namespace {
 
@@ -29,6 +32,56 @@ int64_t threads_option(const nlohmann::json& value) {
   return static_cast<int64_t>(n);
 }
 
+// "\"a\", \"b\", ...": the names name_of gives the values 1 .. count - 1 (abi.h's tables).
+std::string quoted_names(int32_t count, const char* (*name_of)(int32_t)) {
+  std::string out;
+  for (int32_t v = 1; v < count; ++v) out += (v == 1 ? "" : ", ") + nlohmann::json(name_of(v)).dump();
+  return out;
+}
+
+// The values an array option of names lists ("ops", "dtypes"; `what` is "op" or
+// "dtype"). Each must be a name of abi.h's table, once: a typo or a repeat in a
+// test's config would otherwise model a different backend than its author meant.
+std::vector<int32_t> names_option(const std::string& key, const nlohmann::json& value, const char* what,
+                                  int32_t count, const char* (*name_of)(int32_t)) {
+  const auto bad = [&](const std::string& problem) {
+    fail(BP_STATUS_INVALID_ARGUMENT, "cpu: option " + nlohmann::json(key).dump() + " " + problem +
+                                         " (accepted " + what + " names: " + quoted_names(count, name_of) +
+                                         ")");
+  };
+  if (!value.is_array()) bad(std::string("must be an array of ") + what + " names, got " + value.dump());
+  std::vector<int32_t> values;
+  for (const nlohmann::json& item : value) {
+    if (!item.is_string()) bad(std::string("must list ") + what + " names as strings, got " + item.dump());
+    int32_t v = 1;
+    while (v < count && item.get<std::string>() != name_of(v)) ++v;
+    if (v == count) bad(std::string("names an unknown ") + what + ", " + item.dump());
+    if (std::find(values.begin(), values.end(), v) != values.end()) bad("lists " + item.dump() + " twice");
+    values.push_back(v);
+  }
+  return values;
+}
+
+// An empty list is accepted: a device that runs no op models a backend that only
+// holds memory, so every op goes to the host's op_fallback.
+OpSet ops_option(const nlohmann::json& value) {
+  OpSet ops;
+  for (const int32_t op : names_option("ops", value, "op", BP_OP_COUNT_, bp_op_name)) ops.set(op);
+  return ops;
+}
+
+uint64_t dtypes_option(const nlohmann::json& value) {
+  uint64_t flags = 0;
+  for (const int32_t dtype : names_option("dtypes", value, "dtype", BP_DTYPE_COUNT_, bp_dtype_name))
+    flags |= BP_CAP_DTYPE(dtype);
+  // A device that holds no dtype could not hold a single tensor: surely a mistake.
+  if (flags == 0)
+    fail(BP_STATUS_INVALID_ARGUMENT,
+         "cpu: option \"dtypes\" must list at least one dtype, got [] (accepted dtype names: " +
+             quoted_names(BP_DTYPE_COUNT_, bp_dtype_name) + ")");
+  return flags;
+}
+
 }  // namespace
 
 Options parse_options(const std::string& json_text) {
@@ -50,6 +103,10 @@ Options parse_options(const std::string& json_text) {
         fail(BP_STATUS_INVALID_ARGUMENT,
              "cpu: option \"collective\" must be true or false, got " + value.dump());
       parsed.collective = value.get<bool>();
+    } else if (key == "ops") {
+      parsed.ops = ops_option(value);
+    } else if (key == "dtypes") {
+      parsed.dtypes = dtypes_option(value);
     } else if (key == "hostname") {
       parsed.network.hostname = string_option(key, value);
     } else if (key == "interface") {
@@ -57,7 +114,7 @@ Options parse_options(const std::string& json_text) {
     } else {
       fail(BP_STATUS_INVALID_ARGUMENT,
            "cpu: unknown option " + nlohmann::json(key).dump() +
-               " (accepted: \"threads\", \"collective\", \"hostname\", \"interface\")");
+               " (accepted: \"threads\", \"collective\", \"ops\", \"dtypes\", \"hostname\", \"interface\")");
     }
   }
   if (!parsed.network.hostname.empty() && !parsed.network.interface.empty())

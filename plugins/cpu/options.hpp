@@ -3,21 +3,32 @@
 #ifndef BACKPLANE_PLUGINS_CPU_OPTIONS_HPP_
 #define BACKPLANE_PLUGINS_CPU_OPTIONS_HPP_
 
+#include <backplane/abi.h>
+
+#include <bitset>
 #include <cstdint>
 #include <string>
 
 #include "collectives.hpp"
+#include "op_dtypes.hpp"
 
 namespace backplane::cpu {
 
 // Upper bound of the "threads" option: more would only exhaust the process's threads.
 inline constexpr int64_t kMaxThreadsOption = 1024;
 
+// A set of ops: bit i stands for bp_op i.
+using OpSet = std::bitset<BP_OP_COUNT_>;
+
 struct Options {
   int64_t threads = 0;  // "threads": 0 means one per core the process may use
   bool collective =
       true;  // "collective": false drops BP_CAP_COLLECTIVE (the host's collective_fallback decides)
   NetworkOptions network;  // "hostname" / "interface": where collectives listen (at most one)
+  // "ops" and "dtypes" narrow what the device claims, so tests and benchmarks can
+  // model a partial backend (and the host's op_fallback) with the real kernels.
+  OpSet ops = OpSet().set();                     // "ops": the ops supports_op may accept
+  uint64_t dtypes = HeldDTypes::capabilities();  // "dtypes": the BP_CAP_DTYPE flags the device declares
 };
 
 // Parses the options JSON text ("{}" or "null" for none). Unknown keys and

@@ -1,7 +1,8 @@
 // The cpu plugin's op side through its ABI table alone (dlopen + bp_plugin_entry,
 // no core): lazy start (listing loads no kernel library), the device's flags and
-// supports_op against execute, DLPack import, data-dependent errors, and softmax
-// of widely spread logits. Requests are the ones a host would send.
+// supports_op against execute, the options that narrow what the device claims,
+// DLPack import, data-dependent errors, and softmax of widely spread logits.
+// Requests are the ones a host would send.
 #include <backplane/abi.h>
 #include <dlfcn.h>
 #include <doctest/doctest.h>
@@ -39,17 +40,22 @@ struct Outcome {
   std::string message;
 };
 
+// The plugin's ABI table (dlopen + bp_plugin_entry).
+const bp_plugin_api* load_api() {
+  const std::string path = std::string(BP_TEST_PLUGIN_DIR) + "/libbackplane_cpu.so";
+  void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  REQUIRE_MESSAGE(lib != nullptr, std::string(dlerror()));
+  auto entry = reinterpret_cast<bp_plugin_entry_fn>(dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
+  const bool has_entry = entry != nullptr;  // doctest cannot print a function pointer
+  REQUIRE_MESSAGE(has_entry, "no " BP_PLUGIN_ENTRY_SYMBOL);
+  const bp_plugin_api* api = entry(&g_host);
+  REQUIRE_MESSAGE(api != nullptr, "bp_plugin_entry returned NULL");
+  return api;
+}
+
 class Plugin {
  public:
-  explicit Plugin(const char* options = R"({"threads": 2})") {
-    const std::string path = std::string(BP_TEST_PLUGIN_DIR) + "/libbackplane_cpu.so";
-    void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    REQUIRE_MESSAGE(lib != nullptr, std::string(dlerror()));
-    auto entry = reinterpret_cast<bp_plugin_entry_fn>(dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
-    const bool has_entry = entry != nullptr;  // doctest cannot print a function pointer
-    REQUIRE_MESSAGE(has_entry, "no " BP_PLUGIN_ENTRY_SYMBOL);
-    api = entry(&g_host);
-    REQUIRE_MESSAGE(api != nullptr, "bp_plugin_entry returned NULL");
+  explicit Plugin(const char* options = R"({"threads": 2})") : api(load_api()) {
     bp_create_args c{sizeof c, "cpu", options, &g_host, nullptr};
     REQUIRE(take(api->create(&c)).code == BP_STATUS_OK);
     plugin = c.plugin;
@@ -98,6 +104,18 @@ class Plugin {
                       1,        &attrs};
     return take(api->execute(&e));
   }
+  bp_device_info_args info() {
+    bp_device_info_args i{sizeof i, plugin, 0, 0, nullptr, 0, nullptr};
+    REQUIRE(take(api->device_info(&i)).code == BP_STATUS_OK);
+    return i;
+  }
+  // The value of device attribute `name`, "" when the device has none.
+  std::string attribute(const char* name) {
+    const bp_device_info_args i = info();
+    for (int32_t a = 0; a < i.num_attributes; ++a)
+      if (std::string(i.attributes[a].name) == name) return i.attributes[a].value;
+    return {};
+  }
   bool supports(int32_t op, int32_t dtype) {
     bp_supports_op_args s{sizeof s, plugin, 0, op, dtype, 0};
     REQUIRE(take(api->supports_op(&s)).code == BP_STATUS_OK);
@@ -110,6 +128,22 @@ class Plugin {
  private:
   std::vector<bp_buffer*> buffers_;
 };
+
+// What create answers to `options` (the instance it made, if any, destroyed).
+Outcome create(const char* options) {
+  const bp_plugin_api* api = load_api();
+  bp_create_args c{sizeof c, "cpu", options, &g_host, nullptr};
+  bp_status* s = api->create(&c);
+  Outcome o;
+  if (s != nullptr) {
+    o.code = api->status_code(s);
+    o.message = api->status_message(s);
+    api->status_free(s);
+  } else {
+    api->destroy(c.plugin);
+  }
+  return o;
+}
 
 // A dense tensor of `shape` over buffer b (the shape array must outlive it).
 bp_tensor dense(bp_buffer* b, int32_t dtype, const std::vector<int64_t>& shape,
@@ -274,4 +308,124 @@ TEST_CASE("cpu: DLPack import adopts host memory and releases it once, a failed 
   bp_buffer_free_args f{sizeof f, p.plugin, host.buffer};
   REQUIRE(p.take(p.api->buffer_free(&f)).code == BP_STATUS_OK);
   CHECK(released == 1);
+}
+
+// Options "ops" and "dtypes" model a partial backend (for the host's op_fallback)
+// with the real kernels: the device claims only what they list.
+TEST_CASE("cpu: option ops narrows supports_op to the listed ops, and drops matmul's flag unless listed") {
+  Plugin p(R"({"threads": 2, "ops": ["fill", "copy", "add"]})");
+  CHECK(p.supports(BP_OP_ADD, BP_DTYPE_F32));
+  CHECK(p.supports(BP_OP_FILL, BP_DTYPE_I64));
+  CHECK(p.supports(BP_OP_COPY, BP_DTYPE_BF16));
+  CHECK_FALSE(p.supports(BP_OP_ADD, BP_DTYPE_F16));  // a listed op still takes only its dtypes
+  for (const int32_t op : {BP_OP_MUL, BP_OP_MATMUL, BP_OP_CAST, BP_OP_SOFTMAX, BP_OP_GATHER}) {
+    CAPTURE(op);
+    CHECK_FALSE(p.supports(op, BP_DTYPE_F32));
+  }
+  const bp_device_info_args info = p.info();
+  CHECK((info.capabilities & BP_CAP_MATMUL) == 0);
+  // The rest is as without the option: every dtype, host_visible, collective.
+  const uint64_t kept = BP_CAP_HOST_VISIBLE | BP_CAP_COLLECTIVE;
+  CHECK((info.capabilities & kept) == kept);
+  for (int32_t d = BP_DTYPE_F32; d < BP_DTYPE_COUNT_; ++d) CHECK((info.capabilities & BP_CAP_DTYPE(d)) != 0);
+  CHECK(p.attribute("ops") == "add, copy, fill (option \"ops\")");
+  CHECK(p.attribute("dtypes").empty());
+
+  // A listed op runs the real kernel; an unlisted one is refused rather than run.
+  std::vector<int64_t> shape{3}, sa, sb, so;
+  bp_buffer* a = p.upload(std::vector<float>{1, 2, 3});
+  bp_buffer* b = p.upload(std::vector<float>{10, 20, 30});
+  bp_buffer* o = p.alloc(3 * sizeof(float));
+  const std::vector<bp_tensor> inputs{dense(a, BP_DTYPE_F32, shape, sa), dense(b, BP_DTYPE_F32, shape, sb)};
+  REQUIRE(p.execute(BP_OP_ADD, inputs, dense(o, BP_DTYPE_F32, shape, so)).code == BP_STATUS_OK);
+  CHECK(p.download<float>(o, 3) == std::vector<float>{11, 22, 33});
+  const Outcome r = p.execute(BP_OP_MUL, inputs, dense(o, BP_DTYPE_F32, shape, so));
+  CHECK(r.code == BP_STATUS_UNSUPPORTED);
+  CHECK(r.message.find("mul is left out by the cpu option \"ops\"") != std::string::npos);
+
+  SUBCASE("matmul listed keeps the flag") {
+    Plugin q(R"({"ops": ["matmul"]})");
+    CHECK((q.info().capabilities & BP_CAP_MATMUL) != 0);
+    CHECK(q.supports(BP_OP_MATMUL, BP_DTYPE_F64));
+    CHECK_FALSE(q.supports(BP_OP_ADD, BP_DTYPE_F32));
+  }
+  SUBCASE("an empty list claims no op: a backend that only holds memory") {
+    Plugin q(R"({"ops": []})");
+    CHECK_FALSE(q.supports(BP_OP_COPY, BP_DTYPE_F32));
+    CHECK((q.info().capabilities & BP_CAP_MATMUL) == 0);
+    CHECK(q.attribute("ops") == "none (option \"ops\")");
+  }
+  SUBCASE("with collective=false") {
+    Plugin q(R"({"collective": false, "ops": ["add"]})");
+    CHECK((q.info().capabilities & (BP_CAP_COLLECTIVE | BP_CAP_MATMUL)) == 0);
+    CHECK(q.supports(BP_OP_ADD, BP_DTYPE_I32));
+  }
+}
+
+TEST_CASE("cpu: option dtypes narrows the dtype flags and supports_op to the listed dtypes") {
+  Plugin p(R"({"threads": 2, "dtypes": ["i64", "f32"]})");
+  const bp_device_info_args info = p.info();
+  for (int32_t d = BP_DTYPE_F32; d < BP_DTYPE_COUNT_; ++d) {
+    CAPTURE(d);
+    CHECK(((info.capabilities & BP_CAP_DTYPE(d)) != 0) == (d == BP_DTYPE_F32 || d == BP_DTYPE_I64));
+  }
+  const uint64_t kept = BP_CAP_HOST_VISIBLE | BP_CAP_COLLECTIVE | BP_CAP_MATMUL;  // f32 runs matmul
+  CHECK((info.capabilities & kept) == kept);
+  CHECK(p.attribute("dtypes") == "f32, i64 (option \"dtypes\")");
+  CHECK(p.supports(BP_OP_ADD, BP_DTYPE_F32));
+  CHECK(p.supports(BP_OP_ADD, BP_DTYPE_I64));
+  CHECK(p.supports(BP_OP_MATMUL, BP_DTYPE_F32));
+  CHECK_FALSE(p.supports(BP_OP_ADD, BP_DTYPE_F64));
+  CHECK_FALSE(p.supports(BP_OP_COPY, BP_DTYPE_BF16));
+  CHECK_FALSE(p.supports(BP_OP_CAST, BP_DTYPE_BOOL));
+  CHECK_FALSE(p.supports(BP_OP_MATMUL, BP_DTYPE_F64));
+
+  // A tensor of a dtype the device lacks is refused rather than computed with.
+  std::vector<int64_t> shape{2}, sa, so;
+  bp_buffer* a = p.upload(std::vector<double>{1, 2});
+  bp_buffer* o = p.alloc(2 * sizeof(double));
+  const Outcome r =
+      p.execute(BP_OP_NEG, {dense(a, BP_DTYPE_F64, shape, sa)}, dense(o, BP_DTYPE_F64, shape, so));
+  CHECK(r.code == BP_STATUS_UNSUPPORTED);
+  CHECK(r.message.find("neg: dtype f64 is left out by the cpu option \"dtypes\"") != std::string::npos);
+
+  SUBCASE("no dtype matmul takes drops the matmul flag") {
+    Plugin q(R"({"dtypes": ["i32", "bool"]})");
+    CHECK((q.info().capabilities & BP_CAP_MATMUL) == 0);
+  }
+}
+
+TEST_CASE(
+    "cpu: options ops and dtypes reject bad values, naming the option, the value and the names accepted") {
+  struct Bad {
+    const char* options;
+    std::vector<std::string> says;
+  };
+  const std::vector<Bad> cases{
+      {R"({"ops": ["matmull"]})",
+       {"option \"ops\" names an unknown op, \"matmull\"", "\"add\"", "\"gather\""}},
+      {R"({"ops": ["add", 5]})", {"option \"ops\" must list op names as strings, got 5", "\"matmul\""}},
+      {R"({"ops": ["add", "copy", "add"]})", {"option \"ops\" lists \"add\" twice", "\"log_softmax\""}},
+      {R"({"ops": "add"})", {"option \"ops\" must be an array of op names, got \"add\"", "\"fill\""}},
+      {R"({"dtypes": ["f128"]})",
+       {"option \"dtypes\" names an unknown dtype, \"f128\"", "\"f32\"", "\"bf16\""}},
+      {R"({"dtypes": [true]})", {"option \"dtypes\" must list dtype names as strings, got true", "\"i8\""}},
+      {R"({"dtypes": ["f32", "f32"]})", {"option \"dtypes\" lists \"f32\" twice", "\"u8\""}},
+      {R"({"dtypes": []})", {"option \"dtypes\" must list at least one dtype", "\"bool\""}},
+      {R"({"dtypes": null})", {"option \"dtypes\" must be an array of dtype names, got null"}},
+  };
+  for (const Bad& bad : cases) {
+    CAPTURE(bad.options);
+    const Outcome r = create(bad.options);
+    CHECK(r.code == BP_STATUS_INVALID_ARGUMENT);
+    for (const std::string& part : bad.says) {
+      CAPTURE(part);
+      CHECK(r.message.find(part) != std::string::npos);
+    }
+  }
+  // The message a typo in the key itself gets lists the new options too.
+  const Outcome r = create(R"({"op": ["add"]})");
+  CHECK(r.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(r.message.find("unknown option \"op\" (accepted: \"threads\", \"collective\", \"ops\", \"dtypes\"") !=
+        std::string::npos);
 }
