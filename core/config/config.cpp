@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <optional>
 #include <ostream>
 #include <set>
 #include <unordered_map>
@@ -27,8 +28,8 @@ constexpr int kSchemaVersion = 1;
 
 const std::initializer_list<std::string_view> kTopKeys = {"schema_version", "plugin_dirs", "default_backend",
                                                           "backends"};
-const std::initializer_list<std::string_view> kBackendKeys = {"name", "library", "required", "options",
-                                                              "collective_fallback"};
+const std::initializer_list<std::string_view> kBackendKeys = {
+    "name", "library", "required", "options", "collective_fallback", "op_fallback"};
 
 std::string describe(const json& v) {
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -129,6 +130,13 @@ class Checker {
   std::string source_;
 };
 
+// "host:<backend>" -> <backend> (non-empty); anything else -> nullopt. The
+// named backend is checked once every entry is read (check_host_target).
+std::optional<std::string> host_target(const std::string& s) {
+  if (s.size() > 5 && s.compare(0, 5, "host:") == 0) return s.substr(5);
+  return std::nullopt;
+}
+
 CollectiveFallback parse_fallback(const Checker& c, const json& v, const std::string& path) {
   const std::string s = c.string_at(v, path);
   CollectiveFallback f;
@@ -136,12 +144,25 @@ CollectiveFallback parse_fallback(const Checker& c, const json& v, const std::st
     f.kind = CollectiveFallback::Kind::error;
   } else if (s == "local") {
     f.kind = CollectiveFallback::Kind::local;
-  } else if (s.rfind("host:", 0) == 0 && s.size() > 5) {
-    // The named backend is checked once every entry is read (parse_config).
+  } else if (auto host = host_target(s)) {
     f.kind = CollectiveFallback::Kind::host;
-    f.host_backend = s.substr(5);
+    f.host_backend = *host;
   } else {
     c.fail(path, "expected \"error\", \"local\" or \"host:<backend>\", got " + quote(s));
+  }
+  return f;
+}
+
+OpFallback parse_op_fallback(const Checker& c, const json& v, const std::string& path) {
+  const std::string expected = "expected \"error\" or \"host:<backend>\", got ";
+  if (!v.is_string()) c.fail(path, expected + describe(v));
+  const std::string s = v.get<std::string>();
+  OpFallback f;
+  if (auto host = host_target(s)) {
+    f.kind = OpFallback::Kind::host;
+    f.host_backend = *host;
+  } else if (s != "error") {
+    c.fail(path, expected + quote(s));
   }
   return f;
 }
@@ -165,6 +186,8 @@ BackendConfig parse_backend(const Checker& c, const json& entry, const std::stri
   }
   if (entry.contains("collective_fallback"))
     b.fallback = parse_fallback(c, entry["collective_fallback"], path + ".collective_fallback");
+  if (entry.contains("op_fallback"))
+    b.op_fallback = parse_op_fallback(c, entry["op_fallback"], path + ".op_fallback");
   return b;
 }
 
@@ -274,6 +297,76 @@ class ParseGuard {
   std::vector<Frame> stack_;
 };
 
+// The configured names other than `skip`, quoted ("\"cpu\", \"gpu\""), and
+// the one closest to `wanted` when it is close enough to be a typo ("" else).
+void names_near(const Config& cfg, const std::string& wanted, const std::string& skip, std::string& names,
+                std::string& best) {
+  std::size_t best_d = std::max<std::size_t>(3, wanted.size() / 3 + 1);
+  for (const BackendConfig& b : cfg.backends) {
+    if (b.name == skip) continue;
+    names += (names.empty() ? "" : ", ") + quote(b.name);
+    const std::size_t d = edit_distance(wanted, b.name);
+    if (d < best_d) best_d = d, best = b.name;
+  }
+}
+
+// One key whose value may be "host:<backend>" (collective_fallback,
+// op_fallback), and the words its messages use.
+struct HostKey {
+  std::string key;                               // "op_fallback"
+  std::string verb;                              // "fall back to"
+  std::string verbs;                             // "falls back to"
+  std::string self_fix;                          // the remedy when an entry names itself
+  std::string chain_fix;                         // the remedy when the target itself names a host
+  std::string (*host_of)(const BackendConfig&);  // an entry's host: target, "" when it has none
+};
+
+// The rules every host:<backend> shares: it names another entry of this file,
+// and that entry's own `key` is not host: (no chains, hence no cycles).
+void check_host_target(const Checker& c, const Config& cfg, const BackendConfig& b, const HostKey& k) {
+  const std::string host = k.host_of(b);
+  if (host.empty()) return;
+  const std::string path = b.path + "." + k.key;
+  const std::string what = quote("host:" + host) + ": ";
+  if (host == b.name) c.fail(path, what + "a backend cannot " + k.verb + " itself; " + k.self_fix);
+  auto target = std::find_if(cfg.backends.begin(), cfg.backends.end(),
+                             [&](const BackendConfig& o) { return o.name == host; });
+  if (target == cfg.backends.end()) {
+    std::string names, best;
+    names_near(cfg, host, b.name, names, best);
+    c.fail(path, what + "no backend named " + quote(host) + " in this file" +
+                     (best.empty() ? "" : " (did you mean " + quote("host:" + best) + "?)") +
+                     (names.empty() ? "" : "; configured: " + names));
+  }
+  const std::string next = k.host_of(*target);
+  if (!next.empty())
+    c.fail(path, what + quote(target->name) + " (" + target->path + "." + k.key + ") itself " + k.verbs +
+                     " " + quote(next) + "; " + k.chain_fix);
+}
+
+std::string collective_host(const BackendConfig& b) {
+  return b.fallback.kind == CollectiveFallback::Kind::host ? b.fallback.host_backend : std::string();
+}
+std::string op_host(const BackendConfig& b) {
+  return b.op_fallback.kind == OpFallback::Kind::host ? b.op_fallback.host_backend : std::string();
+}
+
+const HostKey kCollectiveHost{
+    "collective_fallback",
+    "stage through",
+    "stages through",
+    "name a backend whose devices have the 'collective' capability (e.g. \"host:cpu\")",
+    "stage through a backend that has 'collective' directly",
+    collective_host};
+const HostKey kOpHost{"op_fallback",
+                      "fall back to",
+                      "falls back to",
+                      "name another backend, whose device 0 runs the ops and holds the dtypes this one lacks "
+                      "(e.g. \"host:cpu\")",
+                      "op_fallback does not chain (so fallbacks cannot form a cycle): name a backend whose "
+                      "op_fallback is \"error\"",
+                      op_host};
+
 std::string owner_fix(const std::filesystem::path& p) {
   return "(anyone who can write it could make this process load code of their choosing); fix it with "
          "`chmod go-w " +
@@ -306,6 +399,21 @@ std::ostream& operator<<(std::ostream& out, CollectiveFallback::Kind kind) { ret
 std::ostream& operator<<(std::ostream& out, const CollectiveFallback& fallback) {
   return out << to_string(fallback);
 }
+
+// "error" / "host:<backend>", as backends.json spells them (parse_op_fallback reads it back).
+std::string OpFallback::to_string() const {
+  switch (kind) {
+    case Kind::error:
+      return "error";
+    case Kind::host:
+      return "host:" + host_backend;
+  }
+  return "error";
+}
+
+std::string to_string(const OpFallback& fallback) { return fallback.to_string(); }
+
+std::ostream& operator<<(std::ostream& out, const OpFallback& fallback) { return out << to_string(fallback); }
 
 }  // namespace backplane
 
@@ -407,43 +515,18 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
     cfg.backends.push_back(std::move(b));
   }
 
-  // host:<backend> must name another entry that does not itself stage
-  // (staging chains would hide a missing capability behind another one).
+  // host:<backend> must name another entry that does not itself name a host
+  // (chains would hide a missing capability behind another one, and cycle).
   for (const BackendConfig& b : cfg.backends) {
-    if (b.fallback.kind != CollectiveFallback::Kind::host) continue;
-    const std::string path = b.path + ".collective_fallback";
-    const std::string what = quote("host:" + b.fallback.host_backend) + ": ";
-    auto target = first_seen.find(b.fallback.host_backend);
-    if (b.fallback.host_backend == b.name) {
-      c.fail(path, what +
-                       "a backend cannot stage through itself; name a backend whose devices "
-                       "have the 'collective' capability (e.g. \"host:cpu\")");
-    } else if (target == first_seen.end()) {
-      std::string names;
-      for (const BackendConfig& o : cfg.backends)
-        if (o.name != b.name) names += (names.empty() ? "" : ", ") + ("\"" + o.name + "\"");
-      c.fail(path, what + "no backend named " + quote(b.fallback.host_backend) + " in this file" +
-                       (names.empty() ? "" : " (configured: " + names + ")"));
-    } else {
-      const BackendConfig& t = *std::find_if(cfg.backends.begin(), cfg.backends.end(),
-                                             [&](const BackendConfig& o) { return o.name == target->first; });
-      if (t.fallback.kind == CollectiveFallback::Kind::host)
-        c.fail(path, what + "\"" + t.name + "\" (" + t.path + ") itself stages through \"" +
-                         t.fallback.host_backend +
-                         "\"; stage through a backend that has 'collective' directly");
-    }
+    check_host_target(c, cfg, b, kCollectiveHost);
+    check_host_target(c, cfg, b, kOpHost);
   }
 
   if (root.contains("default_backend")) {
     cfg.default_backend = c.string_at(root["default_backend"], "default_backend");
     if (first_seen.find(cfg.default_backend) == first_seen.end()) {
       std::string names, best;
-      std::size_t best_d = std::max<std::size_t>(3, cfg.default_backend.size() / 3 + 1);
-      for (const BackendConfig& b : cfg.backends) {
-        names += (names.empty() ? "" : ", ") + quote(b.name);
-        const std::size_t d = edit_distance(cfg.default_backend, b.name);
-        if (d < best_d) best_d = d, best = b.name;
-      }
+      names_near(cfg, cfg.default_backend, std::string(), names, best);
       c.fail("default_backend", quote(cfg.default_backend) + " is not the name of any entry in backends" +
                                     (best.empty() ? "" : " (did you mean " + quote(best) + "?)") +
                                     (names.empty() ? "" : "; configured: " + names));

@@ -21,6 +21,7 @@ struct BackendConfig {
   bool required = false;
   std::string options_json = "{}";
   CollectiveFallback fallback;
+  OpFallback op_fallback;  // "op_fallback": the target's rules are checked in parse_config
 };
 
 struct Config {

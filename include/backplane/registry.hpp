@@ -48,6 +48,48 @@ BACKPLANE_API std::string to_string(const CollectiveFallback& fallback);
 BACKPLANE_API std::ostream& operator<<(std::ostream& out, CollectiveFallback::Kind kind);
 BACKPLANE_API std::ostream& operator<<(std::ostream& out, const CollectiveFallback& fallback);
 
+// Where a backend's devices run the ops they lack and hold the dtypes they
+// lack. Set per backend in backends.json ("op_fallback") or with
+// Registry::set_op_fallback; BACKPLANE_OP_FALLBACK=error in the environment
+// turns every fallback off (the typed errors come back).
+struct BACKPLANE_API OpFallback {
+  enum class Kind { error, host };
+  Kind kind = Kind::error;
+  std::string host_backend;       // for Kind::host: the backend whose device 0 runs what is missing
+  std::string to_string() const;  // "error", "host:cpu"
+};
+// "error" / "host:cpu", as backends.json spells them; `<<` writes the same.
+BACKPLANE_API std::string to_string(const OpFallback& fallback);
+BACKPLANE_API std::ostream& operator<<(std::ostream& out, const OpFallback& fallback);
+
+// What one (op, dtype) of a backend cost by running on its op_fallback
+// backend: the report that tells a plugin author what to implement next.
+struct OpFallbackStats {
+  Op op = Op::add;
+  DType dtype = DType::f32;
+  uint64_t calls = 0;            // ops placed on the fallback device
+  uint64_t bytes_to_host = 0;    // operand bytes copied to the fallback device
+  uint64_t bytes_from_host = 0;  // bytes of its results copied back to the backend's own device
+  double seconds = 0;            // time in those ops and copies
+  uint64_t bytes_moved() const noexcept { return bytes_to_host + bytes_from_host; }
+};
+
+// While one is alive, the ops its thread runs ignore every op_fallback:
+// what a device lacks gives the typed error again, as with
+// BACKPLANE_OP_FALLBACK=error. `backplane conformance` tests a backend's own
+// ops under one, so that a fallback never makes a backend look conformant.
+// Nests; other threads are unaffected.
+class BACKPLANE_API OpFallbackOff {
+ public:
+  OpFallbackOff() noexcept;
+  ~OpFallbackOff();
+  OpFallbackOff(const OpFallbackOff&) = delete;
+  OpFallbackOff& operator=(const OpFallbackOff&) = delete;
+
+ private:
+  bool previous_;
+};
+
 // A device's memory as its plugin reports it (device_memory in abi.h).
 struct MemoryInfo {
   uint64_t free_bytes = 0;  // now; may change at any time
@@ -113,6 +155,13 @@ class BACKPLANE_API Backend {
   // "1.0": the ABI the plugin was built against ("" when unknown).
   std::string abi_version() const;
   CollectiveFallback collective_fallback() const;
+  // The op fallback in force (the config's, or the last set_op_fallback);
+  // Kind::error while BACKPLANE_OP_FALLBACK=error is set.
+  OpFallback op_fallback() const;
+  // What ran on the op fallback so far, one entry per (op, dtype), most
+  // time first. Thread-safe; counts since load or the last reset.
+  std::vector<OpFallbackStats> op_fallback_stats() const;
+  void reset_op_fallback_stats() const;
 
   // The union of the devices' capabilities.
   Capabilities capabilities() const;
@@ -169,6 +218,12 @@ class BACKPLANE_API Registry {
   Backend backend(std::string_view name) const;
   // The config's default_backend, else the first loaded backend.
   Backend default_backend() const;
+  // Sets backend `name`'s op fallback, with the config's rules: the target
+  // exists, is loaded, is not `name` and does not itself fall back, and no
+  // backend falls back to `name` while it falls back (Errc::config_error
+  // saying which). Safe while other threads run ops; ops already running
+  // finish where they were placed.
+  void set_op_fallback(std::string_view name, const OpFallback& fallback) const;
   // The config file this registry came from ("" for from_json).
   const std::filesystem::path& config_path() const;
 

@@ -1,8 +1,10 @@
 // Tests of backends.json handling: parse errors with line and source, type
-// errors and unknown keys with their JSON path, collective_fallback values,
-// duplicate names, required backends, and where the config is looked for.
+// errors and unknown keys with their JSON path, collective_fallback and
+// op_fallback values, duplicate names, required backends, and where the
+// config is looked for.
 #include "test_support.hpp"
 
+#include <sstream>
 #include <typeinfo>
 
 using namespace backplane;
@@ -162,6 +164,99 @@ TEST_CASE("config: an unknown collective_fallback makes the config invalid namin
       config_json({backend_json("boom", "good_c", false, R"("collective_fallback": "explode")")}));
   BP_CHECK_CONTAINS(msg, "backends[0].collective_fallback");
   BP_CHECK_CONTAINS(msg, "explode");
+}
+
+TEST_CASE("config: op_fallback defaults to error") {
+  CHECK(OpFallback{}.kind == OpFallback::Kind::error);
+  CHECK(OpFallback{}.host_backend.empty());
+  Registry r = load(config_json(
+      {backend_json("good", "good_c"), backend_json("e", "good_c", false, R"("op_fallback": "error")")}));
+  expect_loaded(r.backend("good"));
+  expect_loaded(r.backend("e"));
+}
+
+TEST_CASE("config: op_fallback host:cpu names another backend, beside collective_fallback") {
+  Registry r =
+      load(config_json({backend_json("accel", "good_c", false,
+                                     R"("op_fallback": "host:cpu", "collective_fallback": "host:cpu")"),
+                        backend_json("cpu", "good_c")}));
+  expect_loaded(r.backend("accel"));
+  expect_loaded(r.backend("cpu"));
+}
+
+TEST_CASE("config: op_fallback host naming an unknown backend makes the config invalid") {
+  const std::string msg =
+      config_error_of(config_json({backend_json("accel", "good_c", false, R"("op_fallback": "host:cpus")"),
+                                   backend_json("cpu", "good_c")}));
+  BP_CHECK_CONTAINS(msg, "backends[0].op_fallback");
+  BP_CHECK_CONTAINS(msg, "no backend named \"cpus\" in this file");
+  BP_CHECK_CONTAINS(msg, "did you mean \"host:cpu\"?");
+  BP_CHECK_CONTAINS(msg, "configured: \"cpu\"");
+}
+
+TEST_CASE("config: op_fallback host through itself makes the config invalid") {
+  const std::string msg =
+      config_error_of(config_json({backend_json("self", "good_c", false, R"("op_fallback": "host:self")"),
+                                   backend_json("cpu", "good_c")}));
+  BP_CHECK_CONTAINS(msg, "backends[0].op_fallback");
+  BP_CHECK_CONTAINS(msg, "cannot fall back to itself");
+}
+
+TEST_CASE("config: op_fallback chains and cycles make the config invalid naming both paths") {
+  std::string msg = config_error_of(config_json(
+      {backend_json("a", "good_c", false, R"("op_fallback": "host:b")"),
+       backend_json("b", "good_c", false, R"("op_fallback": "host:c")"), backend_json("c", "good_c")}));
+  BP_CHECK_CONTAINS(msg, "backends[0].op_fallback");
+  BP_CHECK_CONTAINS(msg, "\"b\" (backends[1].op_fallback) itself falls back to \"c\"");
+  BP_CHECK_CONTAINS(msg, "does not chain");
+  BP_CHECK_CONTAINS(msg, "cycle");
+  msg = config_error_of(config_json({backend_json("a", "good_c", false, R"("op_fallback": "host:b")"),
+                                     backend_json("b", "good_c", false, R"("op_fallback": "host:a")")}));
+  BP_CHECK_CONTAINS(msg, "backends[0].op_fallback");
+  BP_CHECK_CONTAINS(msg, "\"b\" (backends[1].op_fallback) itself falls back to \"a\"");
+  // The chain's last link alone is fine, and a target that stages its
+  // collectives (a different key) is no op_fallback chain.
+  Registry r = load(config_json({backend_json("a", "good_c", false, R"("op_fallback": "host:b")"),
+                                 backend_json("b", "good_c", false, R"("collective_fallback": "host:c")"),
+                                 backend_json("c", "good_c")}));
+  expect_loaded(r.backend("a"));
+  expect_loaded(r.backend("b"));
+}
+
+TEST_CASE("config: an op_fallback of the wrong type or spelling makes the config invalid naming its path") {
+  std::string msg =
+      config_error_of(config_json({backend_json("accel", "good_c", false, R"("op_fallback": 5)")}));
+  BP_CHECK_CONTAINS(msg, "backends[0].op_fallback");
+  BP_CHECK_CONTAINS(msg, R"(expected "error" or "host:<backend>", got number 5)");
+  for (const char* bad : {R"("local")", R"("host:")", R"("Host:cpu")", R"("")", "null", R"(["host:cpu"])"}) {
+    INFO(bad);
+    msg = config_error_of(
+        config_json({backend_json("accel", "good_c", false, std::string("\"op_fallback\": ") + bad),
+                     backend_json("cpu", "good_c")}));
+    BP_CHECK_CONTAINS(msg, "backends[0].op_fallback");
+    BP_CHECK_CONTAINS(msg, R"(expected "error" or "host:<backend>", got )");
+  }
+  msg = config_error_of(config_json({backend_json("accel", "good_c", false, R"("op_fallbak": "error")")}));
+  BP_CHECK_CONTAINS(msg, "backends[0].op_fallbak");
+  BP_CHECK_CONTAINS(msg, "did you mean \"op_fallback\"");
+}
+
+TEST_CASE("config: OpFallback's to_string is the spelling backends.json reads back") {
+  const OpFallback error;
+  const OpFallback host{OpFallback::Kind::host, "cpu"};
+  CHECK(error.to_string() == "error");
+  CHECK(host.to_string() == "host:cpu");
+  CHECK(to_string(host) == "host:cpu");
+  std::ostringstream out;
+  out << error << " " << host;
+  CHECK(out.str() == "error host:cpu");
+  for (const OpFallback& f : {error, host}) {
+    INFO(f.to_string());
+    Registry r = load(
+        config_json({backend_json("accel", "good_c", false, "\"op_fallback\": \"" + f.to_string() + "\""),
+                     backend_json("cpu", "good_c")}));
+    expect_loaded(r.backend("accel"));
+  }
 }
 
 TEST_CASE("config: a duplicate backend name makes the config invalid naming both entries") {

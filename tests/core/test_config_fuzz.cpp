@@ -31,10 +31,10 @@ uint64_t fuzz_seed() {
 std::vector<std::string> seeds() {
   return {
       config_json({backend_json("good", "good_c")}),
-      config_json(
-          {backend_json("a", "good_c", true, "\"options\": {\"x\": [1, 2.5, -3e7, null, true]}"),
-           backend_json("b", "no_such_library_anywhere", false, "\"collective_fallback\": \"host:a\"")},
-          "\"default_backend\": \"a\""),
+      config_json({backend_json("a", "good_c", true, "\"options\": {\"x\": [1, 2.5, -3e7, null, true]}"),
+                   backend_json("b", "no_such_library_anywhere", false,
+                                "\"collective_fallback\": \"host:a\", \"op_fallback\": \"host:a\"")},
+                  "\"default_backend\": \"a\""),
       "{\"schema_version\": 1, \"backends\": []}",
       "{\"schema_version\": 1, \"plugin_dirs\": [\"lib\", \"/nowhere\"], \"backends\": [{\"name\": "
       "\"n.1-x_\", "
@@ -76,6 +76,7 @@ const std::vector<std::string> kFragments = {
     "\"default_backend\"",
     "\"plugin_dirs\"",
     "\"collective_fallback\"",
+    "\"op_fallback\"",
     "\"host:\"",
     "\"host:good\"",
     "\"requird\"",
