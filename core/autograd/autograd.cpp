@@ -75,7 +75,8 @@ GradNode::~GradNode() {
 
 void GradNode::add_input(const Tensor& t) {
   const TensorImpl& x = *detail::Access::impl(t);
-  inputs.push_back(GradEdge{x.grad_node, x.shape, x.dtype, x.storage->backend.get(), x.storage->device});
+  inputs.push_back(
+      GradEdge{x.grad_node, x.shape, x.dtype, x.storage->home_backend(), x.storage->home_index()});
 }
 
 namespace {
@@ -107,10 +108,11 @@ void require_matching(const Tensor& like, const Tensor& gradient, const std::str
                                           "; cast the gradient to the tensor's dtype");
   const auto& g = *detail::Access::impl(gradient)->storage;
   const auto& t = *detail::Access::impl(like)->storage;
-  if (g.backend != t.backend || g.device != t.device)
-    throw Error(Errc::device_mismatch, what + ": the gradient lives on " + g.backend->device_id(g.device) +
-                                           " but the tensor on " + t.backend->device_id(t.device) +
-                                           "; move the gradient there with to()");
+  if (g.home_backend() != t.home_backend() || g.home_index() != t.home_index())
+    throw Error(Errc::device_mismatch,
+                what + ": the gradient lives on " + g.home_backend()->device_id(g.home_index()) +
+                    " but the tensor on " + t.home_backend()->device_id(t.home_index()) +
+                    "; move the gradient there with to()");
 }
 
 // A gradient a formula returned for input `k` of `node`: it must match the
@@ -122,8 +124,8 @@ void check_formula(const GradNode& node, std::size_t k, const Tensor& g) {
     problem = "no gradient";
   } else {
     const TensorImpl& x = *detail::Access::impl(g);
-    if (!(x.shape == e.shape) || x.dtype != e.dtype || x.storage->backend.get() != e.backend ||
-        x.storage->device != e.device)
+    if (!(x.shape == e.shape) || x.dtype != e.dtype || x.storage->home_backend() != e.backend ||
+        x.storage->home_index() != e.device)
       problem = "a gradient " + g.to_string();
   }
   if (problem.empty()) return;

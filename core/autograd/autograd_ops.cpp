@@ -6,6 +6,7 @@
 #include "autograd/autograd.hpp"
 
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 #include <backplane/ops.hpp>
 
@@ -48,18 +49,17 @@ Tensor unbroadcast(Tensor g, const Shape& shape) {
 Tensor expand(const Tensor& g, const Shape& shape, const char* api) {
   const TensorImpl& x = *detail::Access::impl(g);
   if (x.shape == shape) return g;
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  require_support(*backend, device, BP_OP_COPY, x.dtype, api);
-  auto out = allocate_tensor(backend, device, shape, x.dtype);
+  const TensorImpl* operands[1] = {&x};
+  const Placement p(BP_OP_COPY, x.dtype, x.dtype, api, operands, 1);
+  auto out = p.allocate(shape, x.dtype);
   if (shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const Shape strides = broadcast_strides(x, shape);
-  bp_tensor in = describe(x);
+  bp_tensor in = describe(p[0]);
   in.ndim = shape.rank();
   in.shape = out->shape.data();
   in.strides = strides.data();
   const bp_tensor o = describe(*out);
-  execute(*backend, device, BP_OP_COPY, &in, 1, &o);
+  p.execute(BP_OP_COPY, &in, 1, &o);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -69,10 +69,11 @@ Tensor embed(const Tensor& src, const Shape& shape, const Shape& start, const Sh
   Tensor out = zeros(src.device(), shape, src.dtype());
   const TensorImpl& s = *detail::Access::impl(src);
   if (s.shape.numel() == 0) return out;
-  const TensorImpl& o = *detail::Access::impl(out);
-  const auto& backend = o.storage->backend;
-  const int32_t device = o.storage->device;
-  require_support(*backend, device, BP_OP_COPY, o.dtype, api);
+  // The COPY writes into out's own bytes: placed with out as an operand, so
+  // it runs where out's bytes are (zeros() placed them) or they move first.
+  const TensorImpl* operands[2] = {detail::Access::impl(out).get(), &s};
+  const Placement p(BP_OP_COPY, s.dtype, s.dtype, api, operands, 2);
+  const TensorImpl& o = p[0];
   Shape strides = o.strides;
   uint64_t offset = o.byte_offset;
   for (int d = 0; d < shape.rank(); ++d) {
@@ -83,8 +84,11 @@ Tensor embed(const Tensor& src, const Shape& shape, const Shape& start, const Sh
   dst.byte_offset = offset;
   dst.shape = s.shape.data();
   dst.strides = strides.data();
-  const bp_tensor in = describe(s);
-  execute(*backend, device, BP_OP_COPY, &in, 1, &dst);
+  const bp_tensor in = describe(p[1]);
+  p.execute(BP_OP_COPY, &in, 1, &dst);
+  // Written into a copy of out's bytes on another device: bring them back.
+  const TensorImpl& home = *detail::Access::impl(out);
+  if (o.storage != home.storage) copy_bytes(*o.storage, 0, *home.storage, 0, home.storage->nbytes, api);
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -82,6 +83,26 @@ struct BackendImpl {
   Capabilities capabilities;  // union over devices
 
   std::atomic<bool> warned_local_fallback{false};
+
+  // op_fallback (core/tensor/placement.cpp). `op_host` is the resolved
+  // target, read lock-free by the op slow path; `op_fallback` and
+  // `op_host_keep` change under `op_mutex`. Every target ever set stays in
+  // `op_host_keep`, so a raw op_host never dangles (the config forbids
+  // chains, so this keeps no cycle).
+  OpFallback op_fallback;
+  std::atomic<BackendImpl*> op_host{nullptr};
+  mutable std::mutex op_mutex;
+  std::vector<std::shared_ptr<BackendImpl>> op_host_keep;
+  // The report: one slot per (op, dtype), [op * BP_DTYPE_COUNT_ + dtype].
+  struct FallbackCounter {
+    std::atomic<uint64_t> calls{0};
+    std::atomic<uint64_t> bytes_to_host{0};
+    std::atomic<uint64_t> bytes_from_host{0};
+    std::atomic<uint64_t> nanoseconds{0};
+    std::atomic<bool> logged{false};  // the first fallback is logged once at info level
+  };
+  std::unique_ptr<FallbackCounter[]> fallback_counters{
+      new FallbackCounter[static_cast<std::size_t>(BP_OP_COUNT_) * BP_DTYPE_COUNT_]};
   // supports_op answers, cached per (device, op, dtype), dtype in
   // [0, BP_DTYPE_COUNT_): 0 unknown, 1 yes, 2 no (a failing status is a no),
   // kSupportReady yes and the device also has the op's flags (the matmul and
@@ -170,11 +191,33 @@ struct RegistryImpl {
 };
 
 // A plugin buffer; freed through its plugin when the last view goes away.
+// (backend, device) is where the bytes are. A tensor's device (the one the
+// user asked for, Tensor::device()) is `home` when set: op_fallback put the
+// bytes on the fallback host's device (placement.hpp). All of this is fixed
+// at creation, except `replica`.
 struct Storage {
   std::shared_ptr<BackendImpl> backend;
   bp_buffer* buffer = nullptr;
   uint64_t nbytes = 0;
   int32_t device = 0;
+  int32_t home_device = 0;
+  std::shared_ptr<BackendImpl> home;  // null: the bytes are on the tensor's own device
+  // For bytes a placed op produced: that op and dtype, so that copying them
+  // back to `home` is charged to it in the fallback report.
+  int16_t made_by_op = 0;
+  int16_t made_by_dtype = 0;
+  // The same bytes on the other device of the pair (home and its fallback
+  // host): a copy, or a zero-copy import between host_visible devices.
+  // Made on demand by placement, dropped by every in-place write
+  // (invalidate_replica). Guarded by replica_mutex.
+  mutable std::mutex replica_mutex;
+  mutable std::shared_ptr<TensorImpl> replica;
+  mutable bool replica_alias = false;  // the replica imports these very bytes (host_visible pair)
+
+  BackendImpl* home_backend() const noexcept { return home ? home.get() : backend.get(); }
+  int32_t home_index() const noexcept { return home ? home_device : device; }
+  // Called after the bytes were written in place (copy_, collectives).
+  void invalidate_replica() const noexcept;
 
   Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size);
   // Takes ownership of `adopted`, a buffer the plugin already made (e.g. by

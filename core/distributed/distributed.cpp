@@ -63,9 +63,9 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
 Tensor set_distributed_params(const Tensor& tensor, DistributedParamId id) {
   if (!tensor.defined()) throw Error(Errc::invalid_argument, "set_distributed_params: undefined Tensor");
   detail::TensorImpl& t = *detail::Access::impl(tensor);
-  const detail::CollectiveRoute route =
-      detail::resolve_collective(t.storage->backend, t.storage->device,
-                                 "set_distributed_params(param " + std::to_string(id.value) + ")");
+  const detail::CollectiveRoute route = detail::resolve_collective(
+      t.storage->home ? t.storage->home : t.storage->backend, t.storage->home_index(),
+      "set_distributed_params(param " + std::to_string(id.value) + ")");
   if (route.kind != detail::CollectiveRoute::Kind::local) t.distributed = DistributedParams{id};
   return tensor;
 }

@@ -4,6 +4,7 @@
 // exposed as bp_kv_store callbacks.
 #include "common/internal.hpp"
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/process_group.hpp>
@@ -315,18 +316,29 @@ struct ProcessGroup::Impl {
     if (!t.defined())
       throw Error(Errc::invalid_argument, "ProcessGroup::" + std::string(op) + ": undefined Tensor");
     const TensorImpl& x = *detail::Access::impl(t);
-    if (x.storage->backend != device_backend || x.storage->device != device)
-      throw Error(Errc::device_mismatch,
-                  "ProcessGroup::" + std::string(op) + ": the tensor lives on " +
-                      x.storage->backend->device_id(x.storage->device) + " but the group was made on " +
-                      device_backend->device_id(device) + "; move it with Tensor::to first");
+    if (x.storage->home_backend() != device_backend.get() || x.storage->home_index() != device)
+      throw Error(Errc::device_mismatch, "ProcessGroup::" + std::string(op) + ": the tensor lives on " +
+                                             x.storage->home_backend()->device_id(x.storage->home_index()) +
+                                             " but the group was made on " +
+                                             device_backend->device_id(device) +
+                                             "; move it with Tensor::to first");
     return x;
   }
 
-  // A dense copy (or the tensor itself when dense) on the collective device.
-  std::shared_ptr<TensorImpl> on_collective_device(const Tensor& t, const char* op) const {
+  // The tensor's bytes, dense, on the collective device: the tensor itself
+  // when they are there, else a copy (staged) or a replica (op placement
+  // left them on its fallback device).
+  std::shared_ptr<const TensorImpl> on_collective_device(const Tensor& t, const char* op) const {
     if (staged()) return detail::Access::impl(t.to(detail::Access::make_device(route.backend, route.device)));
-    return detail::as_contiguous(detail::Access::impl(t), op);
+    return detail::bytes_on(detail::as_contiguous(detail::Access::impl(t), op), route.backend, route.device);
+  }
+  // A private dense copy of x on the collective device (in-place collectives).
+  std::shared_ptr<TensorImpl> private_copy(const TensorImpl& x, const Tensor& t, const char* op) const {
+    if (!staged() && x.storage->backend == route.backend && x.storage->device == route.device)
+      return detail::copy_contiguous(x, op);
+    auto out = detail::allocate_tensor(route.backend, route.device, x.shape, x.dtype, op);
+    detail::copy_dense(*detail::as_contiguous(detail::Access::impl(t), op), *out, op);
+    return out;
   }
   // A fresh tensor for a result, on the collective device.
   std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype) const {
@@ -444,11 +456,18 @@ void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
   if (g.local()) return;
   const std::string name = std::string("all_reduce_(") + to_string(op) + ")";
   g.require_not_aborted(name.c_str());
+  // In place on the caller's bytes when they are on the collective device;
+  // otherwise on a private copy there, copied back.
+  const bool direct =
+      !g.staged() && x.storage->backend == g.route.backend && x.storage->device == g.route.device;
   std::shared_ptr<TensorImpl> work =
-      g.staged() ? g.on_collective_device(tensor, "ProcessGroup::all_reduce_") : detail::Access::impl(tensor);
+      direct ? detail::Access::impl(tensor) : g.private_copy(x, tensor, "ProcessGroup::all_reduce_");
   const bp_tensor d = detail::describe(*work);
   g.run(g.coll().api.all_reduce, "all_reduce", &d, &d, rop, 0, name.c_str());
-  if (g.staged()) detail::copy_dense(*work, x, g.where(name.c_str()) + ": copy back");
+  if (direct)
+    x.storage->invalidate_replica();
+  else
+    detail::copy_dense(*work, x, g.where(name.c_str()) + ": copy back");
 }
 
 Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {
@@ -460,9 +479,8 @@ Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {
                                             " is not a rank of this group (world_size " +
                                             std::to_string(g.world_size) + ")");
   // Broadcast works in place: always on a private copy.
-  std::shared_ptr<TensorImpl> work = g.staged() ? g.on_collective_device(tensor, "ProcessGroup::broadcast")
-                                                : detail::copy_contiguous(x0, "ProcessGroup::broadcast");
-  if (g.local()) return detail::Access::make_tensor(std::move(work));
+  if (g.local()) return detail::Access::make_tensor(detail::copy_contiguous(x0, "ProcessGroup::broadcast"));
+  std::shared_ptr<TensorImpl> work = g.private_copy(x0, tensor, "ProcessGroup::broadcast");
   const bp_tensor d = detail::describe(*work);
   g.run(g.coll().api.broadcast, "broadcast", &d, &d, BP_REDUCE_SUM, root, "broadcast");
   return g.result(std::move(work));

@@ -4,6 +4,7 @@
 #include "common/suggest.hpp"
 #include "config/config.hpp"
 #include "registry/loader.hpp"
+#include "tensor/placement.hpp"
 
 #include <backplane/hosting.hpp>
 #include <backplane/log.hpp>
@@ -119,14 +120,14 @@ void BackendImpl::require_dtype_capability(int32_t device, DType dtype, std::str
   const Capability flag = capability_for(dtype);
   if (static_cast<uint64_t>(flag) != 0 && has(device, flag)) return;
   const std::string dt(to_string(dtype));
-  throw Error(
-      Errc::capability_missing,
-      std::string(api_name) + ": device " + device_id(device) + " (\"" +
-          devices[static_cast<std::size_t>(device)].name + "\") of backend \"" + name +
-          "\" lacks the capability '" + dt + "': it cannot hold " + dt +
-          " tensors; cast to a dtype the device has (`backplane list` shows its capabilities), or use "
-          "a device with '" +
-          dt + "'");
+  throw Error(Errc::capability_missing,
+              std::string(api_name) + ": device " + device_id(device) + " (\"" +
+                  devices[static_cast<std::size_t>(device)].name + "\") of backend \"" + name +
+                  "\" lacks the capability '" + dt + "': it cannot hold " + dt +
+                  " tensors; cast to a dtype the device has (`backplane list` shows its capabilities), use "
+                  "a device with '" +
+                  dt + "', or set \"op_fallback\": \"host:<backend>\" at " + config_entry + " in " +
+                  config_source + " to hold them on that backend's device for this one");
 }
 
 void BackendImpl::synchronize_if_async(int32_t device, std::string_view what) const {
@@ -193,6 +194,7 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
     b->library = entry.library;
     b->required = entry.required;
     b->fallback = entry.fallback;
+    b->op_fallback = entry.op_fallback;
     std::optional<Error> failure;
     try {
       load_backend(*b, entry, cfg);
@@ -224,6 +226,12 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
       log(LogLevel::debug, "backend \"" + b->name + "\" failed to load: " + e.message());
     }
     reg->backends.push_back(std::move(b));
+  }
+  for (const auto& b : reg->backends) {
+    // A target that failed to load is still named: using it gives its reason.
+    if (b->op_fallback.kind != OpFallback::Kind::host) continue;
+    for (const auto& o : reg->backends)
+      if (o != b && o->name == b->op_fallback.host_backend) set_op_host(*b, b->op_fallback, o);
   }
   for (const auto& b : reg->backends) {
     // A failed entry stages nothing, and never itself (no ownership cycle).

@@ -8,6 +8,7 @@
 #include <dlpack/dlpack.h>
 
 #include "common/internal.hpp"
+#include "tensor/placement.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -365,7 +366,7 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
 
   // Nothing to share in an empty tensor: make a fresh one (the deleter runs now).
   if (numel == 0)
-    return detail::Access::make_tensor(detail::allocate_tensor(backend, dev, shape, dtype, "from_dlpack"));
+    return detail::Access::make_tensor(detail::allocate_on(backend, dev, shape, dtype, "from_dlpack"));
 
   if (dl.data == nullptr)
     throw Error(Errc::invalid_argument, "from_dlpack: dl_tensor.data is NULL but the tensor has " +
@@ -499,7 +500,7 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
   // Copy in, reading only the region: a compact layout straight from the
   // producer (its region is exactly its numel elements from element0), any
   // other gathered first.
-  auto t = detail::allocate_tensor(backend, dev, shape, dtype, "from_dlpack");
+  auto t = detail::allocate_on(backend, dev, shape, dtype, "from_dlpack");
   const auto bytes = static_cast<uint64_t>(numel * esize);
   std::vector<unsigned char> staged;
   if (!compact_layout) {
@@ -511,8 +512,9 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
                                     " bytes starting " + std::to_string(below) +
                                     " bytes before element [0,...,0]");
   }
-  backend->write(t->storage->buffer, 0, compact_layout ? static_cast<const void*>(region) : staged.data(),
-                 bytes, "buffer_write to " + device.id() + " (from_dlpack copy)");
+  t->storage->backend->write(t->storage->buffer, 0,
+                             compact_layout ? static_cast<const void*>(region) : staged.data(), bytes,
+                             "buffer_write to " + device.id() + " (from_dlpack copy)");
   return detail::Access::make_tensor(std::move(t));  // `owner` runs the deleter now
 }
 

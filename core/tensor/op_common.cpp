@@ -1,6 +1,8 @@
 // Validation helpers, op names and the execute call of the op front-end.
 #include "tensor/op_common.hpp"
 
+#include "tensor/placement.hpp"
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -30,8 +32,8 @@ const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api
 void device_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api) {
   throw Error(Errc::device_mismatch,
               std::string(api) + ": operands are on different devices (" +
-                  a.storage->backend->device_id(a.storage->device) + " and " +
-                  b.storage->backend->device_id(b.storage->device) +
+                  a.storage->home_backend()->device_id(a.storage->home_index()) + " and " +
+                  b.storage->home_backend()->device_id(b.storage->home_index()) +
                   "); all operands of an op must live on one device (move one with to())");
 }
 
@@ -123,14 +125,13 @@ void execute_failed(BackendImpl& backend, int32_t device, int32_t op, bp_status*
 }
 
 std::shared_ptr<TensorImpl> copy_contiguous(const TensorImpl& x, const char* api) {
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  require_support(*backend, device, BP_OP_COPY, x.dtype, api);
-  auto out = allocate_tensor(backend, device, x.shape, x.dtype);
+  const TensorImpl* operands[1] = {&x};
+  const Placement p(BP_OP_COPY, x.dtype, x.dtype, api, operands, 1);
+  auto out = p.allocate(x.shape, x.dtype);
   if (x.shape.numel() == 0) return out;
-  const bp_tensor in = describe(x);
+  const bp_tensor in = describe(p[0]);
   const bp_tensor o = describe(*out);
-  execute(*backend, device, BP_OP_COPY, &in, 1, &o);
+  p.execute(BP_OP_COPY, &in, 1, &o);
   return out;
 }
 

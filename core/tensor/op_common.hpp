@@ -52,8 +52,11 @@ inline const TensorImpl& operand(const Tensor& t, const char* api, const char* w
 const std::shared_ptr<BackendImpl>& usable(const Device& device, const char* api);
 
 // Errc::device_mismatch naming both devices.
+// Compares the devices the tensors belong to (Storage::home), not where
+// their bytes are: placement moves bytes, never a tensor's device.
 inline void same_device(const TensorImpl& a, const TensorImpl& b, const char* api) {
-  if (a.storage->backend == b.storage->backend && a.storage->device == b.storage->device) [[likely]]
+  if (a.storage->home_backend() == b.storage->home_backend() &&
+      a.storage->home_index() == b.storage->home_index()) [[likely]]
     return;
   device_mismatch(a, b, api);
 }

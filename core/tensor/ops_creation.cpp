@@ -2,6 +2,7 @@
 // The plugin sees no inputs and one contiguous output; the core checks every
 // scalar so a plugin never converts a value its dtype cannot hold.
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 #include <cmath>
 #include <limits>
@@ -22,11 +23,11 @@ Tensor create(const Device& device, const Shape& shape, DType dtype, int32_t op,
               const char* api) {
   const auto& backend = detail::usable(device, api);
   detail::checked_numel(shape, dtype, api);
-  detail::require_support(*backend, device.index(), op, dtype, api);
-  auto out = detail::allocate_tensor(backend, device.index(), shape, dtype, api);
+  const detail::Placement p(op, dtype, backend, device.index(), api);
+  auto out = p.allocate(shape, dtype);
   if (shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const bp_tensor o = detail::describe(*out);
-  detail::execute(*backend, device.index(), op, nullptr, 0, &o, &attrs);
+  p.execute(op, nullptr, 0, &o, &attrs);
   return detail::Access::make_tensor(std::move(out));
 }
 

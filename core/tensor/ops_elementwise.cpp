@@ -4,6 +4,7 @@
 // strided; outputs are contiguous.
 #include "autograd/autograd.hpp"
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 #include <cmath>
 #include <optional>
@@ -19,13 +20,13 @@ using detail::TensorImpl;
 [[gnu::noinline]] Tensor binary_broadcast(int32_t op, const TensorImpl& x, const TensorImpl& y,
                                           bool comparison, const char* api) {
   const Shape out_shape = detail::broadcast_for(api, x.shape, y.shape);
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  detail::require_support(*backend, device, op, x.dtype, api);
+  const TensorImpl* operands[2] = {&x, &y};
+  const DType out_dtype = comparison ? DType::bool_ : x.dtype;
+  const detail::Placement p(op, x.dtype, out_dtype, api, operands, 2);
 
-  auto out = detail::allocate_tensor(backend, device, out_shape, comparison ? DType::bool_ : x.dtype);
+  auto out = p.allocate(out_shape, out_dtype);
   if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
-  bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
+  bp_tensor in[2] = {detail::describe(p[0]), detail::describe(p[1])};
   // Operands already of the output's shape pass their own strides.
   std::optional<Shape> xs, ys;
   if (!(x.shape == out_shape)) {
@@ -41,7 +42,7 @@ using detail::TensorImpl;
     in[1].strides = ys->data();
   }
   const bp_tensor o = detail::describe(*out);
-  detail::execute(*backend, device, op, in, 2, &o);
+  p.execute(op, in, 2, &o);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -59,15 +60,15 @@ Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
                           "f32, f64, i32 or i64");
   if (!(x.shape == y.shape)) [[unlikely]]
     return binary_broadcast(op, x, y, comparison, api);
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  detail::require_support(*backend, device, op, x.dtype, api);
+  const TensorImpl* operands[2] = {&x, &y};
+  const DType out_dtype = comparison ? DType::bool_ : x.dtype;
+  const detail::Placement p(op, x.dtype, out_dtype, api, operands, 2);
 
-  auto out = detail::allocate_tensor(backend, device, x.shape, comparison ? DType::bool_ : x.dtype);
+  auto out = p.allocate(x.shape, out_dtype);
   if (x.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
-  const bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
+  const bp_tensor in[2] = {detail::describe(p[0]), detail::describe(p[1])};
   const bp_tensor o = detail::describe(*out);
-  detail::execute(*backend, device, op, in, 2, &o);
+  p.execute(op, in, 2, &o);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -79,14 +80,13 @@ Tensor unary(int32_t op, const Tensor& t, bool float_only, const bp_op_attrs* at
     detail::require_dtype(detail::is_float(x.dtype), x.dtype, api, "the input", "f32 or f64");
   else
     detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the input", "f32, f64, i32 or i64");
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  detail::require_support(*backend, device, op, x.dtype, api);
-  auto out = detail::allocate_tensor(backend, device, x.shape, x.dtype);
+  const TensorImpl* operands[1] = {&x};
+  const detail::Placement p(op, x.dtype, x.dtype, api, operands, 1);
+  auto out = p.allocate(x.shape, x.dtype);
   if (x.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
-  const bp_tensor in = detail::describe(x);
+  const bp_tensor in = detail::describe(p[0]);
   const bp_tensor o = detail::describe(*out);
-  detail::execute(*backend, device, op, &in, 1, &o, attrs);
+  p.execute(op, &in, 1, &o, attrs);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -151,24 +151,24 @@ static Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b
   detail::same_dtype(x, y, "where");
   const Shape out_shape =
       detail::broadcast_for("where", detail::broadcast_for("where", c.shape, x.shape), y.shape);
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  detail::require_support(*backend, device, BP_OP_WHERE, x.dtype, "where");
+  // The value operands first: they name the dtype the op is asked about.
+  const TensorImpl* ops[3] = {&x, &y, &c};
+  const detail::Placement p(BP_OP_WHERE, x.dtype, x.dtype, "where", ops, 3);
 
-  auto out = detail::allocate_tensor(backend, device, out_shape, x.dtype);
+  auto out = p.allocate(out_shape, x.dtype);
   if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
-  const TensorImpl* ops[3] = {&c, &x, &y};
   Shape strides[3];
   bp_tensor in[3];
   for (int i = 0; i < 3; ++i) {
-    in[i] = detail::describe(*ops[i]);
-    strides[i] = detail::broadcast_strides(*ops[i], out_shape);
+    const TensorImpl& operand = p[(i + 2) % 3];  // the plugin takes (cond, a, b)
+    in[i] = detail::describe(operand);
+    strides[i] = detail::broadcast_strides(operand, out_shape);
     in[i].ndim = out_shape.rank();
     in[i].shape = out->shape.data();
     in[i].strides = strides[i].data();
   }
   const bp_tensor o = detail::describe(*out);
-  detail::execute(*backend, device, BP_OP_WHERE, in, 3, &o);
+  p.execute(BP_OP_WHERE, in, 3, &o);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -216,18 +216,16 @@ static Tensor cast_forward(const Tensor& t, DType dtype) {
   const TensorImpl& x = detail::operand(t, "cast", "the");
   detail::require_known_dtype(dtype, "cast");
   if (dtype == x.dtype) return t;  // tensors are immutable through the API: sharing is safe
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  // The plugin is asked about both ends of the conversion.
-  detail::require_support(*backend, device, BP_OP_CAST, x.dtype, "cast");
-  detail::require_support(*backend, device, BP_OP_CAST, dtype, "cast");
-  auto out = detail::allocate_tensor(backend, device, x.shape, dtype);
+  // The plugin is asked about both ends of the conversion (Placement does for CAST).
+  const TensorImpl* operands[1] = {&x};
+  const detail::Placement p(BP_OP_CAST, x.dtype, dtype, "cast", operands, 1);
+  auto out = p.allocate(x.shape, dtype);
   if (x.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   bp_op_attrs attrs = detail::make_attrs();
   attrs.dtype = static_cast<int32_t>(dtype);
-  const bp_tensor in = detail::describe(x);
+  const bp_tensor in = detail::describe(p[0]);
   const bp_tensor o = detail::describe(*out);
-  detail::execute(*backend, device, BP_OP_CAST, &in, 1, &o, &attrs);
+  p.execute(BP_OP_CAST, &in, 1, &o, &attrs);
   return detail::Access::make_tensor(std::move(out));
 }
 

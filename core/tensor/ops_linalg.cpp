@@ -4,6 +4,7 @@
 // own strides on the last two dims, so nothing is materialised.
 #include "autograd/autograd.hpp"
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 namespace backplane {
 namespace {
@@ -76,22 +77,21 @@ static Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   out_dims.push_back(n);
   const Shape out_shape(out_dims);
 
-  const auto& backend = x.storage->backend;
-  const int32_t device = x.storage->device;
-  detail::require_support(*backend, device, BP_OP_MATMUL, x.dtype, "matmul");
-  auto out = detail::allocate_tensor(backend, device, out_shape, x.dtype);
+  const TensorImpl* operands[2] = {&x, &y};
+  const detail::Placement p(BP_OP_MATMUL, x.dtype, x.dtype, "matmul", operands, 2);
+  auto out = p.allocate(out_shape, x.dtype);
   if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const bp_tensor o = detail::describe(*out);
   if (xr == 2 && yr == 2) {
-    const bp_tensor in[2] = {detail::describe(x), detail::describe(y)};
-    detail::execute(*backend, device, BP_OP_MATMUL, in, 2, &o);
+    const bp_tensor in[2] = {detail::describe(p[0]), detail::describe(p[1])};
+    p.execute(BP_OP_MATMUL, in, 2, &o);
     return detail::Access::make_tensor(std::move(out));
   }
   Shape shapes[2], strides[2];
   bp_tensor in[2];
-  describe_batched(x, batch, shapes[0], strides[0], in[0]);
-  describe_batched(y, batch, shapes[1], strides[1], in[1]);
-  detail::execute(*backend, device, BP_OP_MATMUL, in, 2, &o);
+  describe_batched(p[0], batch, shapes[0], strides[0], in[0]);
+  describe_batched(p[1], batch, shapes[1], strides[1], in[1]);
+  p.execute(BP_OP_MATMUL, in, 2, &o);
   return detail::Access::make_tensor(std::move(out));
 }
 

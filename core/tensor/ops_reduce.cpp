@@ -5,6 +5,7 @@
 // are reshapes of that output done here.
 #include "autograd/autograd.hpp"
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 namespace backplane {
 namespace {
@@ -44,8 +45,8 @@ const TensorImpl& checked_input(const Tensor& t, int32_t op, const ReduceRule& r
 
 // Runs `op` on the contiguous `x` described with (shape, ndim) along axis,
 // into `out` described with out_shape (same ndim, extent 1 on axis).
-void run_reduce(int32_t op, const TensorImpl& x, const Shape& in_shape, const TensorImpl& out,
-                const Shape& out_shape, int axis) {
+void run_reduce(const detail::Placement& p, int32_t op, const TensorImpl& x, const Shape& in_shape,
+                const TensorImpl& out, const Shape& out_shape, int axis) {
   const Shape in_strides = detail::contiguous_strides(in_shape);
   const Shape out_strides = detail::contiguous_strides(out_shape);
   bp_tensor in = detail::describe(x);
@@ -58,7 +59,7 @@ void run_reduce(int32_t op, const TensorImpl& x, const Shape& in_shape, const Te
   o.strides = out_strides.data();
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
-  detail::execute(*x.storage->backend, x.storage->device, op, &in, 1, &o, &attrs);
+  p.execute(op, &in, 1, &o, &attrs);
 }
 
 Tensor reduce_axis(int32_t op, const Tensor& t, int64_t axis_arg, bool keepdim) {
@@ -71,17 +72,15 @@ Tensor reduce_axis(int32_t op, const Tensor& t, int64_t axis_arg, bool keepdim) 
                                             x0.shape.to_string() + " is empty, and " + api +
                                             " of no elements is undefined (sum and mean accept empty axes)");
   }
-  const auto& backend = x0.storage->backend;
-  const int32_t device = x0.storage->device;
-  detail::require_support(*backend, device, op, x0.dtype, api);
-
   Shape kept = x0.shape;
   kept[axis] = 1;
-  auto out = detail::allocate_tensor(backend, device, kept, r.index_output ? DType::i64 : x0.dtype);
-  if (kept.numel() > 0) {
-    const auto x = detail::as_contiguous(detail::Access::impl(t), api);
-    run_reduce(op, *x, x->shape, *out, kept, axis);
-  }
+  // Dense first (a placed COPY when strided), then placed itself.
+  const auto x = detail::as_contiguous(detail::Access::impl(t), api);
+  const TensorImpl* operands[1] = {x.get()};
+  const DType out_dtype = r.index_output ? DType::i64 : x0.dtype;
+  const detail::Placement p(op, x0.dtype, out_dtype, api, operands, 1);
+  auto out = p.allocate(kept, out_dtype);
+  if (kept.numel() > 0) run_reduce(p, op, p[0], x->shape, *out, kept, axis);
   if (!keepdim) {
     std::vector<int64_t> dropped = kept.to_vector();
     dropped.erase(dropped.begin() + axis);
@@ -102,12 +101,12 @@ Tensor reduce_all(int32_t op, const Tensor& t) {
                 std::string(api) + ": the tensor " + x0.shape.to_string() + " is empty, and " + api +
                     " of no elements is undefined (sum and mean accept empty tensors)");
   }
-  const auto& backend = x0.storage->backend;
-  const int32_t device = x0.storage->device;
-  detail::require_support(*backend, device, op, x0.dtype, api);
-  auto out = detail::allocate_tensor(backend, device, Shape{}, r.index_output ? DType::i64 : x0.dtype);
   const auto x = detail::as_contiguous(detail::Access::impl(t), api);
-  run_reduce(op, *x, Shape{x->shape.numel()}, *out, Shape{1}, 0);
+  const TensorImpl* operands[1] = {x.get()};
+  const DType out_dtype = r.index_output ? DType::i64 : x0.dtype;
+  const detail::Placement p(op, x0.dtype, out_dtype, api, operands, 1);
+  auto out = p.allocate(Shape{}, out_dtype);
+  run_reduce(p, op, p[0], Shape{x->shape.numel()}, *out, Shape{1}, 0);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -116,17 +115,16 @@ Tensor softmax_like(int32_t op, const Tensor& t, int64_t axis_arg) {
   const TensorImpl& x0 = detail::operand(t, api, "the");
   detail::require_dtype(detail::is_float(x0.dtype), x0.dtype, api, "the input", "f32 or f64");
   const int axis = detail::normalize_axis(axis_arg, x0.shape.rank(), api);
-  const auto& backend = x0.storage->backend;
-  const int32_t device = x0.storage->device;
-  detail::require_support(*backend, device, op, x0.dtype, api);
-  auto out = detail::allocate_tensor(backend, device, x0.shape, x0.dtype);
-  if (x0.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const auto x = detail::as_contiguous(detail::Access::impl(t), api);
-  const bp_tensor in = detail::describe(*x);
+  const TensorImpl* operands[1] = {x.get()};
+  const detail::Placement p(op, x0.dtype, x0.dtype, api, operands, 1);
+  auto out = p.allocate(x0.shape, x0.dtype);
+  if (x0.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
+  const bp_tensor in = detail::describe(p[0]);
   const bp_tensor o = detail::describe(*out);
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
-  detail::execute(*backend, device, op, &in, 1, &o, &attrs);
+  p.execute(op, &in, 1, &o, &attrs);
   return detail::Access::make_tensor(std::move(out));
 }
 

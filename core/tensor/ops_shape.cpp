@@ -3,6 +3,7 @@
 // index_select and gather; contiguous; to(device) across backends.
 #include "autograd/autograd.hpp"
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -159,21 +160,23 @@ static Tensor cat_forward(const std::vector<Tensor>& tensors, int64_t axis_arg) 
     }
     out_shape[axis] += x.shape[axis];
   }
-  const auto& backend = first.storage->backend;
-  const int32_t device = first.storage->device;
-  detail::require_support(*backend, device, BP_OP_COPY, first.dtype, "cat");
-  auto out = detail::allocate_tensor(backend, device, out_shape, first.dtype);
+  std::vector<const TensorImpl*> operands;
+  operands.reserve(tensors.size());
+  for (const Tensor& t : tensors) operands.push_back(detail::Access::impl(t).get());
+  const detail::Placement p(BP_OP_COPY, first.dtype, first.dtype, "cat", operands.data(),
+                            static_cast<int>(operands.size()));
+  auto out = p.allocate(out_shape, first.dtype);
   const uint64_t step_bytes = static_cast<uint64_t>(out->strides[axis]) * dtype_size(first.dtype);
   int64_t at = 0;
-  for (const Tensor& t : tensors) {
-    const TensorImpl& x = *detail::Access::impl(t);
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    const TensorImpl& x = p[static_cast<int>(i)];
     if (x.shape.numel() > 0) {
       // The slot of x inside out: x's shape, out's strides, offset along axis.
       bp_tensor dst = detail::describe(*out);
       dst.byte_offset = out->byte_offset + static_cast<uint64_t>(at) * step_bytes;
       dst.shape = x.shape.data();
       const bp_tensor src = detail::describe(x);
-      detail::execute(*backend, device, BP_OP_COPY, &src, 1, &dst);
+      p.execute(BP_OP_COPY, &src, 1, &dst);
     }
     at += x.shape[axis];
   }
@@ -190,20 +193,20 @@ static Tensor index_select_forward(const Tensor& t, int64_t axis_arg, const Tens
     throw Error(Errc::shape_mismatch, "index_select: the index has shape " + i0.shape.to_string() +
                                           "; it must be 1-D (reshape it with reshape(index, {-1}))");
   }
-  const auto& backend = x0.storage->backend;
-  const int32_t device = x0.storage->device;
-  detail::require_support(*backend, device, BP_OP_INDEX_SELECT, x0.dtype, "index_select");
   Shape out_shape = x0.shape;
   out_shape[axis] = i0.shape[0];
-  auto out = detail::allocate_tensor(backend, device, out_shape, x0.dtype);
-  if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
+  // Dense operands first (placed COPYs when strided), then the op, placed.
   const auto x = detail::as_contiguous(detail::Access::impl(t), "index_select");
   const auto i = detail::as_contiguous(detail::Access::impl(index), "index_select");
-  const bp_tensor in[2] = {detail::describe(*x), detail::describe(*i)};
+  const TensorImpl* operands[2] = {x.get(), i.get()};
+  const detail::Placement p(BP_OP_INDEX_SELECT, x0.dtype, x0.dtype, "index_select", operands, 2);
+  auto out = p.allocate(out_shape, x0.dtype);
+  if (out_shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
+  const bp_tensor in[2] = {detail::describe(p[0]), detail::describe(p[1])};
   const bp_tensor o = detail::describe(*out);
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
-  detail::execute(*backend, device, BP_OP_INDEX_SELECT, in, 2, &o, &attrs);
+  p.execute(BP_OP_INDEX_SELECT, in, 2, &o, &attrs);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -223,18 +226,17 @@ static Tensor gather_forward(const Tensor& t, int64_t axis_arg, const Tensor& in
                                           "; the index needs the input's rank and extents no larger than the "
                                           "input's on every other axis");
   }
-  const auto& backend = x0.storage->backend;
-  const int32_t device = x0.storage->device;
-  detail::require_support(*backend, device, BP_OP_GATHER, x0.dtype, "gather");
-  auto out = detail::allocate_tensor(backend, device, i0.shape, x0.dtype);
-  if (i0.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
   const auto x = detail::as_contiguous(detail::Access::impl(t), "gather");
   const auto i = detail::as_contiguous(detail::Access::impl(index), "gather");
-  const bp_tensor in[2] = {detail::describe(*x), detail::describe(*i)};
+  const TensorImpl* operands[2] = {x.get(), i.get()};
+  const detail::Placement p(BP_OP_GATHER, x0.dtype, x0.dtype, "gather", operands, 2);
+  auto out = p.allocate(i0.shape, x0.dtype);
+  if (i0.shape.numel() == 0) return detail::Access::make_tensor(std::move(out));
+  const bp_tensor in[2] = {detail::describe(p[0]), detail::describe(p[1])};
   const bp_tensor o = detail::describe(*out);
   bp_op_attrs attrs = detail::make_attrs();
   attrs.axis = axis;
-  detail::execute(*backend, device, BP_OP_GATHER, in, 2, &o, &attrs);
+  p.execute(BP_OP_GATHER, in, 2, &o, &attrs);
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -247,34 +249,8 @@ namespace detail {
 
 void copy_dense(const TensorImpl& x, const TensorImpl& out, const std::string& what) {
   const uint64_t bytes = static_cast<uint64_t>(x.shape.numel()) * dtype_size(x.dtype);
-  if (bytes == 0) return;
-  BackendImpl& sb = *x.storage->backend;
-  BackendImpl& db = *out.storage->backend;
-  const int32_t src_device = x.storage->device;
-  const int32_t dst_device = out.storage->device;
-  // Host pointers only on host_visible devices; the core never touches other
-  // plugin memory. Asked afresh for every copy (buffer_pointer is cheap and a
-  // cached address could outlive a plugin's reallocation).
-  std::byte* src = sb.host_pointer(src_device, x.storage->buffer, what);
-  std::byte* dst = db.host_pointer(dst_device, out.storage->buffer, what);
-  // The async rule: before memory is touched through a pointer, work queued
-  // on its device must have landed (buffer_read/buffer_write order themselves).
-  if (src != nullptr) sb.synchronize_if_async(src_device, what);
-  if (dst != nullptr) db.synchronize_if_async(dst_device, what);
-  if (src != nullptr && dst != nullptr) {
-    std::memmove(dst + out.byte_offset, src + x.byte_offset,
-                 static_cast<std::size_t>(bytes));  // views may overlap
-  } else if (src != nullptr) {
-    db.write(out.storage->buffer, out.byte_offset, src + x.byte_offset, bytes, what + ": buffer_write");
-  } else if (dst != nullptr) {
-    sb.read(x.storage->buffer, x.byte_offset, dst + out.byte_offset, bytes,
-            what + ": buffer_read from " + sb.device_id(src_device));
-  } else {
-    std::vector<std::byte> staging(static_cast<std::size_t>(bytes));
-    sb.read(x.storage->buffer, x.byte_offset, staging.data(), bytes,
-            what + ": buffer_read from " + sb.device_id(src_device));
-    db.write(out.storage->buffer, out.byte_offset, staging.data(), bytes, what + ": buffer_write");
-  }
+  copy_bytes(*x.storage, x.byte_offset, *out.storage, out.byte_offset, bytes, what);
+  out.storage->invalidate_replica();
 }
 
 }  // namespace detail
@@ -283,11 +259,12 @@ static Tensor to_forward(const Tensor& t, const Device& device) {
   const TensorImpl& x0 = detail::operand(t, "to", "the");
   const auto& dst_backend = detail::usable(device, "to");
   const int32_t dst_device = device.index();
-  const auto& src_backend = x0.storage->backend;
-  if (src_backend == dst_backend && x0.storage->device == dst_device) return t;
+  // A tensor already belongs to its device wherever placement keeps its bytes.
+  if (x0.storage->home_backend() == dst_backend.get() && x0.storage->home_index() == dst_device) return t;
 
-  // Refused (capability_missing) when the target device lacks the dtype's flag.
-  auto out = detail::allocate_tensor(dst_backend, dst_device, x0.shape, x0.dtype, "to");
+  // Refused (capability_missing) when the target device lacks the dtype's
+  // flag, unless its op_fallback holds such tensors for it.
+  auto out = detail::allocate_on(dst_backend, dst_device, x0.shape, x0.dtype, "to");
   const uint64_t bytes = out->storage->nbytes;
   if (bytes == 0) return detail::Access::make_tensor(std::move(out));
   // Dense bytes on the source first (a COPY on the source device when strided).
@@ -374,7 +351,8 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
                 "Tensor::copy_: the destination must be contiguous (it is a strided view)");
   if (&dst == &s0) return *this;
   const auto x = detail::as_contiguous(detail::Access::impl(src), "Tensor::copy_");
-  detail::copy_dense(*x, dst, "Tensor::copy_ into " + dst.storage->backend->device_id(dst.storage->device));
+  detail::copy_dense(
+      *x, dst, "Tensor::copy_ into " + dst.storage->home_backend()->device_id(dst.storage->home_index()));
   return *this;
 }
 

@@ -1,6 +1,7 @@
 // Tensor handles: allocation through the plugin, host transfer, metadata.
 #include "common/internal.hpp"
 #include "tensor/op_common.hpp"
+#include "tensor/placement.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/ops.hpp>
@@ -70,6 +71,7 @@ Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, bp_buffer* adopted
     : backend(std::move(b)), buffer(adopted), nbytes(size), device(dev) {}
 
 Storage::~Storage() {
+  replica.reset();  // a replica may import these bytes: it goes first
   bp_buffer_free_args args{};
   args.struct_size = sizeof(args);
   args.plugin = backend->plugin;
@@ -192,7 +194,7 @@ Tensor Tensor::empty(const Device& device, const Shape& shape, DType dtype) {
   const auto& backend = detail::usable(device, "Tensor::empty");
   detail::checked_numel(shape, dtype, "Tensor::empty");
   return detail::Access::make_tensor(
-      detail::allocate_tensor(backend, device.index(), shape, dtype, "Tensor::empty"));
+      detail::allocate_on(backend, device.index(), shape, dtype, "Tensor::empty"));
 }
 
 Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data,
@@ -204,9 +206,10 @@ Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype,
                                             std::to_string(n) + " elements but " + std::to_string(count) +
                                             " values were given");
   }
-  auto t = detail::allocate_tensor(backend, device.index(), shape, dtype, "Tensor::from_vector");
+  auto t = detail::allocate_on(backend, device.index(), shape, dtype, "Tensor::from_vector");
   const uint64_t bytes = t->storage->nbytes;
-  if (bytes > 0) backend->write(t->storage->buffer, 0, data, bytes, "buffer_write to " + device.id());
+  if (bytes > 0)
+    t->storage->backend->write(t->storage->buffer, 0, data, bytes, "buffer_write to " + device.id());
   return detail::Access::make_tensor(std::move(t));
 }
 
@@ -221,7 +224,7 @@ const Shape& Tensor::strides() const { return checked().strides; }
 DType Tensor::dtype() const { return checked().dtype; }
 Device Tensor::device() const {
   const auto& s = *checked().storage;
-  return detail::Access::make_device(s.backend, s.device);
+  return detail::Access::make_device(s.home ? s.home : s.backend, s.home_index());
 }
 bool Tensor::is_contiguous() const { return detail::is_contiguous(checked()); }
 

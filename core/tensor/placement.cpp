@@ -1,0 +1,458 @@
+// Op placement's slow path: choosing the device that runs an op, bringing
+// operands' bytes there (replicas), the fallback report and its API, and
+// Registry::set_op_fallback. The fast path is inline in placement.hpp.
+#include "tensor/placement.hpp"
+
+#include <backplane/log.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace backplane::detail {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// BACKPLANE_OP_FALLBACK, read once: "error" disables every fallback; any
+// other non-empty value is named in a warning and ignored.
+bool read_disabled() noexcept {
+  const char* v = std::getenv("BACKPLANE_OP_FALLBACK");
+  if (v == nullptr || *v == '\0') return false;
+  if (std::string_view(v) == "error") return true;
+  try {
+    log(LogLevel::warning, std::string("BACKPLANE_OP_FALLBACK=") + v +
+                               " is not understood and is ignored; the one value is \"error\" (turns every "
+                               "op_fallback off, for tests of a plugin's own coverage)");
+  } catch (...) {  // a throwing log handler loses the warning, not the process
+  }
+  return false;
+}
+
+BackendImpl::FallbackCounter& counter(BackendImpl& b, int32_t op, DType dtype) noexcept {
+  const auto d = static_cast<int32_t>(dtype);
+  const std::size_t i = (op > 0 && op < BP_OP_COUNT_ && d > 0 && d < BP_DTYPE_COUNT_)
+                            ? static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ + static_cast<std::size_t>(d)
+                            : 0;  // slot 0 is no (op, dtype): values outside abi.h's tables land there
+  return b.fallback_counters[i];
+}
+
+uint64_t nanoseconds_since(Clock::time_point start) noexcept {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
+}
+
+// OpFallbackOff's switch for this thread.
+thread_local bool off_in_this_thread = false;
+
+// The fallback host of `b` in force, or null (none, or disabled).
+std::shared_ptr<BackendImpl> fallback_host(const BackendImpl& b) {
+  if (b.op_host.load(std::memory_order_acquire) == nullptr || op_fallback_disabled() || off_in_this_thread)
+    return nullptr;
+  std::lock_guard lock(b.op_mutex);
+  for (const auto& h : b.op_host_keep)
+    if (h.get() == b.op_host.load(std::memory_order_relaxed)) return h;
+  return nullptr;
+}
+
+// Whether device d of b runs (op, dtype) producing out_dtype with these
+// operands, by every rule require_support checks (matmul flag, dtype flags,
+// supports_op); never throws for a "no". A yes for (op, dtype) is cached as
+// require_support's ready byte, so the next call takes the fast path.
+bool runs(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
+          const TensorImpl* const* operands, int n) {
+  if (b.status != Backend::Status::loaded || d < 0 || static_cast<std::size_t>(d) >= b.devices.size())
+    return false;
+  if (op == BP_OP_MATMUL && !b.has(d, Capability::matmul)) return false;
+  if (!b.holds(d, dtype) || !b.holds(d, out_dtype)) return false;
+  for (int i = 0; i < n; ++i)
+    if (!b.holds(d, operands[i]->dtype)) return false;
+  if (!b.supports(d, op, static_cast<int32_t>(dtype))) return false;
+  if (op == BP_OP_CAST && !b.supports(d, op, static_cast<int32_t>(out_dtype))) return false;
+  for (const DType t : {dtype, out_dtype}) {
+    if (std::atomic<uint8_t>* slot = b.support_slot(d, op, static_cast<int32_t>(t)))
+      if (t == dtype || op == BP_OP_CAST) slot->store(BackendImpl::kSupportReady, std::memory_order_relaxed);
+  }
+  return true;
+}
+
+// The typed error require_support (or the dtype rule) gives for device d of
+// b, as a value: what `runs` said no to.
+Error refusal(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
+              const TensorImpl* const* operands, int n, const char* api) {
+  try {
+    b.require_loaded();
+    require_support_slow(b, d, op, dtype, api);
+    if (op == BP_OP_CAST) require_support_slow(b, d, op, out_dtype, api);
+    b.require_dtype_capability(d, out_dtype, api);
+    for (int i = 0; i < n; ++i) b.require_dtype_capability(d, operands[i]->dtype, api);
+  } catch (const Error& e) {
+    return e;
+  }
+  if (b.devices.empty())
+    return Error(Errc::backend_unavailable, std::string(api) + ": backend \"" + b.name + "\" has no devices");
+  return Error(Errc::internal, std::string(api) + ": " + b.device_id(d) + " cannot run " + op_name(op) +
+                                   " for a reason placement does not know");
+}
+
+[[noreturn, gnu::cold]] void cannot_place(BackendImpl& home, int32_t hd, BackendImpl* host, int32_t op,
+                                          DType dtype, DType out_dtype, const TensorImpl* const* operands,
+                                          int n, const char* api) {
+  const Error own = refusal(home, hd, op, dtype, out_dtype, operands, n, api);
+  if (host == nullptr) throw own;
+  const Error there = refusal(*host, 0, op, dtype, out_dtype, operands, n, api);
+  throw Error(own.code(), own.message() + ". Its op_fallback \"" + home.op_fallback.to_string() + "\" (" +
+                              home.config_entry + " in " + home.config_source +
+                              ") cannot run it either: " + there.message());
+}
+
+void noop_release(void*) noexcept {}
+
+// A buffer on (exec, dev) holding s's bytes: exec's import of s's host
+// memory when both are host_visible (no copy; `alias` set), else a copy.
+// Returns the bytes copied.
+uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec, int32_t dev,
+                      std::shared_ptr<TensorImpl>& out, bool& alias) {
+  auto r = std::make_shared<TensorImpl>();
+  r->shape = Shape{static_cast<int64_t>(s.nbytes)};
+  r->strides = Shape{1};
+  r->dtype = DType::u8;
+  const std::string what = "op_fallback: bytes of a " + s.home_backend()->device_id(s.home_index()) +
+                           " tensor on " + exec->device_id(dev);
+  if (s.nbytes > 0 && exec->api.buffer_import != nullptr && exec->has(dev, Capability::host_visible) &&
+      !exec->has(dev, Capability::remote)) {
+    if (std::byte* p = s.backend->host_pointer(s.device, s.buffer, what)) {
+      s.backend->synchronize_if_async(s.device, what);
+      bp_buffer_import_args args{};
+      args.struct_size = sizeof(args);
+      args.plugin = exec->plugin;
+      args.device = dev;
+      args.dl_device_type = BP_DL_CPU;
+      args.data = p;
+      args.size = s.nbytes;
+      args.release = &noop_release;  // the source storage owns the memory and outlives its replica
+      bp_status* st = call_entry(*exec, "buffer_import", Errc::internal, exec->api.buffer_import, &args);
+      if (st == nullptr && args.buffer != nullptr) {
+        r->storage = &r->owned.emplace(exec, dev, args.buffer, s.nbytes);
+        out = std::move(r);
+        alias = true;
+        return 0;
+      }
+      if (st != nullptr) exec->api.status_free(st);  // refused: copy instead
+    }
+  }
+  r->storage = &r->owned.emplace(exec, dev, s.nbytes);
+  copy_bytes(s, 0, *r->storage, 0, s.nbytes, what);
+  out = std::move(r);
+  alias = false;
+  return s.nbytes;
+}
+
+// x's bytes on (exec, dev), as a view of s's replica there (made now when
+// missing or elsewhere). `moved` gets the bytes copied.
+std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::shared_ptr<BackendImpl>& exec,
+                                               int32_t dev, uint64_t& moved) {
+  const Storage& s = *x.storage;
+  std::shared_ptr<TensorImpl> r;
+  std::shared_ptr<TensorImpl> dropped;  // freed outside the lock
+  {
+    std::lock_guard lock(s.replica_mutex);
+    if (s.replica && s.replica->storage->backend == exec && s.replica->storage->device == dev) {
+      r = s.replica;
+    } else {
+      bool alias = false;
+      moved += make_replica(s, exec, dev, r, alias);
+      dropped = std::exchange(s.replica, r);
+      s.replica_alias = alias;
+    }
+  }
+  auto v = std::make_shared<TensorImpl>();
+  v->base = r;
+  v->storage = r->storage;
+  v->shape = x.shape;
+  v->strides = x.strides;
+  v->byte_offset = x.byte_offset;
+  v->dtype = x.dtype;
+  return v;
+}
+
+void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t op, DType dtype,
+               const char* api) {
+  BackendImpl::FallbackCounter& c = counter(home, op, dtype);
+  if (c.logged.exchange(true, std::memory_order_relaxed)) return;
+  try {
+    std::string msg = "op_fallback: " + home.device_id(hd) + " does not run " + op_name(op) + " on " +
+                      std::string(to_string(dtype));
+    if (std::string_view(api) != op_name(op)) msg += std::string(" (needed by ") + api + ")";
+    msg += "; running it on " + exec.device_id(0) + " (op_fallback \"" + home.op_fallback.to_string() +
+           "\", " + home.config_entry + " in " + home.config_source +
+           "). Logged once per op and dtype; Backend::op_fallback_stats() and `backplane train` report what "
+           "it costs, BACKPLANE_OP_FALLBACK=error turns it off";
+    log(LogLevel::info, msg);
+  } catch (...) {  // a throwing log handler loses the message, not the op
+  }
+}
+
+}  // namespace
+
+bool op_fallback_disabled() noexcept {
+  static const bool disabled = read_disabled();
+  return disabled;
+}
+
+void Storage::invalidate_replica() const noexcept {
+  std::shared_ptr<TensorImpl> dropped;
+  std::lock_guard lock(replica_mutex);
+  if (replica_alias) return;  // the same memory: it saw the write
+  dropped = std::move(replica);
+}
+
+void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
+                      const std::shared_ptr<BackendImpl>& home, int32_t home_device) {
+  auto st = std::make_unique<PlacedState>();
+  st->start = Clock::now();
+  st->home = home;
+  st->home_device = home_device;
+  st->op = op;
+  st->dtype = dtype;
+  st->api = api;
+  for (int i = 1; i < n_; ++i) {
+    const Storage& o = *operands_[i]->storage;
+    if (o.home_backend() != home.get() || o.home_index() != home_device)
+      device_mismatch(*operands_[0], *operands_[i], api);
+  }
+  home->require_loaded();
+  if (runs(*home, home_device, op, dtype, out_dtype, operands_, n_)) {
+    st->exec = home;
+    device_ = home_device;
+  } else {
+    std::shared_ptr<BackendImpl> host = fallback_host(*home);
+    if (!host || !runs(*host, 0, op, dtype, out_dtype, operands_, n_))
+      cannot_place(*home, home_device, host.get(), op, dtype, out_dtype, operands_, n_, api);
+    st->exec = std::move(host);
+    device_ = 0;
+    st->placed = true;
+  }
+  // Operands whose bytes are elsewhere come to the device that runs the op.
+  uint64_t to_host = 0;
+  st->operands.resize(static_cast<std::size_t>(n_));
+  for (int i = 0; i < n_; ++i) {
+    const TensorImpl& x = *operands_[i];
+    const Storage& s = *x.storage;
+    if (s.backend == st->exec && s.device == device_) continue;
+    const auto t0 = Clock::now();
+    uint64_t moved = 0;
+    st->operands[static_cast<std::size_t>(i)] = replica_view(x, st->exec, device_, moved);
+    if (st->placed) {
+      to_host += moved;
+    } else if (s.home != nullptr) {
+      // Back home: charged to the placed op that made these bytes.
+      BackendImpl::FallbackCounter& c =
+          counter(*home, s.made_by_op != 0 ? s.made_by_op : op,
+                  static_cast<DType>(s.made_by_dtype != 0 ? s.made_by_dtype : static_cast<int16_t>(dtype)));
+      c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
+      c.nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
+    }
+  }
+  if (st->placed) {
+    counter(*home, op, dtype).bytes_to_host.fetch_add(to_host, std::memory_order_relaxed);
+    log_first(*home, home_device, *st->exec, op, dtype, api);
+  }
+  exec_ = &st->exec;
+  state_ = std::move(st);
+}
+
+void Placement::finish() noexcept {
+  if (!state_->placed) return;
+  BackendImpl::FallbackCounter& c = counter(*state_->home, state_->op, state_->dtype);
+  c.calls.fetch_add(1, std::memory_order_relaxed);
+  c.nanoseconds.fetch_add(nanoseconds_since(state_->start), std::memory_order_relaxed);
+}
+
+const TensorImpl& Placement::placed_operand(int i) const noexcept {
+  const auto& v = state_->operands[static_cast<std::size_t>(i)];
+  return v ? *v : *operands_[i];
+}
+
+void Placement::stamp(TensorImpl& out) const {
+  if (!state_->placed) return;
+  Storage& s = *out.storage;
+  s.home = state_->home;
+  s.home_device = state_->home_device;
+  s.made_by_op = static_cast<int16_t>(state_->op);
+  s.made_by_dtype = static_cast<int16_t>(state_->dtype);
+}
+
+void Placement::execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_inputs,
+                               const bp_tensor* output, const bp_op_attrs* attrs) const {
+  try {
+    detail::execute(**exec_, device_, op, inputs, num_inputs, output, attrs);
+  } catch (const Error& e) {
+    if (!state_->placed) throw;
+    throw Error(e.code(), e.message() + " (run there for " + state_->home->device_id(state_->home_device) +
+                              " by its op_fallback \"" + state_->home->op_fallback.to_string() + "\")");
+  }
+}
+
+std::shared_ptr<TensorImpl> allocate_on(const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                        const Shape& shape, DType dtype, std::string_view api) {
+  if (backend->holds(device, dtype)) [[likely]]
+    return allocate_tensor(backend, device, shape, dtype, api);
+  std::shared_ptr<BackendImpl> host = fallback_host(*backend);
+  if (!host || host->status != Backend::Status::loaded || host->devices.empty() || !host->holds(0, dtype))
+    backend->require_dtype_capability(device, dtype, api);  // throws: the device lacks the flag
+  auto out = allocate_tensor(host, 0, shape, dtype, api);
+  out->storage->home = backend;
+  out->storage->home_device = device;
+  return out;
+}
+
+void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uint64_t dst_offset,
+                uint64_t bytes, const std::string& what) {
+  if (bytes == 0) return;
+  BackendImpl& sb = *src.backend;
+  BackendImpl& db = *dst.backend;
+  // Host pointers only on host_visible devices; the core never touches other
+  // plugin memory. Asked afresh for every copy (buffer_pointer is cheap and a
+  // cached address could outlive a plugin's reallocation).
+  std::byte* s = sb.host_pointer(src.device, src.buffer, what);
+  std::byte* d = db.host_pointer(dst.device, dst.buffer, what);
+  // The async rule: before memory is touched through a pointer, work queued
+  // on its device must have landed (buffer_read/buffer_write order themselves).
+  if (s != nullptr) sb.synchronize_if_async(src.device, what);
+  if (d != nullptr) db.synchronize_if_async(dst.device, what);
+  if (s != nullptr && d != nullptr) {
+    std::memmove(d + dst_offset, s + src_offset, static_cast<std::size_t>(bytes));  // views may overlap
+  } else if (s != nullptr) {
+    db.write(dst.buffer, dst_offset, s + src_offset, bytes, what + ": buffer_write");
+  } else if (d != nullptr) {
+    sb.read(src.buffer, src_offset, d + dst_offset, bytes,
+            what + ": buffer_read from " + sb.device_id(src.device));
+  } else {
+    std::vector<std::byte> staging(static_cast<std::size_t>(bytes));
+    sb.read(src.buffer, src_offset, staging.data(), bytes,
+            what + ": buffer_read from " + sb.device_id(src.device));
+    db.write(dst.buffer, dst_offset, staging.data(), bytes, what + ": buffer_write");
+  }
+}
+
+std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
+                                           const std::shared_ptr<BackendImpl>& backend, int32_t device) {
+  const Storage& s = *x->storage;
+  if (s.backend == backend && s.device == device) return x;
+  const auto t0 = Clock::now();
+  uint64_t moved = 0;
+  auto v = replica_view(*x, backend, device, moved);
+  if (s.home != nullptr && s.made_by_op != 0) {
+    BackendImpl::FallbackCounter& c = counter(*s.home, s.made_by_op, static_cast<DType>(s.made_by_dtype));
+    c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
+    c.nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
+  }
+  return v;
+}
+
+// Points `b` at `target` (null: error). The caller has checked the rules.
+void set_op_host(BackendImpl& b, const OpFallback& fallback, const std::shared_ptr<BackendImpl>& target) {
+  std::lock_guard lock(b.op_mutex);
+  b.op_fallback = fallback;
+  if (target && std::find(b.op_host_keep.begin(), b.op_host_keep.end(), target) == b.op_host_keep.end())
+    b.op_host_keep.push_back(target);
+  b.op_host.store(target.get(), std::memory_order_release);
+}
+
+}  // namespace backplane::detail
+
+namespace backplane {
+
+OpFallbackOff::OpFallbackOff() noexcept : previous_(std::exchange(detail::off_in_this_thread, true)) {}
+OpFallbackOff::~OpFallbackOff() { detail::off_in_this_thread = previous_; }
+
+OpFallback Backend::op_fallback() const {
+  if (detail::op_fallback_disabled()) return {};
+  std::lock_guard lock(impl_->op_mutex);
+  return impl_->op_fallback;
+}
+
+std::vector<OpFallbackStats> Backend::op_fallback_stats() const {
+  std::vector<OpFallbackStats> out;
+  for (int32_t op = 1; op < BP_OP_COUNT_; ++op) {
+    for (int32_t d = 1; d < BP_DTYPE_COUNT_; ++d) {
+      const auto& c = impl_->fallback_counters[static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ +
+                                               static_cast<std::size_t>(d)];
+      OpFallbackStats s;
+      s.calls = c.calls.load(std::memory_order_relaxed);
+      s.bytes_to_host = c.bytes_to_host.load(std::memory_order_relaxed);
+      s.bytes_from_host = c.bytes_from_host.load(std::memory_order_relaxed);
+      const uint64_t ns = c.nanoseconds.load(std::memory_order_relaxed);
+      if (s.calls == 0 && s.bytes_moved() == 0 && ns == 0) continue;
+      s.op = static_cast<Op>(op);
+      s.dtype = static_cast<DType>(d);
+      s.seconds = static_cast<double>(ns) * 1e-9;
+      out.push_back(s);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const OpFallbackStats& a, const OpFallbackStats& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+void Backend::reset_op_fallback_stats() const {
+  for (std::size_t i = 0; i < static_cast<std::size_t>(BP_OP_COUNT_) * BP_DTYPE_COUNT_; ++i) {
+    auto& c = impl_->fallback_counters[i];
+    c.calls.store(0, std::memory_order_relaxed);
+    c.bytes_to_host.store(0, std::memory_order_relaxed);
+    c.bytes_from_host.store(0, std::memory_order_relaxed);
+    c.nanoseconds.store(0, std::memory_order_relaxed);
+  }
+}
+
+}  // namespace backplane
+
+namespace backplane {
+
+void Registry::set_op_fallback(std::string_view name, const OpFallback& fallback) const {
+  const Backend handle = backend(name);  // Errc::not_found listing the names
+  const std::shared_ptr<detail::BackendImpl>& b = detail::Access::impl(handle);
+  const std::string what =
+      "Registry::set_op_fallback(\"" + std::string(name) + "\", \"" + fallback.to_string() + "\")";
+  if (fallback.kind == OpFallback::Kind::error) {
+    detail::set_op_host(*b, fallback, nullptr);
+    return;
+  }
+  std::shared_ptr<detail::BackendImpl> target;
+  for (const auto& o : impl_->backends)
+    if (o->name == fallback.host_backend) target = o;
+  if (!target)
+    throw Error(Errc::config_error, what + ": no backend named \"" + fallback.host_backend + "\" in " +
+                                        (impl_->config_path.empty() ? std::string("this registry")
+                                                                    : impl_->config_path.string()));
+  if (target == b)
+    throw Error(Errc::config_error, what + ": a backend cannot fall back to itself; name another backend");
+  if (target->status != Backend::Status::loaded)
+    throw Error(Errc::backend_unavailable,
+                what + ": backend \"" + target->name + "\" is not loaded: " + target->error);
+  {
+    std::lock_guard lock(target->op_mutex);
+    if (target->op_fallback.kind != OpFallback::Kind::error)
+      throw Error(Errc::config_error,
+                  what + ": \"" + target->name + "\" itself falls back to \"" +
+                      target->op_fallback.host_backend +
+                      "\"; fall back to a backend that runs the ops directly (no chains)");
+  }
+  for (const auto& o : impl_->backends) {
+    if (o == b) continue;
+    std::lock_guard lock(o->op_mutex);
+    if (o->op_fallback.kind == OpFallback::Kind::host && o->op_fallback.host_backend == b->name)
+      throw Error(Errc::config_error, what + ": backend \"" + o->name + "\" falls back to \"" + b->name +
+                                          "\", which then may not fall back itself (no chains); change \"" +
+                                          o->name + "\"'s op_fallback first");
+  }
+  detail::set_op_host(*b, fallback, target);
+}
+
+}  // namespace backplane

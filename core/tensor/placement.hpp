@@ -1,0 +1,155 @@
+// Op placement: where one op runs. A device that lacks an (op, dtype), the
+// 'matmul' flag or a dtype's flag sends that op to its backend's op_fallback
+// (device 0 of "host:<backend>"); the result still belongs to the device the
+// user asked for (Storage::home) while its bytes stay on the fallback device
+// until an op or a read needs them elsewhere.
+//
+// Cost model: the fast path (every operand's bytes on its own device, which
+// runs the op and holds the result's dtype) is the old require_support: a
+// few loads and compares, no allocation, nothing locked. Everything else is
+// out of line in placement.cpp: the decision, copies (or zero-copy imports
+// between host_visible devices) of operands, the report's counters.
+#ifndef BACKPLANE_CORE_PLACEMENT_HPP_
+#define BACKPLANE_CORE_PLACEMENT_HPP_
+
+#include "tensor/op_common.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace backplane::detail {
+
+// The slow path's state: made only for an op that is not on the fast path.
+struct PlacedState {
+  std::shared_ptr<BackendImpl> exec;  // runs the op
+  std::shared_ptr<BackendImpl> home;  // the device the user asked for
+  int32_t home_device = 0;
+  int32_t op = 0;
+  DType dtype = DType::f32;
+  bool placed = false;  // exec is not home: the op fell back
+  const char* api = "";
+  std::vector<std::shared_ptr<const TensorImpl>> operands;  // null: the caller's operand as it is
+  std::chrono::steady_clock::time_point start;
+};
+
+// One op's placement; lives for the op (construct, allocate the result,
+// describe the operands, execute). Operands are borrowed: the caller keeps
+// them alive until the Placement is gone.
+class Placement {
+ public:
+  // An op on operands[0..n) (n >= 1, one device, checked by the caller with
+  // same_device). `dtype` is the dtype supports_op is asked about,
+  // `out_dtype` the result's (CAST is also asked about `out_dtype`).
+  Placement(int32_t op, DType dtype, DType out_dtype, const char* api, const TensorImpl* const* operands,
+            int n)
+      : operands_(operands), n_(n) {
+    const Storage& s = *operands[0]->storage;
+    BackendImpl& b = *s.backend;
+    const int32_t d = s.device;
+    bool fast =
+        s.home == nullptr && b.support_ready(d, op, static_cast<int32_t>(dtype)) && b.holds(d, out_dtype);
+    if (op == BP_OP_CAST) fast = fast && b.support_ready(d, op, static_cast<int32_t>(out_dtype));
+    for (int i = 1; fast && i < n; ++i) {
+      const Storage& o = *operands[i]->storage;
+      fast = o.backend.get() == &b && o.device == d && o.home == nullptr;
+    }
+    if (fast) [[likely]] {
+      exec_ = &s.backend;
+      device_ = d;
+      return;
+    }
+    place(op, dtype, out_dtype, api, s.home ? s.home : s.backend, s.home_index());
+  }
+  // A creation op (no operands) on `device` of `backend`.
+  Placement(int32_t op, DType dtype, const std::shared_ptr<BackendImpl>& backend, int32_t device,
+            const char* api)
+      : operands_(nullptr), n_(0) {
+    if (backend->support_ready(device, op, static_cast<int32_t>(dtype))) [[likely]] {
+      exec_ = &backend;
+      device_ = device;
+      return;
+    }
+    place(op, dtype, dtype, api, backend, device);
+  }
+  Placement(const Placement&) = delete;
+  Placement& operator=(const Placement&) = delete;
+  ~Placement() {
+    if (state_) [[unlikely]]
+      finish();
+  }
+
+  // The device that runs the op.
+  const std::shared_ptr<BackendImpl>& backend() const noexcept { return *exec_; }
+  int32_t device() const noexcept { return device_; }
+  // Operand i with its bytes on the device that runs the op (the operand
+  // itself, or a view of its replica there).
+  const TensorImpl& operator[](int i) const noexcept {
+    if (state_) [[unlikely]]
+      return placed_operand(i);
+    return *operands_[i];
+  }
+  // A fresh contiguous result on the device that runs the op, belonging to
+  // the device the user asked for.
+  std::shared_ptr<TensorImpl> allocate(const Shape& shape, DType dtype) const {
+    auto out = allocate_tensor(*exec_, device_, shape, dtype);
+    if (state_) [[unlikely]]
+      stamp(*out);
+    return out;
+  }
+  // Runs the op there; a failure on the fallback device names both devices.
+  void execute(int32_t op, const bp_tensor* inputs, int32_t num_inputs, const bp_tensor* output,
+               const bp_op_attrs* attrs = nullptr) const {
+    if (state_) [[unlikely]] {
+      execute_placed(op, inputs, num_inputs, output, attrs);
+      return;
+    }
+    detail::execute(**exec_, device_, op, inputs, num_inputs, output, attrs);
+  }
+
+ private:
+  [[gnu::cold, gnu::noinline]] void place(int32_t op, DType dtype, DType out_dtype, const char* api,
+                                          const std::shared_ptr<BackendImpl>& home, int32_t home_device);
+  [[gnu::cold, gnu::noinline]] void finish() noexcept;
+  const TensorImpl& placed_operand(int i) const noexcept;
+  void stamp(TensorImpl& out) const;
+  void execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_inputs, const bp_tensor* output,
+                      const bp_op_attrs* attrs) const;
+
+  const TensorImpl* const* operands_;
+  int n_;
+  const std::shared_ptr<BackendImpl>* exec_ = nullptr;
+  int32_t device_ = 0;
+  std::unique_ptr<PlacedState> state_;
+};
+
+// A fresh contiguous tensor for the device the user named (creation,
+// from_vector, to(), copy-in import): on that device when it holds the
+// dtype, else held on its op_fallback device for it, else
+// Errc::capability_missing naming the flag, backend and device.
+std::shared_ptr<TensorImpl> allocate_on(const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                        const Shape& shape, DType dtype, std::string_view api);
+
+// Copies `bytes` from (src, src_offset) to (dst, dst_offset) between any two
+// devices: memmove between host-visible ones, buffer_read/buffer_write
+// otherwise. Synchronises both devices first. `what` prefixes errors.
+void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uint64_t dst_offset,
+                uint64_t bytes, const std::string& what);
+
+// x's bytes on (backend, device): x itself when they are there, else a view
+// of x's replica there (made on demand). Counted in the fallback report as
+// a move of `op`'s (0: of whatever op made them).
+std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
+                                           const std::shared_ptr<BackendImpl>& backend, int32_t device);
+
+// Points b's op fallback at `target` (null for Kind::error). The caller has
+// checked the config's rules.
+void set_op_host(BackendImpl& b, const OpFallback& fallback, const std::shared_ptr<BackendImpl>& target);
+
+// True when BACKPLANE_OP_FALLBACK=error: every op fallback is off.
+bool op_fallback_disabled() noexcept;
+
+}  // namespace backplane::detail
+
+#endif  // BACKPLANE_CORE_PLACEMENT_HPP_
