@@ -11,6 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 
 #ifndef BP_TEST_SOURCE_DIR
 #error "BP_TEST_SOURCE_DIR must name the source tree"
@@ -280,6 +282,147 @@ TEST_CASE("train: a device that cannot train is refused up front, naming everyth
     BP_CHECK_CONTAINS(r.err, "matmul on f32");
     CHECK(r.err.find("no_such_data") == std::string::npos);
   }
+}
+
+// A partial backend modelled with the cpu plugin's options (fill, copy and
+// matmul on f32 only, no 'collective'), with and without op_fallback, beside
+// the full cpu backend it falls back to.
+std::string partial_cpu_config() {
+  const std::string partial =
+      "\"options\": {\"ops\": [\"fill\", \"copy\", \"matmul\"], \"dtypes\": [\"f32\"], \"collective\": "
+      "false}";
+  return "{\"schema_version\": 1, \"plugin_dirs\": [" + json_path(plugin_dir()) + "], \"backends\": [" +
+         backend_json("cpu", "backplane_cpu", true) + ", " +
+         backend_json("partial", "backplane_cpu", false,
+                      partial + ", \"op_fallback\": \"host:cpu\", \"collective_fallback\": \"host:cpu\"") +
+         ", " +
+         backend_json("partial_nocoll", "backplane_cpu", false, partial + ", \"op_fallback\": \"host:cpu\"") +
+         ", " + backend_json("bare", "backplane_cpu", false, partial) + "]}";
+}
+
+const std::string kDigits = std::string(BP_TEST_SOURCE_DIR) + "/data/digits.csv.gz";
+
+// `backplane train` on `backend` with a fixed seed; returns its metrics (key order kept).
+nlohmann::ordered_json train_metrics(const TempDir& tmp, const fs::path& config, const std::string& backend,
+                                     const char* nproc, Result* result = nullptr) {
+  const fs::path metrics = tmp / (backend + "_" + nproc + ".json");
+  const Result r =
+      cli(tmp, {"train", "--backend", backend, "--nproc", nproc, "--epochs", "2", "--seed", "0", "--config",
+                config.string(), "--data", kDigits, "--metrics-out", metrics.string()});
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  if (result != nullptr) *result = r;
+  return nlohmann::ordered_json::parse(bpcli::slurp(metrics));
+}
+
+// Per-epoch losses and test accuracy agree within 1e-5 relative.
+void expect_same_training(const nlohmann::ordered_json& a, const nlohmann::ordered_json& b) {
+  INFO(a["epoch_loss"].dump() << " vs " << b["epoch_loss"].dump());
+  REQUIRE(a["epoch_loss"].size() == 2);
+  REQUIRE(a["epoch_loss"].size() == b["epoch_loss"].size());
+  for (std::size_t i = 0; i < a["epoch_loss"].size(); ++i) {
+    const double x = a["epoch_loss"][i], y = b["epoch_loss"][i];
+    CHECK(std::abs(x - y) <= 1e-5 * std::abs(y));
+  }
+  const double acc_a = a["test_accuracy"], acc_b = b["test_accuracy"];
+  CHECK(std::abs(acc_a - acc_b) <= 1e-5 * std::abs(acc_b));
+}
+
+TEST_CASE("train: a partial backend with op_fallback trains like cpu and reports what fell back") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", partial_cpu_config());
+  Result r;
+  const nlohmann::ordered_json partial = train_metrics(tmp, config, "partial", "2", &r);
+  const nlohmann::ordered_json cpu = train_metrics(tmp, config, "cpu", "2");
+  expect_same_training(partial, cpu);
+  INFO(r.describe());
+  // Up front: one line of what will fall back; at the end: one line of what did.
+  BP_CHECK_CONTAINS(r.out, "op_fallback: ");
+  BP_CHECK_CONTAINS(r.out, " (op, dtype) pairs will run on cpu:0 for partial:0: ");
+  BP_CHECK_CONTAINS(r.out, "held there: i64, bool, f64 tensors");
+  BP_CHECK_CONTAINS(r.out, " (op, dtype) pairs ran on cpu:0 for partial:0: ");
+  BP_CHECK_CONTAINS(r.out, " calls, ");
+  BP_CHECK_CONTAINS(r.out, " moved, ");
+  CHECK(r.out.find("sqrt") == std::string::npos);  // sgd
+  // The metrics: op_fallbacks per (op, dtype), most time first.
+  const nlohmann::ordered_json& f = partial["op_fallbacks"];
+  REQUIRE(f.is_object());
+  CHECK(f.contains("add/f32"));
+  CHECK(f.contains("relu/f32"));
+  CHECK_FALSE(f.contains("matmul/f32"));  // the partial device runs it
+  CHECK_FALSE(f.contains("fill/f32"));
+  double previous = std::numeric_limits<double>::infinity();
+  for (const auto& [key, value] : f.items()) {
+    CAPTURE(key);
+    CHECK(value["calls"].get<uint64_t>() > 0);
+    CHECK(value.contains("bytes_moved"));
+    CHECK(value["seconds"].get<double>() <= previous);
+    previous = value["seconds"].get<double>();
+  }
+  CHECK(f["add/f32"]["calls"].get<uint64_t>() > 0);
+  // Nothing falls back on the full backend: an empty object, and no line.
+  CHECK(cpu["op_fallbacks"].is_object());
+  CHECK(cpu["op_fallbacks"].empty());
+}
+
+TEST_CASE("train: --nproc 1 needs no collective, on a partial backend with op_fallback") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", partial_cpu_config());
+  const nlohmann::ordered_json cpu = train_metrics(tmp, config, "cpu", "1");
+  // partial_nocoll: no 'collective' and collective_fallback "error".
+  for (const char* backend : {"partial", "partial_nocoll"}) {
+    CAPTURE(backend);
+    Result r;
+    const nlohmann::ordered_json one = train_metrics(tmp, config, backend, "1", &r);
+    INFO(r.describe());
+    CHECK(one["nproc"] == 1);
+    expect_same_training(one, cpu);
+    CHECK(one["op_fallbacks"].contains("relu/f32"));
+    BP_CHECK_CONTAINS(r.out, "1 rank on ");
+    CHECK(r.err.find("collective") == std::string::npos);
+  }
+  // With two ranks the one without a collective_fallback is refused up front.
+  const Result two =
+      cli(tmp, {"train", "--backend", "partial_nocoll", "--nproc", "2", "--epochs", "1", "--config",
+                config.string(), "--data", (tmp / "no_such_data.csv.gz").string()});
+  INFO(two.describe());
+  CHECK(two.code == kExitFailed);
+  BP_CHECK_CONTAINS(two.err, "missing capabilities: collective");
+  CHECK(two.err.find("unsupported ops") == std::string::npos);  // op_fallback covers every op
+}
+
+TEST_CASE("train: without op_fallback the pre-check names every missing op and flag at once") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", partial_cpu_config());
+  for (const char* nproc : {"1", "2"}) {
+    CAPTURE(nproc);
+    // No data file: the refusal comes before anything is read or launched.
+    const Result r = cli(tmp, {"train", "--backend", "bare", "--nproc", nproc, "--epochs", "1", "--config",
+                               config.string(), "--data", (tmp / "no_such_data.csv.gz").string()});
+    INFO(r.describe());
+    CHECK(r.code == kExitFailed);
+    BP_CHECK_CONTAINS(r.err, "bare:0");
+    BP_CHECK_CONTAINS(r.err, "cannot train in f32");
+    BP_CHECK_CONTAINS(r.err, std::string(nproc) == "1"
+                                 ? "missing capabilities: i64, bool, f64\n"
+                                 : "missing capabilities: i64, bool, f64, collective\n");
+    // Every (op, dtype), those on the dtypes whose flag is missing included.
+    for (const char* missing : {"add on f32", "relu on f32", "log_softmax on f32", "rand_uniform on f32",
+                                "arange on i64", "eq on i64", "cast on bool", "argmax on f32", "sum on f64",
+                                "gather on f32 (nn::cross_entropy; no 'i64' flag"})
+      BP_CHECK_CONTAINS(r.err, missing);
+    CHECK(r.err.find("matmul on f32") == std::string::npos);  // it has that
+    CHECK(r.err.find("sqrt") == std::string::npos);           // plain SGD
+    BP_CHECK_CONTAINS(r.err, "\"op_fallback\": \"host:<backend>\"");
+    CHECK(r.err.find("no_such_data") == std::string::npos);
+    CHECK(r.out.find("op_fallback: ") == std::string::npos);
+  }
+  const Result adam =
+      cli(tmp, {"train", "--backend", "bare", "--nproc", "1", "--optimizer", "adam", "--config",
+                config.string(), "--data", (tmp / "no_such_data.csv.gz").string()});
+  INFO(adam.describe());
+  CHECK(adam.code == kExitFailed);
+  BP_CHECK_CONTAINS(adam.err, "sqrt on f32 (Adam)");
 }
 
 TEST_CASE("check: malformed JSON exits 2 naming the file and the line and column") {

@@ -304,6 +304,111 @@ TEST_CASE("requirements: more than one rank needs 'collective' unless the backen
   CHECK(local.message().find("missing capabilities") == std::string::npos);
 }
 
+TEST_CASE("requirements: plain SGD does not need sqrt, Adam and the both-optimizers list do") {
+  auto has_sqrt = [](const TrainingRequirements& req) {
+    return std::any_of(req.ops.begin(), req.ops.end(),
+                       [](const OpRequirement& r) { return r.op == Op::sqrt; });
+  };
+  CHECK_FALSE(has_sqrt(training_requirements(TrainingSetup{DType::f32, TrainingOptimizer::sgd})));
+  CHECK(has_sqrt(training_requirements(TrainingSetup{DType::f32, TrainingOptimizer::adam})));
+  CHECK(has_sqrt(training_requirements(DType::f32)));
+  // gaps lacks sqrt: named for Adam only.
+  const TrainingSupport sgd = training_support(device_of("gaps"), {DType::f32, TrainingOptimizer::sgd});
+  CHECK_FALSE(sgd.ok());
+  CHECK(sgd.message.find("sqrt") == std::string::npos);
+  const TrainingSupport adam = training_support(device_of("gaps"), {DType::f32, TrainingOptimizer::adam});
+  BP_CHECK_CONTAINS(adam.message, "sqrt on f32 (Adam)");
+}
+
+TEST_CASE("requirements: the ops on a dtype whose flag is missing are named with the flag, at once") {
+  // good_c: f32 only, no matmul.
+  const TrainingSupport s = training_support(device_of("good_c"), {DType::f32, TrainingOptimizer::sgd});
+  CHECK_FALSE(s.ok());
+  CHECK(s.error_code == Errc::capability_missing);
+  CHECK(s.fallback_device.empty());
+  CHECK_FALSE(s.falls_back());
+  for (const char* part :
+       {"missing capabilities: i64, bool, f64, matmul", "arange on i64", "eq on i64", "cast on bool",
+        "sum on f64", "matmul on f32 (nn::Linear; no 'matmul' flag",
+        "gather on f32 (nn::cross_entropy; no 'i64' flag", "\"op_fallback\": \"host:<backend>\""})
+    BP_CHECK_CONTAINS(s.message, part);
+  const Error e = error_from([] { require_training_support(device_of("good_c"), DType::f32); });
+  CHECK(e.code() == Errc::capability_missing);
+  CHECK(e.message() == training_support(device_of("good_c"), {DType::f32}).message);
+}
+
+TEST_CASE("requirements: one rank needs no 'collective', whatever the collective_fallback") {
+  const TrainingSupport one = training_support(device_of("gaps"), {DType::f32, TrainingOptimizer::any, 1});
+  CHECK(std::find(one.missing_capabilities.begin(), one.missing_capabilities.end(), Capability::collective) ==
+        one.missing_capabilities.end());
+  CHECK(one.message.find("collective") == std::string::npos);
+  const TrainingSupport two = training_support(device_of("gaps"), {DType::f32, TrainingOptimizer::any, 2});
+  CHECK(std::find(two.missing_capabilities.begin(), two.missing_capabilities.end(), Capability::collective) !=
+        two.missing_capabilities.end());
+}
+
+TEST_CASE("requirements: with op_fallback, what the fallback device covers is reported, not refused") {
+  const Registry r = load(config_json(
+      {backend_json("cpu", "backplane_cpu", true),
+       backend_json(
+           "small", "backplane_cpu", false,
+           "\"options\": {\"ops\": [\"fill\", \"copy\", \"matmul\"], \"dtypes\": [\"f32\"], "
+           "\"collective\": false}, \"op_fallback\": \"host:cpu\", \"collective_fallback\": \"host:cpu\""),
+       backend_json(
+           "half", "backplane_cpu", false,
+           "\"options\": {\"ops\": [\"fill\", \"copy\", \"add\"], \"dtypes\": [\"f32\", \"i64\"]}")}));
+  const Device small = r.backend("small").device(0);
+  const TrainingSetup setup{DType::f32, TrainingOptimizer::sgd, 2};
+  const TrainingSupport s = training_support(small, setup);
+  INFO(s.message);
+  CHECK(s.ok());
+  CHECK(s.message.empty());
+  CHECK(s.falls_back());
+  CHECK(s.fallback_device == "cpu:0");
+  for (Capability c : {Capability::i64, Capability::bool_, Capability::f64})
+    CHECK(std::find(s.fallback_capabilities.begin(), s.fallback_capabilities.end(), c) !=
+          s.fallback_capabilities.end());
+  auto falls = [&](Op op, DType d) {
+    return std::any_of(s.fallback_ops.begin(), s.fallback_ops.end(),
+                       [&](const OpRequirement& o) { return o.op == op && o.dtype == d; });
+  };
+  CHECK(falls(Op::add, DType::f32));
+  CHECK(falls(Op::relu, DType::f32));
+  CHECK(falls(Op::arange, DType::i64));
+  CHECK_FALSE(falls(Op::matmul, DType::f32));  // the device runs it
+  CHECK_FALSE(falls(Op::fill, DType::f32));
+  CHECK_FALSE(falls(Op::sqrt, DType::f32));  // SGD
+  const std::string line = s.fallback_summary();
+  BP_CHECK_CONTAINS(line, "will run on cpu:0 for small:0: ");
+  BP_CHECK_CONTAINS(line, "add/f32");
+  BP_CHECK_CONTAINS(line, "cast/bool");
+  CHECK(line.find("cast/f32") == std::string::npos);  // a cast is filed under its source dtype
+  BP_CHECK_CONTAINS(line, "held there: i64, bool, f64 tensors");
+  CHECK_NOTHROW(require_training_support(small, setup));
+
+  // A fallback that lacks what the device lacks: only that is refused, and the message says so.
+  r.set_op_fallback("small", OpFallback{OpFallback::Kind::host, "half"});
+  const TrainingSupport h = training_support(small, {DType::f32, TrainingOptimizer::sgd, 1});
+  CHECK_FALSE(h.ok());
+  CHECK(h.fallback_device == "half:0");
+  CHECK(h.error_code == Errc::capability_missing);  // bool and f64: neither device holds them
+  BP_CHECK_CONTAINS(h.message, "missing capabilities: bool, f64");
+  BP_CHECK_CONTAINS(h.message, "relu on f32");
+  BP_CHECK_CONTAINS(h.message, "op_fallback \"host:half\"");
+  BP_CHECK_CONTAINS(h.message, "which lacks these too");
+  CHECK(h.message.find("add on f32") == std::string::npos);  // half runs it
+  CHECK(std::find(h.fallback_capabilities.begin(), h.fallback_capabilities.end(), Capability::i64) !=
+        h.fallback_capabilities.end());
+
+  // Off: everything the device lacks is missing again.
+  r.set_op_fallback("small", OpFallback{});
+  const TrainingSupport off = training_support(small, {DType::f32, TrainingOptimizer::sgd, 1});
+  CHECK_FALSE(off.falls_back());
+  CHECK(off.fallback_device.empty());
+  BP_CHECK_CONTAINS(off.message, "add on f32");
+  BP_CHECK_CONTAINS(off.message, "missing capabilities: i64, bool, f64");
+}
+
 TEST_CASE("requirements: the cpu plugin meets everything training needs, on one rank and on many") {
   const Registry r = load(config_json({backend_json("cpu", "backplane_cpu", true)}));
   const Device cpu = r.backend("cpu").device(0);

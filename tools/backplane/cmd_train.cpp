@@ -141,13 +141,58 @@ Backend chosen_backend(const Registry& registry, const std::string& name, const 
 }
 
 // Everything training needs of the device (ops, dtypes, 'collective' for more
-// than one rank), named at once before any rank starts or any data is read.
-void check_training_support(const Device& device, int world_size) {
+// than one rank, sqrt only for adam), named at once before any rank starts or
+// any data is read. What the backend's op_fallback covers is not refused: the
+// result says what will fall back.
+TrainingSupport check_training_support(const Device& device, int world_size, const std::string& optimizer) {
+  TrainingSetup setup;
+  setup.dtype = DType::f32;
+  setup.optimizer = optimizer == "adam" ? TrainingOptimizer::adam : TrainingOptimizer::sgd;
+  setup.world_size = world_size;
+  TrainingSupport support;
   try {
-    require_training_support(device, DType::f32, world_size);
+    support = training_support(device, setup);
   } catch (const Error& e) {
     throw CommandError(kExitFailed, e.message());
   }
+  if (!support.ok()) throw CommandError(kExitFailed, support.message);
+  return support;
+}
+
+// "1.2 MiB", "0 bytes".
+std::string moved_text(uint64_t bytes) { return bytes == 0 ? std::string("0 bytes") : format_bytes(bytes); }
+
+// The end-of-run line on what ran on the backend's op_fallback device ("" when
+// nothing fell back): pairs, calls, bytes moved, time, and the costliest pairs.
+std::string fallback_report(const Backend& backend, const Device& device,
+                            const std::vector<OpFallbackStats>& stats) {
+  if (stats.empty()) return "";
+  uint64_t calls = 0, bytes = 0;
+  double seconds = 0;
+  for (const OpFallbackStats& s : stats) {
+    calls += s.calls;
+    bytes += s.bytes_moved();
+    seconds += s.seconds;
+  }
+  const OpFallback fallback = backend.op_fallback();
+  const std::string host =
+      fallback.kind == OpFallback::Kind::host ? fallback.host_backend + ":0" : "its fallback";
+  char head[160];
+  std::snprintf(head, sizeof head,
+                ": %llu calls, %s moved, %.3f s (top: ", static_cast<unsigned long long>(calls),
+                moved_text(bytes).c_str(), seconds);
+  std::string line = "op_fallback: " + std::to_string(stats.size()) + " (op, dtype) pair" +
+                     (stats.size() == 1 ? "" : "s") + " ran on " + host + " for " + device.id() + head;
+  constexpr std::size_t kTop = 3;
+  for (std::size_t i = 0; i < std::min(kTop, stats.size()); ++i) {
+    char item[96];
+    std::snprintf(item, sizeof item, "%s%s/%s %.3f s", i == 0 ? "" : ", ",
+                  std::string(to_string(stats[i].op)).c_str(), std::string(to_string(stats[i].dtype)).c_str(),
+                  stats[i].seconds);
+    line += item;
+  }
+  if (stats.size() > kTop) line += ", ...";
+  return line + ")";
 }
 
 std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o, const fs::path& path) {
@@ -193,7 +238,7 @@ int train_rank(const TrainOptions& o) {
   const std::size_t n_devices = backend.devices().size();
   Device device =
       backend.device(static_cast<int32_t>(static_cast<std::size_t>(rdzv.local_rank()) % n_devices));
-  check_training_support(device, world);
+  const TrainingSupport support = check_training_support(device, world, o.optimizer);
 
   GradSyncOptions sync;
   sync.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * 1024 * 1024);
@@ -207,8 +252,12 @@ int train_rank(const TrainOptions& o) {
   std::vector<Tensor> params = l1.parameters();
   for (const Tensor& p : l2.parameters()) params.push_back(p);
   // The capability decides here: a device without 'collective' follows its
-  // backend's collective_fallback (an error names the remedy).
-  for (std::size_t i = 0; i < params.size(); ++i) set_distributed_params(params[i], DistributedParamId{i});
+  // backend's collective_fallback (an error names the remedy). One rank has
+  // nothing to synchronise: no parameter is registered, no group is made, so
+  // it needs no collective at all.
+  const bool distributed = world > 1;
+  if (distributed)
+    for (std::size_t i = 0; i < params.size(); ++i) set_distributed_params(params[i], DistributedParamId{i});
   std::unique_ptr<nn::Optimizer> opt;
   if (o.optimizer == "sgd")
     opt = std::make_unique<nn::SGD>(params, o.lr, o.momentum);
@@ -224,12 +273,17 @@ int train_rank(const TrainOptions& o) {
         data_path.string().c_str(), static_cast<long long>(train.rows()), static_cast<long long>(test.rows()),
         world, world == 1 ? "" : "s", device.id().c_str(), o.batch_size, o.optimizer.c_str(), o.lr, o.epochs,
         static_cast<unsigned long long>(o.seed));
+  if (lead && support.falls_back()) {
+    std::printf("%s\n", support.fallback_summary().c_str());
+    std::fflush(stdout);
+  }
 
   std::vector<double> epoch_loss, step_loss;
   int64_t steps = 0;
   double train_seconds = 0;
   reset_grad_sync_stats();
-  ProcessGroup group = distributed_group(device);
+  std::optional<ProcessGroup> group;
+  if (distributed) group = distributed_group(device);
   for (int epoch = 1; epoch <= o.epochs; ++epoch) {
     const std::vector<int64_t> rows = shard(train.rows(), rank, world, o.seed, epoch);
     const std::size_t n_steps = (rows.size() + o.batch_size - 1) / static_cast<std::size_t>(o.batch_size);
@@ -256,9 +310,13 @@ int train_rank(const TrainOptions& o) {
     }
     // The epoch's loss over every rank's shard.
     const float local_loss = static_cast<float>(loss_sum / static_cast<double>(n_steps));
-    Tensor mean_loss =
-        group.all_reduce(Tensor::from_vector<float>(device, {1}, {local_loss}), ReduceOp::mean);
-    epoch_loss.push_back(mean_loss.to_vector<float>()[0]);
+    if (group) {
+      Tensor mean_loss =
+          group->all_reduce(Tensor::from_vector<float>(device, {1}, {local_loss}), ReduceOp::mean);
+      epoch_loss.push_back(mean_loss.to_vector<float>()[0]);
+    } else {
+      epoch_loss.push_back(local_loss);
+    }
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     if (lead)
       progress(tty, epoch, o.epochs, n_steps, n_steps, epoch_loss.back(),
@@ -274,6 +332,8 @@ int train_rank(const TrainOptions& o) {
   }
   const double per_step = train_seconds / static_cast<double>(std::max<int64_t>(steps, 1));
   const double sync_fraction = train_seconds > 0 ? stats.seconds / train_seconds : 0;
+  // Most time first (Backend::op_fallback_stats), this rank's counts.
+  const std::vector<OpFallbackStats> fallbacks = backend.op_fallback_stats();
   if (lead) {
     std::printf(
         "test accuracy %.4f | %lld steps | %.1f steps/s | %.3f ms/step | all_reduce %.0f%% of step time "
@@ -281,23 +341,32 @@ int train_rank(const TrainOptions& o) {
         test_accuracy, static_cast<long long>(steps), 1.0 / per_step, per_step * 1e3, sync_fraction * 100,
         static_cast<long long>(stats.collectives),
         stats.collectives > 0 ? static_cast<double>(stats.bytes) / stats.collectives / 1024 : 0.0);
+    if (const std::string line = fallback_report(backend, device, fallbacks); !line.empty())
+      std::printf("%s\n", line.c_str());
+    std::fflush(stdout);
     if (!o.metrics_out.empty()) {
-      nlohmann::json m{{"test_accuracy", test_accuracy},
-                       {"steps", steps},
-                       {"seconds_per_step", per_step},
-                       {"steps_per_second", 1.0 / per_step},
-                       {"allreduce_fraction", sync_fraction},
-                       {"epochs", o.epochs},
-                       {"nproc", world},
-                       {"batch_size_per_rank", o.batch_size},
-                       {"optimizer", o.optimizer},
-                       {"lr", o.lr},
-                       {"momentum", o.optimizer == "sgd" ? o.momentum : 0.0},
-                       {"bucket_mb", o.bucket_mb},
-                       {"seed", o.seed},
-                       {"backend", backend.name()},
-                       {"device", device.id()},
-                       {"epoch_loss", epoch_loss}};
+      // In this order; op_fallbacks by time, most first.
+      nlohmann::ordered_json by_time = nlohmann::ordered_json::object();
+      for (const OpFallbackStats& f : fallbacks)
+        by_time[std::string(to_string(f.op)) + "/" + std::string(to_string(f.dtype))] = {
+            {"calls", f.calls}, {"bytes_moved", f.bytes_moved()}, {"seconds", f.seconds}};
+      nlohmann::ordered_json m{{"test_accuracy", test_accuracy},
+                               {"steps", steps},
+                               {"seconds_per_step", per_step},
+                               {"steps_per_second", 1.0 / per_step},
+                               {"allreduce_fraction", sync_fraction},
+                               {"epochs", o.epochs},
+                               {"nproc", world},
+                               {"batch_size_per_rank", o.batch_size},
+                               {"optimizer", o.optimizer},
+                               {"lr", o.lr},
+                               {"momentum", o.optimizer == "sgd" ? o.momentum : 0.0},
+                               {"bucket_mb", o.bucket_mb},
+                               {"seed", o.seed},
+                               {"backend", backend.name()},
+                               {"device", device.id()},
+                               {"epoch_loss", epoch_loss},
+                               {"op_fallbacks", by_time}};
       std::ofstream out(o.metrics_out);
       out << m.dump(2) << "\n";
       if (!out) throw CommandError(kExitFailed, "cannot write --metrics-out " + o.metrics_out);
@@ -324,7 +393,7 @@ int train_rank(const TrainOptions& o) {
       if (!out) throw CommandError(kExitFailed, "cannot write --plot " + o.plot);
     }
   }
-  group.barrier();
+  if (group) group->barrier();
   return kExitOk;
 }
 
@@ -350,7 +419,7 @@ int run_train(TrainOptions o) {
     const fs::path config = choose_config(o.config);
     Registry registry = load_for_report(config);
     const Backend backend = chosen_backend(registry, o.backend, config);
-    for (const Device& device : backend.devices()) check_training_support(device, o.nproc);
+    for (const Device& device : backend.devices()) check_training_support(device, o.nproc, o.optimizer);
     load_split(o, find_data(o.data));
     check_writable(o.metrics_out, "--metrics-out");
     check_writable(o.plot, "--plot");
