@@ -60,6 +60,13 @@ std::shared_ptr<BackendImpl> fallback_host(const BackendImpl& b) {
   return nullptr;
 }
 
+// b's op_fallback as backends.json spells it, read under its lock
+// (set_op_fallback may change it at any time).
+std::string spelling(const BackendImpl& b) {
+  std::lock_guard lock(b.op_mutex);
+  return b.op_fallback.to_string();
+}
+
 // Whether device d of b runs (op, dtype) producing out_dtype with these
 // operands, by every rule require_support checks (matmul flag, dtype flags,
 // supports_op); never throws for a "no". A yes for (op, dtype) is cached as
@@ -106,7 +113,7 @@ Error refusal(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtyp
   const Error own = refusal(home, hd, op, dtype, out_dtype, operands, n, api);
   if (host == nullptr) throw own;
   const Error there = refusal(*host, 0, op, dtype, out_dtype, operands, n, api);
-  throw Error(own.code(), own.message() + ". Its op_fallback \"" + home.op_fallback.to_string() + "\" (" +
+  throw Error(own.code(), own.message() + ". Its op_fallback \"" + spelling(home) + "\" (" +
                               home.config_entry + " in " + home.config_source +
                               ") cannot run it either: " + there.message());
 }
@@ -189,10 +196,8 @@ void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t o
     std::string msg = "op_fallback: " + home.device_id(hd) + " does not run " + op_name(op) + " on " +
                       std::string(to_string(dtype));
     if (std::string_view(api) != op_name(op)) msg += std::string(" (needed by ") + api + ")";
-    msg += "; running it on " + exec.device_id(0) + " (op_fallback \"" + home.op_fallback.to_string() +
-           "\", " + home.config_entry + " in " + home.config_source +
-           "). Logged once per op and dtype; Backend::op_fallback_stats() and `backplane train` report what "
-           "it costs, BACKPLANE_OP_FALLBACK=error turns it off";
+    msg += "; running it on " + exec.device_id(0) + " (op_fallback \"" + spelling(home) + "\" at " +
+           home.config_entry + "; logged once per op and dtype)";
     log(LogLevel::info, msg);
   } catch (...) {  // a throwing log handler loses the message, not the op
   }
@@ -295,7 +300,7 @@ void Placement::execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_
   } catch (const Error& e) {
     if (!state_->placed) throw;
     throw Error(e.code(), e.message() + " (run there for " + state_->home->device_id(state_->home_device) +
-                              " by its op_fallback \"" + state_->home->op_fallback.to_string() + "\")");
+                              " by its op_fallback \"" + spelling(*state_->home) + "\")");
   }
 }
 
