@@ -208,11 +208,15 @@ struct Storage {
   int16_t made_by_dtype = 0;
   // The same bytes on the other device of the pair (home and its fallback
   // host): a copy, or a zero-copy import between host_visible devices.
-  // Made on demand by placement, dropped by every in-place write
-  // (invalidate_replica). Guarded by replica_mutex.
-  mutable std::mutex replica_mutex;
-  mutable std::shared_ptr<TensorImpl> replica;
-  mutable bool replica_alias = false;  // the replica imports these very bytes (host_visible pair)
+  // Made on demand by placement (the slot too, so a tensor that never
+  // meets placement pays one null pointer), dropped by every in-place write
+  // (invalidate_replica).
+  struct ReplicaSlot {
+    std::mutex mutex;
+    std::shared_ptr<TensorImpl> replica;  // guarded by mutex
+    bool alias = false;                   // the replica imports these very bytes
+  };
+  mutable std::atomic<ReplicaSlot*> replica_slot{nullptr};
 
   BackendImpl* home_backend() const noexcept { return home ? home.get() : backend.get(); }
   int32_t home_index() const noexcept { return home ? home_device : device; }

@@ -160,22 +160,33 @@ uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec
   return s.nbytes;
 }
 
+// s's replica slot, made on first use (one wins a race; the others free theirs).
+Storage::ReplicaSlot& replica_slot(const Storage& s) {
+  Storage::ReplicaSlot* slot = s.replica_slot.load(std::memory_order_acquire);
+  if (slot != nullptr) return *slot;
+  auto fresh = std::make_unique<Storage::ReplicaSlot>();
+  if (s.replica_slot.compare_exchange_strong(slot, fresh.get(), std::memory_order_acq_rel))
+    return *fresh.release();
+  return *slot;  // another thread's
+}
+
 // x's bytes on (exec, dev), as a view of s's replica there (made now when
 // missing or elsewhere). `moved` gets the bytes copied.
 std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::shared_ptr<BackendImpl>& exec,
                                                int32_t dev, uint64_t& moved) {
   const Storage& s = *x.storage;
+  Storage::ReplicaSlot& slot = replica_slot(s);
   std::shared_ptr<TensorImpl> r;
   std::shared_ptr<TensorImpl> dropped;  // freed outside the lock
   {
-    std::lock_guard lock(s.replica_mutex);
-    if (s.replica && s.replica->storage->backend == exec && s.replica->storage->device == dev) {
-      r = s.replica;
+    std::lock_guard lock(slot.mutex);
+    if (slot.replica && slot.replica->storage->backend == exec && slot.replica->storage->device == dev) {
+      r = slot.replica;
     } else {
       bool alias = false;
       moved += make_replica(s, exec, dev, r, alias);
-      dropped = std::exchange(s.replica, r);
-      s.replica_alias = alias;
+      dropped = std::exchange(slot.replica, r);
+      slot.alias = alias;
     }
   }
   auto v = std::make_shared<TensorImpl>();
@@ -211,10 +222,12 @@ bool op_fallback_disabled() noexcept {
 }
 
 void Storage::invalidate_replica() const noexcept {
-  std::shared_ptr<TensorImpl> dropped;
-  std::lock_guard lock(replica_mutex);
-  if (replica_alias) return;  // the same memory: it saw the write
-  dropped = std::move(replica);
+  ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire);
+  if (slot == nullptr) return;
+  std::shared_ptr<TensorImpl> dropped;  // freed outside the lock
+  std::lock_guard lock(slot->mutex);
+  if (slot->alias) return;  // the same memory: it saw the write
+  dropped = std::move(slot->replica);
 }
 
 void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,

@@ -71,7 +71,9 @@ Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, bp_buffer* adopted
     : backend(std::move(b)), buffer(adopted), nbytes(size), device(dev) {}
 
 Storage::~Storage() {
-  replica.reset();  // a replica may import these bytes: it goes first
+  // A replica may import these bytes: it goes first.
+  if (ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire)) [[unlikely]]
+    delete slot;
   bp_buffer_free_args args{};
   args.struct_size = sizeof(args);
   args.plugin = backend->plugin;
