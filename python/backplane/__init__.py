@@ -23,7 +23,7 @@ from ._backplane import (  # noqa: F401  (names `import *` skips or the stubs ne
     Tensor,
 )
 from . import _tensor  # noqa: F401  (adds indexing, numpy(), iteration to Tensor)
-from ._tensor import no_grad  # noqa: F401
+from ._tensor import no_grad, op_fallback_off  # noqa: F401
 from . import nn  # noqa: F401
 
 __version__ = "0.2.0"

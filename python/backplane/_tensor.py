@@ -1,12 +1,12 @@
 """The parts of backplane.Tensor written in Python: indexing, iteration, numpy(), __array__,
-and the no_grad()/enable_grad() contexts. Speed-critical methods are in C++ (_backplane)."""
+and the no_grad()/op_fallback_off() contexts. Speed-critical methods are in C++ (_backplane)."""
 
 import functools
 
 from . import _backplane
 from ._backplane import Tensor, InvalidArgument
 
-__all__ = ["no_grad"]
+__all__ = ["no_grad", "op_fallback_off"]
 
 
 class no_grad:
@@ -33,6 +33,40 @@ class no_grad:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             with no_grad():
+                return fn(*args, **kwargs)
+
+        return wrapper
+
+
+class op_fallback_off:
+    """Turns every backend's op_fallback off on this thread: as a context manager or a decorator.
+
+    What a device lacks raises its typed error again (UnsupportedOp, CapabilityMissing), as with
+    BACKPLANE_OP_FALLBACK=error; other threads keep their fallbacks. Nests. Enter and exit it on
+    the same thread (a with block always does).
+
+    >>> with backplane.op_fallback_off():
+    ...     y = x + 1             # raises UnsupportedOp if x's device lacks add for its dtype
+    """
+
+    def __init__(self):
+        self._contexts = []
+
+    def __enter__(self):
+        ctx = _backplane._OpFallbackOffContext()
+        ctx.__enter__()
+        self._contexts.append(ctx)
+        return None
+
+    def __exit__(self, *exc):
+        self._contexts[-1].__exit__(*exc)  # raises, and keeps it, when exited on another thread
+        self._contexts.pop()
+        return False
+
+    def __call__(self, fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            with op_fallback_off():
                 return fn(*args, **kwargs)
 
         return wrapper

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <memory>
 #include <string_view>
+#include <thread>
 
 namespace backplane::python {
 namespace {
@@ -62,6 +64,57 @@ Op to_op(py::handle obj) {
 }
 
 std::string device_repr(const Device& d) { return "Device(\"" + d.id() + "\", name=\"" + d.name() + "\")"; }
+
+// An op fallback as backends.json spells it: "error" (or None) and
+// "host:<backend>"; anything else is refused (invalid_argument) with the
+// config's message.
+OpFallback to_op_fallback(py::handle obj) {
+  if (obj.is_none()) return {};
+  if (!py::isinstance<py::str>(obj))
+    throw Error(Errc::invalid_argument, "an op fallback is \"error\", \"host:<backend>\" or None, not " +
+                                            std::string(py::str(py::type::of(obj))));
+  const std::string s = obj.cast<std::string>();
+  OpFallback f;
+  if (s.size() > 5 && s.compare(0, 5, "host:") == 0) {
+    f.kind = OpFallback::Kind::host;
+    f.host_backend = s.substr(5);
+  } else if (s != "error") {
+    throw Error(Errc::invalid_argument, "op fallback: expected \"error\" or \"host:<backend>\", got \"" + s + "\"");
+  }
+  return f;
+}
+
+// The op_fallback_off() context: an OpFallbackOff for the with block, made
+// on the thread that entered it and destroyed there (the guard is per thread:
+// destroyed on another one it would switch that thread instead).
+class OpFallbackOffContext {
+ public:
+  OpFallbackOffContext() = default;
+  OpFallbackOffContext(const OpFallbackOffContext&) = delete;
+  OpFallbackOffContext& operator=(const OpFallbackOffContext&) = delete;
+  ~OpFallbackOffContext() {
+    // Never exited (a with block always is): restore its thread's switch
+    // only from that thread; from another one, leave it.
+    if (guard_ && thread_ != std::this_thread::get_id()) static_cast<void>(guard_.release());
+  }
+
+  void enter() {
+    if (guard_) throw Error(Errc::invalid_argument, "op_fallback_off(): this context is already entered");
+    guard_ = std::make_unique<OpFallbackOff>();
+    thread_ = std::this_thread::get_id();
+  }
+  void exit() {
+    if (guard_ && thread_ != std::this_thread::get_id())
+      throw Error(Errc::invalid_argument,
+                  "op_fallback_off(): exited on another thread than the one that entered it (the switch is per "
+                  "thread)");
+    guard_.reset();
+  }
+
+ private:
+  std::unique_ptr<OpFallbackOff> guard_;
+  std::thread::id thread_;
+};
 
 }  // namespace
 
@@ -290,6 +343,31 @@ void bind_registry(py::module_& m) {
       .def("__str__", &Device::id)
       .def("__repr__", &device_repr);
 
+  py::class_<OpFallbackStats>(m, "OpFallbackStats",
+                              "What one (op, dtype) of a backend cost by running on its op_fallback backend")
+      .def_property_readonly("op", [](const OpFallbackStats& s) { return std::string(to_string(s.op)); })
+      .def_property_readonly("dtype", [](const OpFallbackStats& s) { return std::string(to_string(s.dtype)); })
+      .def_readonly("calls", &OpFallbackStats::calls)
+      .def_readonly("bytes_to_host", &OpFallbackStats::bytes_to_host)
+      .def_readonly("bytes_from_host", &OpFallbackStats::bytes_from_host)
+      .def_property_readonly("bytes_moved", &OpFallbackStats::bytes_moved)
+      .def_readonly("seconds", &OpFallbackStats::seconds)
+      .def("__repr__", [](const OpFallbackStats& s) {
+        return "OpFallbackStats(op=\"" + std::string(to_string(s.op)) + "\", dtype=\"" +
+               std::string(to_string(s.dtype)) + "\", calls=" + std::to_string(s.calls) +
+               ", bytes_to_host=" + std::to_string(s.bytes_to_host) +
+               ", bytes_from_host=" + std::to_string(s.bytes_from_host) + ", seconds=" + std::to_string(s.seconds) +
+               ")";
+      });
+
+  py::class_<OpFallbackOffContext>(m, "_OpFallbackOffContext")
+      .def(py::init<>())
+      .def("__enter__", [](OpFallbackOffContext& c) { c.enter(); })
+      .def("__exit__", [](OpFallbackOffContext& c, py::args) {
+        c.exit();
+        return false;
+      });
+
   py::enum_<Backend::Status>(m, "BackendStatus")
       .value("loaded", Backend::Status::loaded)
       .value("failed", Backend::Status::failed)
@@ -308,6 +386,10 @@ void bind_registry(py::module_& m) {
       .def_property_readonly("abi_version", &Backend::abi_version)
       .def_property_readonly("collective_fallback",
                              [](const Backend& b) { return b.collective_fallback().to_string(); })
+      .def_property_readonly("op_fallback", [](const Backend& b) { return b.op_fallback().to_string(); })
+      .def("op_fallback_stats", &Backend::op_fallback_stats,
+           "What ran on the op fallback so far, one entry per (op, dtype), most time first")
+      .def("reset_op_fallback_stats", &Backend::reset_op_fallback_stats)
       .def_property_readonly("capabilities", &Backend::capabilities)
       .def_property_readonly("device_count", &Backend::device_count)
       .def("device", &Backend::device, py::arg("index") = 0)
@@ -333,6 +415,14 @@ void bind_registry(py::module_& m) {
       .def("backend", &Registry::backend, py::arg("name"))
       .def_property_readonly("default_backend", &Registry::default_backend)
       .def_property_readonly("config_path", &Registry::config_path)
+      .def(
+          "set_op_fallback",
+          [](const Registry& r, const std::string& name, py::handle fallback) {
+            const OpFallback f = to_op_fallback(fallback);
+            nogil([&] { r.set_op_fallback(name, f); });
+          },
+          py::arg("name"), py::arg("fallback"),
+          "Sets backend `name`'s op fallback (\"error\" or None, \"host:<backend>\") with the config's rules")
       .def("__repr__", [](const Registry& r) {
         std::string names;
         for (const Backend& b : r.backends()) names += (names.empty() ? "" : ", ") + b.name();
