@@ -391,6 +391,23 @@ TEST_CASE("train: --nproc 1 needs no collective, on a partial backend with op_fa
   CHECK(two.err.find("unsupported ops") == std::string::npos);  // op_fallback covers every op
 }
 
+TEST_CASE("train: BACKPLANE_OP_FALLBACK=error turns every op_fallback back into the typed refusal") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", partial_cpu_config());
+  bpcli::Options strict;
+  strict.env["BACKPLANE_OP_FALLBACK"] = "error";
+  // No data file: the refusal comes before anything is read or launched.
+  const Result r = cli(tmp,
+                       {"train", "--backend", "partial", "--nproc", "1", "--epochs", "1", "--config", config.string(),
+                        "--data", (tmp / "no_such_data.csv.gz").string()},
+                       strict);
+  INFO(r.describe());
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.err, "partial:0");
+  BP_CHECK_CONTAINS(r.err, "add on f32");
+  BP_CHECK_CONTAINS(r.err, "BACKPLANE_OP_FALLBACK");
+}
+
 TEST_CASE("train: without op_fallback the pre-check names every missing op and flag at once") {
   TempDir tmp;
   const fs::path config = tmp.write("backends.json", partial_cpu_config());
