@@ -76,12 +76,15 @@
  *                    export of it and never offers it imported memory. [remote]
  *      matmul        the device runs MATMUL; without it the host refuses
  *                    matmul with capability_missing before asking
- *                    supports_op.                                [cpu, cuda]
+ *                    supports_op (or places it on the backend's
+ *                    op_fallback device, backends.json).         [cpu, cuda]
  *      dtype flags   BP_CAP_DTYPE(d): the device holds tensors of dtype d.
  *                    The host refuses to create, import or move a tensor of
  *                    a dtype whose flag the device lacks (capability_missing
- *                    naming flag, backend and device). supports_op then
- *                    answers per (op, dtype).                    [all]
+ *                    naming flag, backend and device), unless the backend's
+ *                    op_fallback holds such tensors for it: the plugin never
+ *                    sees them. supports_op then answers per (op, dtype);
+ *                    what it refuses may run on the op_fallback device. [all]
  *  - A flag implies the entries it needs are non-NULL (BP_CAP_COLLECTIVE ->
  *    comm_create, comm_destroy, comm_abort and the five collectives;
  *    BP_CAP_ASYNC -> synchronize; BP_CAP_HOST_VISIBLE -> buffer_pointer).
