@@ -32,10 +32,13 @@
 #include <backplane/ops.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <utility>
 
 namespace backplane::conformance {
@@ -325,7 +328,10 @@ Verdict run_case(const Context& ctx, const Case& c) {
                                 std::string(to_string(c.dtype)) +
                                 (needed == c.op ? "" : " (needed by " + c.op + ")")};
   try {
-    if (c.code != BP_OP_INVALID && !ctx.device.supports(static_cast<Op>(c.code), c.dtype)) return unsupported;
+    // Placement mode asks nothing beforehand: what the device lacks runs on
+    // its op_fallback, so every case must run.
+    if (!ctx.placement && c.code != BP_OP_INVALID && !ctx.device.supports(static_cast<Op>(c.code), c.dtype))
+      return unsupported;
     if (c.large_bytes > 0) {
       const std::string need = "a large case: needs about " + gib(c.large_bytes);
       if (ctx.max_bytes == 0)
@@ -337,6 +343,15 @@ Verdict run_case(const Context& ctx, const Case& c) {
     }
     return c.run(ctx);
   } catch (const Error& e) {
+    // Placement mode: a refusal of an op or dtype the device lacks means its
+    // op_fallback did not cover it, which is what this mode proves it does.
+    if (ctx.placement && (e.code() == Errc::unsupported_op || e.code() == Errc::capability_missing) &&
+        !(c.code != BP_OP_INVALID && e.code() == Errc::unsupported_op &&
+          ctx.device.supports(static_cast<Op>(c.code), c.dtype))) {
+      return Verdict::fail("placement: refused with " + std::string(to_string(e.code())) + " although " +
+                           ctx.device.id() + "'s op_fallback \"" + ctx.fallback +
+                           "\" should have run it: " + e.message());
+    }
     // A device that claims the op (supports_op said yes above) must run it:
     // refusing it at execute is a conformance failure, not "unsupported".
     if (e.code() == Errc::unsupported_op && c.code == BP_OP_INVALID)
@@ -366,7 +381,33 @@ std::vector<CaseResult> run_conformance(const Device& device, const Options& opt
     throw Error(Errc::invalid_argument,
                 "run_conformance: no op named \"" + options.op + "\"; the suite covers: " + known);
   }
-  const Context ctx{device, options.peer, options.verbose, options.max_bytes};
+  // Normal mode tests the device's own ops: every op_fallback is off for the
+  // run (this thread), so a fallback never makes a backend look conformant
+  // and the outcomes are those of a config without one. Placement mode
+  // needs the fallback, and proves it.
+  std::optional<OpFallbackOff> fallback_off;
+  std::string fallback;
+  if (options.placement) {
+    const Backend backend = device.backend();
+    const OpFallback f = backend.op_fallback();
+    if (f.kind != OpFallback::Kind::host) {
+      const char* env = std::getenv("BACKPLANE_OP_FALLBACK");
+      throw Error(
+          Errc::invalid_argument,
+          "run_conformance: placement mode (Options::placement, --placement) tests op placement and "
+          "needs an op_fallback, but backend \"" +
+              backend.name() + "\" of " + device.id() + " has op_fallback \"" + f.to_string() +
+              "\"; set \"op_fallback\": \"host:<backend>\" in its backends.json entry, or call "
+              "Registry::set_op_fallback (`backplane conformance --fallback-host NAME`)" +
+              (env != nullptr && std::string_view(env) == "error"
+                   ? std::string("; BACKPLANE_OP_FALLBACK=error is set, which turns every op_fallback off")
+                   : std::string()));
+    }
+    fallback = f.to_string();
+  } else {
+    fallback_off.emplace();
+  }
+  const Context ctx{device, options.peer, options.verbose, options.max_bytes, options.placement, fallback};
   std::vector<CaseResult> results;
   for (const Case& c : all_cases()) {
     if (!options.op.empty() && c.op != options.op) continue;

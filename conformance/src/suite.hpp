@@ -105,6 +105,10 @@ struct Context {
   Device peer;  // may be invalid
   bool verbose = false;
   uint64_t max_bytes = 0;
+  // Options::placement: every case runs through op placement; `fallback` is
+  // the device's backend's op_fallback ("host:cpu"), for messages.
+  bool placement = false;
+  std::string fallback;
 };
 
 struct Case {
@@ -112,7 +116,8 @@ struct Case {
   DType dtype = DType::f32;
   std::string name;
   // Checked with Device::supports(code, dtype) before the case runs (false:
-  // "unsupported"); BP_OP_INVALID skips the check.
+  // "unsupported"); BP_OP_INVALID skips the check, as does placement mode
+  // (the op_fallback runs what the device lacks).
   int32_t code = BP_OP_INVALID;
   // > 0 for a large case: its estimated peak footprint in bytes.
   uint64_t large_bytes = 0;

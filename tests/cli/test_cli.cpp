@@ -633,6 +633,76 @@ TEST_CASE("conformance: an unknown backend exits 2, an unknown --op 64") {
   BP_CHECK_CONTAINS(op.err, "known ops:");
 }
 
+namespace {
+// A cpu backend and "partial", the cpu plugin narrowed to fill, copy and
+// matmul on f32, with `partial_extra` added to its entry.
+std::string placement_config(std::string_view partial_extra) {
+  std::string extra = R"("options": {"ops": ["fill", "copy", "matmul"], "dtypes": ["f32"]})";
+  if (!partial_extra.empty()) extra += ", " + std::string(partial_extra);
+  return config_json(
+      {backend_json("cpu", "backplane_cpu", true), backend_json("partial", "backplane_cpu", true, extra)});
+}
+}  // namespace
+
+TEST_CASE("conformance: --placement runs every case through the op_fallback and exits 0") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", placement_config(R"("op_fallback": "host:cpu")"));
+  for (const char* op : {"add", "sum"}) {
+    const Result r = cli(
+        tmp, {"conformance", "--config", config.string(), "--backend", "partial", "--placement", "--op", op});
+    INFO(r.describe());
+    CHECK(r.code == kExitOk);
+    BP_CHECK_CONTAINS(r.out, "conformance of partial:0");
+    BP_CHECK_CONTAINS(r.out, "placement mode");
+    BP_CHECK_CONTAINS(r.out, "op_fallback \"host:cpu\" ran ");
+    BP_CHECK_CONTAINS(r.out, " 0 failed");
+    BP_CHECK_CONTAINS(r.out, " 0 unsupported");
+    CHECK(r.out.find("unsupported: ") == std::string::npos);
+    BP_CHECK_CONTAINS(r.out, "conformance: PASS");
+  }
+  // Without --backend: the backends with an op_fallback are tested, the others listed.
+  const Result all = cli(tmp, {"conformance", "--config", config.string(), "--placement", "--op", "add"});
+  INFO(all.describe());
+  CHECK(all.code == kExitOk);
+  BP_CHECK_CONTAINS(all.out, "not tested with --placement: backend \"cpu\" has op_fallback \"error\"");
+  BP_CHECK_CONTAINS(all.out, "summary partial:0: ");
+  CHECK(all.out.find("summary cpu:0") == std::string::npos);
+  // The normal mode ignores the fallback: add is not partial's own op.
+  const Result normal =
+      cli(tmp, {"conformance", "--config", config.string(), "--backend", "partial", "--op", "add"});
+  INFO(normal.describe());
+  CHECK(normal.code == kExitOk);
+  BP_CHECK_CONTAINS(normal.out, "unsupported: binary: add on");
+  CHECK(normal.out.find(" 0 unsupported") == std::string::npos);
+}
+
+TEST_CASE("conformance: --fallback-host sets the op_fallback, and --placement without one exits 2") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", placement_config(""));
+  const Result none = cli(tmp, {"conformance", "--config", config.string(), "--backend", "partial",
+                                "--placement", "--op", "add"});
+  CHECK_MESSAGE(none.code == kExitConfig, none.describe());
+  BP_CHECK_CONTAINS(none.err, "op_fallback");
+  BP_CHECK_CONTAINS(none.err, "--fallback-host");
+
+  const Result r = cli(tmp, {"conformance", "--config", config.string(), "--backend", "partial",
+                             "--placement", "--fallback-host", "cpu", "--op", "mul"});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "op_fallback \"host:cpu\" ran ");
+  BP_CHECK_CONTAINS(r.out, "conformance: PASS");
+
+  const Result unknown = cli(tmp, {"conformance", "--config", config.string(), "--backend", "partial",
+                                   "--placement", "--fallback-host", "nosuch", "--op", "mul"});
+  CHECK_MESSAGE(unknown.code == kExitConfig, unknown.describe());
+  BP_CHECK_CONTAINS(unknown.err, "nosuch");
+
+  const Result usage = cli(tmp, {"conformance", "--config", config.string(), "--backend", "partial",
+                                 "--fallback-host", "cpu", "--op", "mul"});
+  CHECK_MESSAGE(usage.code == kExitUsage, usage.describe());
+  BP_CHECK_CONTAINS(usage.err, "--placement");
+}
+
 // ---- the repository's backends.json ------------------------------------------
 
 // The repository's backends.json names plugin_dirs ["build/plugins"] relative

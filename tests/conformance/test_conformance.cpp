@@ -2,7 +2,9 @@
 // failures, nothing unsupported), on the opaque fixture (non-host-visible;
 // add/mul/copy on f32 pass, the rest is reported unsupported), and on the
 // skewed fixture (a wrong add must be reported as failing), plus the
-// comparison rules themselves.
+// comparison rules themselves; and op placement: the normal mode ignores a
+// backend's op_fallback, placement mode (Options::placement) runs every case
+// through it on partial backends (restricted cpu, opaque) and must pass.
 #include <backplane/conformance.hpp>
 
 #include <backplane/backplane.hpp>
@@ -13,6 +15,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #ifndef BP_TEST_FIXTURE_DIR
@@ -214,6 +217,186 @@ TEST_CASE("opaque: copies to the cpu backend and back through `to`") {
     CHECK_MESSAGE(r.outcome == Outcome::pass, r.case_name << ": " << r.detail);
   }
   CHECK(peer_cases == 2);
+}
+
+// ---- op placement: the normal mode ignores op_fallback, placement mode proves it ---------
+
+namespace {
+
+// A registry of the real cpu plugin ("cpu", every op and dtype) and a partial
+// backend under test named "partial": `partial_entry` gives its library and
+// options; `fallback` its op_fallback ("" for none).
+bp::Registry placement_registry(const std::string& partial_entry, const std::string& fallback) {
+  std::string json = std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_TEST_FIXTURE_DIR +
+                     R"(", ")" + BP_TEST_PLUGIN_DIR + R"("], "backends": [)" +
+                     R"({"name": "cpu", "library": "backplane_cpu", "required": true}, )" +
+                     R"({"name": "partial", "required": true, )" + partial_entry;
+  if (!fallback.empty()) json += R"(, "op_fallback": ")" + fallback + "\"";
+  json += "}]}";
+  return bp::Registry::from_json(json, BP_TEST_FIXTURE_DIR, "test_conformance placement");
+}
+
+// The cpu plugin narrowed to fill, copy and matmul on f32: a partial backend
+// with real kernels (docs/cpu.md, options "ops" and "dtypes").
+constexpr const char* kRestrictedCpu =
+    R"("library": "backplane_cpu", "options": {"ops": ["fill", "copy", "matmul"], "dtypes": ["f32"]})";
+// The opaque fixture: not host_visible, add/mul/copy on f32 only.
+constexpr const char* kOpaque = R"("library": "opaque")";
+
+bp::Device partial(const bp::Registry& r) { return r.backend("partial").device(0); }
+
+bc::Options placement_options(const bp::Device& peer = {}) {
+  bc::Options options;
+  options.placement = true;
+  options.peer = peer;
+  return options;
+}
+
+// Placement mode on `device`: every case passes (a large case is skipped),
+// nothing is unsupported, and the fallback did run what the device lacks.
+void expect_placement_passes(const bp::Device& device, const bp::Device& peer) {
+  const bp::Backend backend = device.backend();
+  backend.reset_op_fallback_stats();
+  const std::vector<bc::CaseResult> results = bc::run_conformance(device, placement_options(peer));
+  CHECK_MESSAGE(count(results, Outcome::fail) == 0, "failures through placement on "
+                                                        << device.id() << ":\n"
+                                                        << listing(results, Outcome::fail));
+  CHECK_MESSAGE(count(results, Outcome::unsupported) == 0, "unsupported through placement:\n"
+                                                               << listing(results, Outcome::unsupported));
+  for (const bc::CaseResult& r : results) {
+    if (r.outcome != Outcome::skipped) continue;
+    CHECK_MESSAGE(r.case_name.rfind("large ", 0) == 0,
+                  r.op << " " << r.dtype << " " << r.case_name << ": " << r.detail);
+  }
+  // Every op of the suite, on every dtype the suite covers, ran and passed.
+  std::vector<std::string> ops, dtypes;
+  for (const bc::CaseResult& r : results) {
+    if (r.outcome != Outcome::pass) continue;
+    if (std::find(ops.begin(), ops.end(), r.op) == ops.end()) ops.push_back(r.op);
+    if (std::find(dtypes.begin(), dtypes.end(), r.dtype) == dtypes.end()) dtypes.push_back(r.dtype);
+  }
+  CHECK(ops.size() == bc::op_names().size());
+  for (const char* dtype : {"f32", "f64", "i32", "i64", "bool"})
+    CHECK_MESSAGE(std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end(),
+                  "no case passed on " << dtype);
+  // The fallback did the work the device cannot.
+  const std::vector<bp::OpFallbackStats> stats = backend.op_fallback_stats();
+  CHECK(!stats.empty());
+  auto placed = [&](bp::Op op, bp::DType dtype) {
+    return std::any_of(stats.begin(), stats.end(), [&](const bp::OpFallbackStats& s) {
+      return s.op == op && s.dtype == dtype && s.calls > 0;
+    });
+  };
+  CHECK(placed(bp::Op::sub, bp::DType::f32));
+  CHECK(placed(bp::Op::exp, bp::DType::f64));
+  CHECK(placed(bp::Op::sum, bp::DType::i32));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "placement: restricted cpu (fill, copy, matmul on f32) with op_fallback host:cpu passes every case") {
+  const bp::Registry r = placement_registry(kRestrictedCpu, "host:cpu");
+  expect_placement_passes(partial(r), r.backend("cpu").device(0));
+}
+
+TEST_CASE("placement: the non-host_visible opaque fixture with op_fallback host:cpu passes every case") {
+  const bp::Registry r = placement_registry(kOpaque, "host:cpu");
+  REQUIRE_FALSE(partial(r).capabilities().has(bp::Capability::host_visible));
+  expect_placement_passes(partial(r), r.backend("cpu").device(0));
+}
+
+TEST_CASE("placement: the normal mode reports the same with an op_fallback as without one") {
+  const bp::Registry with = placement_registry(kRestrictedCpu, "host:cpu");
+  const bp::Registry without = placement_registry(kRestrictedCpu, "");
+  REQUIRE(partial(with).backend().op_fallback().kind == bp::OpFallback::Kind::host);
+  // A placement run first leaves nothing behind that the normal mode would see.
+  (void)bc::run_conformance(partial(with), placement_options());
+  partial(with).backend().reset_op_fallback_stats();
+  const std::vector<bc::CaseResult> a = bc::run_conformance(partial(with), bc::Options{});
+  const std::vector<bc::CaseResult> b = bc::run_conformance(partial(without), bc::Options{});
+  // Nothing ran on the fallback: the normal mode holds an OpFallbackOff.
+  CHECK(partial(with).backend().op_fallback_stats().empty());
+
+  // The same cases, outcomes and details, so the same tallies.
+  REQUIRE(a.size() == b.size());
+  for (std::size_t k = 0; k < a.size(); ++k) {
+    INFO(a[k].op << " " << a[k].dtype << " [" << a[k].case_name << "]");
+    CHECK(a[k].case_name == b[k].case_name);
+    CHECK(a[k].outcome == b[k].outcome);
+    CHECK(a[k].detail == b[k].detail);
+  }
+  const std::vector<bc::Tally> ta = bc::tally(a), tb = bc::tally(b);
+  REQUIRE(ta.size() == tb.size());
+  for (std::size_t k = 0; k < ta.size(); ++k) {
+    INFO(ta[k].op << " " << ta[k].dtype);
+    CHECK(ta[k].op == tb[k].op);
+    CHECK(ta[k].dtype == tb[k].dtype);
+    CHECK(ta[k].passed == tb[k].passed);
+    CHECK(ta[k].failed == tb[k].failed);
+    CHECK(ta[k].skipped == tb[k].skipped);
+    CHECK(ta[k].unsupported == tb[k].unsupported);
+  }
+
+  // What the device claims passes; every other op and dtype is unsupported, not a failure.
+  CHECK_MESSAGE(count(a, Outcome::fail) == 0, listing(a, Outcome::fail));
+  CHECK(count(a, Outcome::pass) > 0);
+  for (const bc::CaseResult& r : a) {
+    // A cast f32 -> f32 is a copy, which the device claims.
+    const bool identity_cast = r.op == "cast" && r.case_name.rfind("f32 -> f32", 0) == 0;
+    const bool claimed =
+        r.plugin_op == "fill" || r.plugin_op == "copy" || r.plugin_op == "matmul" || identity_cast;
+    if (r.dtype != "f32" || !(claimed || r.plugin_op.empty())) {
+      CHECK_MESSAGE(r.outcome == Outcome::unsupported, r.op << " " << r.dtype << " [" << r.case_name
+                                                            << "]: " << std::string(bc::to_string(r.outcome))
+                                                            << ": " << r.detail);
+    }
+  }
+  for (const auto& [op, dtype] : std::vector<std::pair<std::string, std::string>>{
+           {"add", "f32"}, {"exp", "f32"}, {"zeros", "f64"}, {"sum", "i32"}, {"matmul", "f64"}}) {
+    const auto row = std::find_if(ta.begin(), ta.end(),
+                                  [&](const bc::Tally& t) { return t.op == op && t.dtype == dtype; });
+    REQUIRE_MESSAGE(row != ta.end(), op << " " << dtype);
+    CHECK_MESSAGE(row->passed == 0, op << " " << dtype);
+    CHECK_MESSAGE(row->unsupported > 0, op << " " << dtype);
+  }
+}
+
+TEST_CASE("placement: the mode needs an op_fallback and throws invalid_argument without one") {
+  const bp::Registry without = placement_registry(kRestrictedCpu, "");
+  for (const bp::Device& device : {partial(without), cpu()}) {
+    try {
+      (void)bc::run_conformance(device, placement_options());
+      FAIL("expected an error for " << device.id());
+    } catch (const bp::Error& e) {
+      CHECK(e.code() == bp::Errc::invalid_argument);
+      CHECK(std::string(e.what()).find("op_fallback") != std::string::npos);
+      CHECK(std::string(e.what()).find(device.backend().name()) != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("placement: a case refused although the device has an op_fallback is a failure, not unsupported") {
+  // The fallback is itself partial (fill and copy on f32): add runs nowhere.
+  const std::string json =
+      std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_TEST_PLUGIN_DIR +
+      R"("], "backends": [)"
+      R"({"name": "host", "library": "backplane_cpu", "required": true,)"
+      R"( "options": {"ops": ["fill", "copy"], "dtypes": ["f32"]}},)"
+      R"({"name": "partial", "library": "backplane_cpu", "required": true,)"
+      R"( "options": {"ops": ["fill", "copy"], "dtypes": ["f32"]}, "op_fallback": "host:host"}]})";
+  const bp::Registry r = bp::Registry::from_json(json, BP_TEST_PLUGIN_DIR, "test_conformance placement");
+  bc::Options options = placement_options();
+  options.op = "add";
+  const std::vector<bc::CaseResult> results = bc::run_conformance(partial(r), options);
+  CHECK(count(results, Outcome::unsupported) == 0);
+  CHECK(count(results, Outcome::fail) > 0);
+  const auto f32 = std::find_if(results.begin(), results.end(), [](const bc::CaseResult& c) {
+    return c.dtype == "f32" && c.outcome == Outcome::fail && c.case_name.rfind("error:", 0) != 0;
+  });
+  REQUIRE(f32 != results.end());
+  CHECK(f32->detail.find("placement:") != std::string::npos);
+  CHECK(f32->detail.find("host:host") != std::string::npos);
 }
 
 // ---- the suite can fail ---------------------------------------------------------------

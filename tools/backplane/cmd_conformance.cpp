@@ -2,7 +2,9 @@
 // every device of one backend (or of every loaded backend, or one device) and
 // prints a pass/fail table per (op, dtype) and a summary. Exit 0 when no case
 // failed, 1 when one did (or a backend under test failed to load), 2 on a
-// config problem, 64 on a bad command line.
+// config problem, 64 on a bad command line. The normal mode tests a device's
+// own ops (every op_fallback off); --placement runs every case through op
+// placement, proving the backend's op_fallback.
 #include "cli.hpp"
 
 #include <backplane/conformance.hpp>
@@ -14,11 +16,13 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -36,6 +40,8 @@ struct ConformanceOptions {
   std::string op;
   bool large = false;
   bool verbose = false;
+  bool placement = false;     // run every case through op placement (Options::placement)
+  std::string fallback_host;  // --fallback-host B: set_op_fallback(backend, "host:B") first
 };
 
 constexpr std::size_t kDetailWidth = 150;
@@ -99,6 +105,19 @@ std::string table(const std::vector<bc::Tally>& all) {
   return out;
 }
 
+// Placement mode: what ran on the op_fallback during the run, in one line.
+std::string placed_summary(const Backend& backend) {
+  const std::vector<OpFallbackStats> stats = backend.op_fallback_stats();
+  uint64_t calls = 0, moved = 0;
+  for (const OpFallbackStats& s : stats) {
+    calls += s.calls;
+    moved += s.bytes_moved();
+  }
+  return "op_fallback \"" + backend.op_fallback().to_string() + "\" ran " + std::to_string(calls) +
+         " op call(s) for " + std::to_string(stats.size()) + " (op, dtype) pair(s), moving " +
+         (moved == 0 ? std::string("0 bytes") : format_bytes(moved)) + "\n";
+}
+
 int run_conformance_command(const ConformanceOptions& options) {
   const std::vector<std::string>& ops = bc::op_names();
   if (!options.op.empty() && std::find(ops.begin(), ops.end(), options.op) == ops.end()) {
@@ -106,6 +125,16 @@ int run_conformance_command(const ConformanceOptions& options) {
     for (const std::string& op : ops) known += (known.empty() ? "" : " ") + op;
     throw CommandError(kExitUsage,
                        "--op: the suite has no op named '" + options.op + "'\nknown ops: " + known);
+  }
+
+  if (!options.fallback_host.empty()) {
+    if (options.backend.empty()) throw CommandError(kExitUsage, "--fallback-host needs --backend NAME");
+    if (!options.placement) {
+      throw CommandError(
+          kExitUsage,
+          "--fallback-host needs --placement: without it the suite tests the backend's own ops "
+          "with every op_fallback off");
+    }
   }
 
   const fs::path config = choose_config(options.config);
@@ -117,6 +146,16 @@ int run_conformance_command(const ConformanceOptions& options) {
   std::vector<Backend> backends;
   if (!options.backend.empty()) {
     backends.push_back(find_backend(registry, options.backend, kExitConfig));
+    if (!options.fallback_host.empty()) {
+      OpFallback fallback;
+      fallback.kind = OpFallback::Kind::host;
+      fallback.host_backend = options.fallback_host;
+      try {
+        registry.set_op_fallback(options.backend, fallback);
+      } catch (const Error& e) {
+        throw CommandError(kExitConfig, "--fallback-host " + options.fallback_host + ": " + e.message());
+      }
+    }
   } else {
     if (one_device) throw CommandError(kExitUsage, "--device needs --backend NAME");
     backends = registry.backends();
@@ -124,6 +163,7 @@ int run_conformance_command(const ConformanceOptions& options) {
 
   bool load_failed = false;
   std::vector<std::pair<Backend, Device>> targets;
+  std::vector<std::string> not_tested;  // --placement without --backend: those with no op_fallback
   for (const Backend& backend : backends) {
     if (!backend.loaded()) {
       const bool unavailable = backend.status() == Backend::Status::unavailable;
@@ -138,6 +178,18 @@ int run_conformance_command(const ConformanceOptions& options) {
       }
       continue;
     }
+    if (options.placement && backend.op_fallback().kind != OpFallback::Kind::host) {
+      const char* env = std::getenv("BACKPLANE_OP_FALLBACK");
+      const bool disabled = env != nullptr && std::string_view(env) == "error";
+      const std::string why =
+          "backend \"" + backend.name() + "\" has op_fallback \"" + backend.op_fallback().to_string() +
+          "\": --placement tests op placement and needs one (\"op_fallback\": \"host:<backend>\" in " +
+          config.string() + ", or --fallback-host NAME)" +
+          (disabled ? "; BACKPLANE_OP_FALLBACK=error is set, which turns every op_fallback off" : "");
+      if (!options.backend.empty()) throw CommandError(kExitConfig, why);
+      not_tested.push_back("not tested with --placement: " + why);
+      continue;
+    }
     if (one_device) {
       if (options.device < 0 || options.device >= backend.device_count()) {
         throw CommandError(kExitFailed, "--device " + std::to_string(options.device) + ": backend \"" +
@@ -150,6 +202,9 @@ int run_conformance_command(const ConformanceOptions& options) {
     for (const Device& device : backend.devices()) targets.emplace_back(backend, device);
   }
   if (targets.empty()) {
+    if (options.placement && !load_failed)
+      throw CommandError(kExitConfig,
+                         "--placement: no backend of " + config.string() + " has an op_fallback");
     throw CommandError(kExitFailed,
                        load_failed ? "no backend left to test" : "no device to test in " + config.string());
   }
@@ -158,6 +213,7 @@ int run_conformance_command(const ConformanceOptions& options) {
   run_options.op = options.op;
   run_options.verbose = options.verbose;
   run_options.max_bytes = options.large ? std::numeric_limits<uint64_t>::max() : 0;
+  run_options.placement = options.placement;
   if (options.verbose) {
     run_options.on_result = [](const bc::CaseResult& r) {
       std::cout << pad(bc::to_string(r.outcome), 12) << r.op << " " << r.dtype << "  " << r.case_name;
@@ -167,6 +223,7 @@ int run_conformance_command(const ConformanceOptions& options) {
   }
 
   std::cout << "config " << shown_config_path(registry, config).string() << "\n";
+  for (const std::string& line : not_tested) std::cout << line << "\n";
   int total_failed = 0;
   std::vector<std::string> summaries, failing;
   for (const auto& [backend, device] : targets) {
@@ -174,10 +231,15 @@ int run_conformance_command(const ConformanceOptions& options) {
     std::cout << "\nconformance of " << device.id() << " (" << device.name() << "), plugin " << backend.name()
               << " " << backend.version();
     if (run_options.peer.valid()) std::cout << "; peer for `to`: " << run_options.peer.id();
+    if (options.placement)
+      std::cout << "\nplacement mode: every case runs, what the device lacks on op_fallback \""
+                << backend.op_fallback().to_string() << "\"";
     std::cout << "\n" << std::flush;
+    if (options.placement) backend.reset_op_fallback_stats();
     const std::vector<bc::CaseResult> results = bc::run_conformance(device, run_options);
     const std::vector<bc::Tally> rows = bc::tally(results);
     std::cout << (options.verbose ? "\n" : "") << table(rows);
+    if (options.placement) std::cout << placed_summary(backend);
     for (const bc::UnsupportedFamily& f : bc::unsupported_by_family(results))
       std::cout << "unsupported: " << f.family << ": " << f.text << " (" << f.cases << " case"
                 << (f.cases == 1 ? "" : "s") << ")\n";
@@ -227,8 +289,17 @@ Command add_conformance_command(CLI::App& parent) {
       "--large", options->large,
       "Also run the large cases (tensors over 2^31 bytes) where MemAvailable allows; off by default");
   sub->add_flag("-v,--verbose", options->verbose, "Print every case as it runs, with its detail");
+  sub->add_flag("--placement", options->placement,
+                "Run every case through op placement: what the device lacks runs on its backend's "
+                "op_fallback and must still pass (needs an op_fallback)");
+  sub->add_option("--fallback-host", options->fallback_host,
+                  "With --placement: use backend NAME as the tested backend's op_fallback (host:NAME) "
+                  "instead of the config's")
+      ->type_name("NAME");
   sub->footer(
-      "Unsupported ops are reported, not failures. Tolerances: docs/plugins.md#tolerances.\n"
+      "Unsupported ops are reported, not failures; every op_fallback is off, so only the backend's own\n"
+      "ops are tested. With --placement every case must pass, through the op_fallback where needed.\n"
+      "Tolerances: docs/plugins.md#tolerances.\n"
       "Exit codes: 0 no case failed, 1 a case failed or the backend did not load, 2 config problem\n"
       "(unknown backend included), 64 bad command line.");
   return {sub, [options] { return run_conformance_command(*options); }};

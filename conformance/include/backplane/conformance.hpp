@@ -55,10 +55,27 @@ struct Options {
   Device peer;
   // Called after each case, in order (progress output); may be empty.
   std::function<void(const CaseResult&)> on_result;
+  // false (the default): the device's OWN ops are tested. The run holds an
+  // OpFallbackOff, so a backend's op_fallback never makes it look
+  // conformant: what the device lacks is "unsupported", exactly as without
+  // a fallback.
+  // true: the proof of op placement. Every case runs on the device through
+  // placement (no OpFallbackOff, no supports_op pre-check), the ops and
+  // dtypes the device lacks included, so those run on its backend's
+  // op_fallback device and must still give the right values on `device`.
+  // A case refused as unsupported (unsupported_op, capability_missing) is
+  // then a failure: the fallback should have covered it. Needs an
+  // op_fallback on the device's backend (backends.json or
+  // Registry::set_op_fallback): without one run_conformance throws
+  // Errc::invalid_argument. The calling thread must not hold an
+  // OpFallbackOff.
+  bool placement = false;
 };
 
 // Runs every case (or those of options.op) on `device`. Never throws for a
-// wrong result or an error of the device: each becomes a CaseResult.
+// wrong result or an error of the device: each becomes a CaseResult. Throws
+// Errc::invalid_argument for an invalid device, an unknown options.op, and
+// options.placement on a backend without an op_fallback.
 std::vector<CaseResult> run_conformance(const Device& device, const Options& options = {});
 
 // Every op the suite covers, in the order it runs them.
