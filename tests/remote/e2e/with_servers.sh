@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs a command against N fresh `backplane serve` processes on loopback:
-#   with_servers.sh --cli BACKPLANE --server-config FILE --servers N --config OUT.json -- COMMAND [ARGS...]
-# Each server hosts the cpu backend of FILE on an ephemeral port. OUT.json is
+#   with_servers.sh --cli BACKPLANE --server-config FILE --servers N --config OUT.json
+#                   [--serve BACKEND] [--op-fallback VALUE] -- COMMAND [ARGS...]
+# Each server hosts backend BACKEND (default cpu) of FILE on an ephemeral port;
+# --op-fallback sets the remote entry's "op_fallback" (e.g. "host:cpu"). OUT.json is
 # written with a required "remote" backend whose endpoints are the servers,
 # in order (so rank r of a job lands on server r), and a "cpu" backend for
 # comparisons; then COMMAND runs. Afterwards every server is stopped with
@@ -9,13 +11,15 @@
 # when a server fails to start or to stop.
 set -euo pipefail
 
-cli="" server_config="" servers=1 config=""
+cli="" server_config="" servers=1 config="" serve="cpu" op_fallback=""
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cli) cli="$2"; shift 2 ;;
     --server-config) server_config="$2"; shift 2 ;;
     --servers) servers="$2"; shift 2 ;;
     --config) config="$2"; shift 2 ;;
+    --serve) serve="$2"; shift 2 ;;
+    --op-fallback) op_fallback=", \"op_fallback\": \"$2\""; shift 2 ;;
     --) shift; break ;;
     *) echo "with_servers.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -36,7 +40,7 @@ trap cleanup EXIT
 endpoints=()
 for ((i = 0; i < servers; ++i)); do
   log="$workdir/server$i.log"
-  "$cli" serve --config "$server_config" --backend cpu --listen 127.0.0.1:0 >"$log" 2>&1 &
+  "$cli" serve --config "$server_config" --backend "$serve" --listen 127.0.0.1:0 >"$log" 2>&1 &
   pids+=("$!")
   port=""
   for ((t = 0; t < 300; ++t)); do
@@ -65,7 +69,7 @@ cat >"$config" <<JSON
   "default_backend": "remote",
   "backends": [
     {"name": "remote", "library": "backplane_remote", "required": true,
-     "options": {"endpoints": [$joined], "connect_timeout_ms": 5000}},
+     "options": {"endpoints": [$joined], "connect_timeout_ms": 5000}$op_fallback},
     {"name": "cpu", "library": "backplane_cpu", "required": true}
   ]
 }
