@@ -55,10 +55,13 @@ struct Step {
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 400;
   const std::string lib = std::string(BP_BENCH_PLUGIN_DIR) + "/libbackplane_cpu.so";
-  const std::string json = R"({"schema_version": 1, "backends": [
-    {"name": "cpu", "library": ")" + lib + R"(", "options": {"threads": 1}},
-    {"name": "small", "library": ")" + lib +
-                           R"(", "options": {"threads": 1, "ops": ["fill", "copy", "matmul"], "dtypes": ["f32"]},
+  const std::string json =
+      R"({"schema_version": 1, "backends": [
+    {"name": "cpu", "library": ")" +
+      lib + R"(", "options": {"threads": 1}},
+    {"name": "small", "library": ")" +
+      lib +
+      R"(", "options": {"threads": 1, "ops": ["fill", "copy", "matmul"], "dtypes": ["f32"]},
      "op_fallback": "host:cpu"}]})";
   const bp::Registry registry = bp::Registry::from_json(json, ".", "bench_placement");
   bp::set_log_level(bp::LogLevel::warning);  // the first fallback of each op is logged at info
@@ -69,7 +72,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < 20; ++i) {
     const float a = native.run(), b = placed.run();
     if (std::abs(a - b) > 1e-5f * std::max(1.0f, std::abs(a))) {
-      std::fprintf(stderr, "bench_placement: losses differ at step %d: %.7g (cpu) vs %.7g (placed)\n", i, a, b);
+      std::fprintf(stderr, "bench_placement: losses differ at step %d: %.7g (cpu) vs %.7g (placed)\n", i, a,
+                   b);
       return 1;
     }
   }
@@ -84,8 +88,9 @@ int main(int argc, char** argv) {
   const auto stats = registry.backend("small").op_fallback_stats();
   uint64_t calls = 0, bytes = 0;
   for (const auto& s : stats) calls += s.calls, bytes += s.bytes_moved();
-  std::printf("training step, MLP 64-128-10, batch 32, SGD momentum, 1 thread (median of 7 rounds of %d steps)\n",
-              steps);
+  std::printf(
+      "training step, MLP 64-128-10, batch 32, SGD momentum, 1 thread (median of 7 rounds of %d steps)\n",
+      steps);
   std::printf("  cpu (native)                         %8.1f us/step\n", bench::median(native_us));
   std::printf("  small (fill/copy/matmul) + host:cpu  %8.1f us/step\n", bench::median(placed_us));
   std::printf("  placed / native                      %8.2fx   (target <= 1.30)\n", bench::median(ratio));

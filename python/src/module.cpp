@@ -79,7 +79,8 @@ OpFallback to_op_fallback(py::handle obj) {
     f.kind = OpFallback::Kind::host;
     f.host_backend = s.substr(5);
   } else if (s != "error") {
-    throw Error(Errc::invalid_argument, "op fallback: expected \"error\" or \"host:<backend>\", got \"" + s + "\"");
+    throw Error(Errc::invalid_argument,
+                "op fallback: expected \"error\" or \"host:<backend>\", got \"" + s + "\"");
   }
   return f;
 }
@@ -105,9 +106,10 @@ class OpFallbackOffContext {
   }
   void exit() {
     if (guard_ && thread_ != std::this_thread::get_id())
-      throw Error(Errc::invalid_argument,
-                  "op_fallback_off(): exited on another thread than the one that entered it (the switch is per "
-                  "thread)");
+      throw Error(
+          Errc::invalid_argument,
+          "op_fallback_off(): exited on another thread than the one that entered it (the switch is per "
+          "thread)");
     guard_.reset();
   }
 
@@ -346,7 +348,8 @@ void bind_registry(py::module_& m) {
   py::class_<OpFallbackStats>(m, "OpFallbackStats",
                               "What one (op, dtype) of a backend cost by running on its op_fallback backend")
       .def_property_readonly("op", [](const OpFallbackStats& s) { return std::string(to_string(s.op)); })
-      .def_property_readonly("dtype", [](const OpFallbackStats& s) { return std::string(to_string(s.dtype)); })
+      .def_property_readonly("dtype",
+                             [](const OpFallbackStats& s) { return std::string(to_string(s.dtype)); })
       .def_readonly("calls", &OpFallbackStats::calls)
       .def_readonly("bytes_to_host", &OpFallbackStats::bytes_to_host)
       .def_readonly("bytes_from_host", &OpFallbackStats::bytes_from_host)
@@ -356,8 +359,8 @@ void bind_registry(py::module_& m) {
         return "OpFallbackStats(op=\"" + std::string(to_string(s.op)) + "\", dtype=\"" +
                std::string(to_string(s.dtype)) + "\", calls=" + std::to_string(s.calls) +
                ", bytes_to_host=" + std::to_string(s.bytes_to_host) +
-               ", bytes_from_host=" + std::to_string(s.bytes_from_host) + ", seconds=" + std::to_string(s.seconds) +
-               ")";
+               ", bytes_from_host=" + std::to_string(s.bytes_from_host) +
+               ", seconds=" + std::to_string(s.seconds) + ")";
       });
 
   py::class_<OpFallbackOffContext>(m, "_OpFallbackOffContext")

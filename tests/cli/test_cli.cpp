@@ -39,6 +39,18 @@ Result cli(const TempDir& tmp, const std::vector<std::string>& args, const bpcli
   return r;
 }
 
+// `backplane train` with `args`, the config and a data file that does not
+// exist: a pre-check refusal must come before anything is read or launched.
+Result train_refused(const TempDir& tmp, const fs::path& config, std::vector<std::string> args,
+                     const bpcli::Options& options = {}) {
+  args.insert(args.begin(), "train");
+  for (const std::string& a :
+       {std::string("--epochs"), std::string("1"), std::string("--config"), config.string(),
+        std::string("--data"), (tmp / "no_such_data.csv.gz").string()})
+    args.push_back(a);
+  return cli(tmp, args, options);
+}
+
 bool starts_with(const std::string& text, std::string_view prefix) { return text.rfind(prefix, 0) == 0; }
 
 bool has_name(const Json& names, std::string_view name) {
@@ -271,9 +283,7 @@ TEST_CASE("train: a device that cannot train is refused up front, naming everyth
                                                          backend_json("gaps", "core_training_gaps") + "]}");
   for (const char* nproc : {"1", "2"}) {
     CAPTURE(nproc);
-    // No data file: the refusal must come before anything is read or launched.
-    const Result r = cli(tmp, {"train", "--nproc", nproc, "--epochs", "1", "--config", config.string(),
-                               "--data", (tmp / "no_such_data.csv.gz").string()});
+    const Result r = train_refused(tmp, config, {"--nproc", nproc});
     INFO(r.describe());
     CHECK(r.code == kExitFailed);
     BP_CHECK_CONTAINS(r.err, "gaps:0");
@@ -382,9 +392,7 @@ TEST_CASE("train: --nproc 1 needs no collective, on a partial backend with op_fa
     CHECK(r.err.find("collective") == std::string::npos);
   }
   // With two ranks the one without a collective_fallback is refused up front.
-  const Result two =
-      cli(tmp, {"train", "--backend", "partial_nocoll", "--nproc", "2", "--epochs", "1", "--config",
-                config.string(), "--data", (tmp / "no_such_data.csv.gz").string()});
+  const Result two = train_refused(tmp, config, {"--backend", "partial_nocoll", "--nproc", "2"});
   INFO(two.describe());
   CHECK(two.code == kExitFailed);
   BP_CHECK_CONTAINS(two.err, "missing capabilities: collective");
@@ -396,11 +404,7 @@ TEST_CASE("train: BACKPLANE_OP_FALLBACK=error turns every op_fallback back into 
   const fs::path config = tmp.write("backends.json", partial_cpu_config());
   bpcli::Options strict;
   strict.env["BACKPLANE_OP_FALLBACK"] = "error";
-  // No data file: the refusal comes before anything is read or launched.
-  const Result r = cli(tmp,
-                       {"train", "--backend", "partial", "--nproc", "1", "--epochs", "1", "--config", config.string(),
-                        "--data", (tmp / "no_such_data.csv.gz").string()},
-                       strict);
+  const Result r = train_refused(tmp, config, {"--backend", "partial", "--nproc", "1"}, strict);
   INFO(r.describe());
   CHECK(r.code == kExitFailed);
   BP_CHECK_CONTAINS(r.err, "partial:0");
@@ -413,9 +417,7 @@ TEST_CASE("train: without op_fallback the pre-check names every missing op and f
   const fs::path config = tmp.write("backends.json", partial_cpu_config());
   for (const char* nproc : {"1", "2"}) {
     CAPTURE(nproc);
-    // No data file: the refusal comes before anything is read or launched.
-    const Result r = cli(tmp, {"train", "--backend", "bare", "--nproc", nproc, "--epochs", "1", "--config",
-                               config.string(), "--data", (tmp / "no_such_data.csv.gz").string()});
+    const Result r = train_refused(tmp, config, {"--backend", "bare", "--nproc", nproc});
     INFO(r.describe());
     CHECK(r.code == kExitFailed);
     BP_CHECK_CONTAINS(r.err, "bare:0");
@@ -435,8 +437,7 @@ TEST_CASE("train: without op_fallback the pre-check names every missing op and f
     CHECK(r.out.find("op_fallback: ") == std::string::npos);
   }
   const Result adam =
-      cli(tmp, {"train", "--backend", "bare", "--nproc", "1", "--optimizer", "adam", "--config",
-                config.string(), "--data", (tmp / "no_such_data.csv.gz").string()});
+      train_refused(tmp, config, {"--backend", "bare", "--nproc", "1", "--optimizer", "adam"});
   INFO(adam.describe());
   CHECK(adam.code == kExitFailed);
   BP_CHECK_CONTAINS(adam.err, "sqrt on f32 (Adam)");
