@@ -6,6 +6,9 @@
 #include "test_support.hpp"
 
 #include <backplane/backplane.hpp>
+#include <backplane/dlpack.hpp>
+
+#include <dlpack/dlpack.h>
 
 #include <doctest/doctest.h>
 
@@ -129,9 +132,14 @@ TEST_CASE("placement: dtypes a device lacks are held on its fallback for it, tra
   CHECK(as_f64.to_vector<double>()[1] == 5.0);
   CHECK(bp::index_select(scores, 1, labels).to_vector<float>() == std::vector<float>{2, 1, 5, 3, 7, 0});
 
-  // DLPack export says where the bytes really are (host memory of cpu:0).
-  const bp::Tensor moved = bp::Tensor::from_vector<int64_t>(small, {2}, {7, 8});
-  CHECK(moved.to(small).device() == small);
+  // DLPack export says where the bytes really are: an f64 tensor of the
+  // opaque device (which cannot hold f64, nor export anything) is host memory of cpu:0.
+  const bp::Tensor held = bp::Tensor::from_vector<double>(r.backend("opaque").device(), {2}, {7, 8});
+  DLManagedTensor* m = bp::to_dlpack(held);
+  REQUIRE(m != nullptr);
+  CHECK(m->dl_tensor.device.device_type == kDLCPU);
+  CHECK(static_cast<const double*>(m->dl_tensor.data)[1] == 8.0);
+  m->deleter(m);
 }
 
 TEST_CASE("placement: without a fallback the typed errors are unchanged") {
