@@ -27,9 +27,12 @@ int main(int argc, char** argv) {
   try {
     const bp::Registry registry = argc > 1 ? bp::Registry::from_config(argv[1]) : bp::Registry::from_env();
     for (const bp::Backend& backend : registry.backends()) {
+      // In `backplane check`'s words: unavailable (the plugin loaded, its devices cannot be used here,
+      // e.g. cuda without a driver) or failed (it did not load).
+      const bool unavailable = backend.status() == bp::Backend::Status::unavailable;
       std::cout << "backend " << backend.name() << ": "
                 << (backend.loaded() ? "loaded, capabilities: " + backend.capabilities().to_string()
-                                     : "failed: " + backend.error())
+                                     : (unavailable ? "unavailable: " : "failed: ") + backend.error())
                 << '\n';
     }
 
