@@ -69,7 +69,9 @@ endif()
 if(_bp_cuda_mode STREQUAL "ON" AND NOT BACKPLANE_BUILD_CUDA)
   message(FATAL_ERROR "BACKPLANE_WITH_CUDA=ON but the cuda plugin cannot be built: ${_bp_cuda_missing}")
 elseif(BACKPLANE_BUILD_CUDA)
-  message(STATUS "cuda plugin: building (CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, "
+  # Enabled is not built: the main job's `--target backplane_cli backplane_cpu` leaves it out.
+  message(STATUS "cuda plugin: enabled (target backplane_cuda_nccl; built by a plain cmake --build, not by the "
+    "main job's targets; CUDA ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, "
     "NCCL ${BACKPLANE_NCCL_LIBRARY})")
 elseif(_bp_cuda_mode STREQUAL "AUTO")
   message(STATUS "cuda plugin: not built: ${_bp_cuda_missing}")
