@@ -2,13 +2,15 @@
 """Data-parallel training from Python: the MLP (64-128-10) of `backplane train` on the digits data.
 
 Run it with 2 ranks (each rank trains on its shard of every global batch; backward all-reduces
-the gradients of the registered parameters):
+the gradients of the registered parameters), from the repository root after building the package
+(cmake --build --preset release --target backplane_python):
 
-    backplane launch -n 2 -- python3 examples/python/ddp_digits.py
-    mpirun -n 2 python3 examples/python/ddp_digits.py      # + --allow-run-as-root --oversubscribe as needed
+    build/bin/backplane launch -n 2 -- env PYTHONPATH=build/python /usr/bin/python3 examples/python/ddp_digits.py
+    PYTHONPATH=build/python mpirun -n 2 -x PYTHONPATH /usr/bin/python3 examples/python/ddp_digits.py
+                                            # + --allow-run-as-root --oversubscribe as needed
 
-or alone (one rank): python3 examples/python/ddp_digits.py. `python3` must be the interpreter
-the bindings were built for (Debian's /usr/bin/python3), with the package on PYTHONPATH.
+or alone (one rank): PYTHONPATH=build/python /usr/bin/python3 examples/python/ddp_digits.py. The
+interpreter must be the one the bindings were built for (Debian's /usr/bin/python3 by default).
 
 It reproduces `backplane train` step for step (the same split, shuffles, initialisation, batches,
 optimizer and hyper-parameters, hence the same ops in the same order), so for the same --seed and
