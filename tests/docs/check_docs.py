@@ -11,7 +11,8 @@ something, 0 otherwise. The rules:
 
 paths    Every repository path the documents name exists:
          - every relative link target ([text](target)), resolved against the document's folder
-           (URLs, mailto: and in-page #anchors are not paths);
+           (URLs and mailto: are not paths); its #anchor, in a markdown file, is one of that file's
+           headings as GitHub names them (an in-page [text](#anchor) too);
          - every code span (`...`) and every word of a fenced block that looks like a repository
            path: no spaces, a '/', and its first component is a top-level folder of the repository
            (a tracked one: `git ls-files`, so build folders such as build/ never count). These are
@@ -160,6 +161,23 @@ def repo_path_candidate(word, tops):
     return word
 
 
+def heading_anchors(path):
+    """The anchors GitHub gives the headings of a markdown file: lower case, punctuation other than
+    '-' and '_' dropped, spaces as '-', a repeated one suffixed -1, -2, ..."""
+    anchors, seen = set(), {}
+    fenced = {number for number, _ in Document(os.path.dirname(path), path).fenced}
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f.read().split("\n"), 1):
+            m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+            if not m or number in fenced:
+                continue
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
 def check_paths(source):
     files = repository_files(source)
     tops = top_level_folders(source, files)
@@ -169,10 +187,18 @@ def check_paths(source):
         for line, target in doc.links():
             if re.match(r"[a-zA-Z][\w+.-]*:", target) or target.startswith("#"):
                 continue
-            path = target.split("#", 1)[0]
+            path, _, anchor = target.partition("#")
             resolved = os.path.normpath(os.path.join(folder, path))
-            if not os.path.relpath(resolved, source).startswith("..") and not os.path.exists(resolved):
+            if os.path.relpath(resolved, source).startswith(".."):
+                continue
+            if not os.path.exists(resolved):
                 findings.append(f"{doc.rel}:{line}: the link target {target} does not exist")
+            elif anchor and resolved.endswith(".md") and anchor not in heading_anchors(resolved):
+                findings.append(f"{doc.rel}:{line}: {os.path.relpath(resolved, source)} has no heading "
+                                f"for the anchor #{anchor}")
+        for line, target in doc.links():
+            if target.startswith("#") and target[1:] not in heading_anchors(doc.path):
+                findings.append(f"{doc.rel}:{line}: no heading of this document has the anchor {target}")
         for line, span in doc.code_spans():
             candidate = repo_path_candidate(span, tops)
             if candidate and not path_exists(source, candidate):
