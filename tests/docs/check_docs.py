@@ -31,7 +31,8 @@ options  Every `backplane <subcommand> --option` (also build/bin/backplane, <pre
 env      Every BACKPLANE_* environment variable the documents name is read by the code, and every
          one the code reads is named in README.md or docs/:
          - the code's variables: string literals that are exactly a BACKPLANE_* name in the sources
-           of core/, plugins/, tools/, conformance/ and python/ (C, C++, CUDA and Python). The code
+           of core/, common/ (routines shared by the core, the plugins and the CLI), plugins/,
+           tools/, conformance/ and python/ (C, C++, CUDA and Python). The code
            reads the environment only through such literals (std::getenv("BACKPLANE_..."), a
            helper such as env_limit("BACKPLANE_...") or a constant passed to getenv,
            os.environ["BACKPLANE_..."]); CMake variables reach the code as macros, never as a
@@ -346,7 +347,7 @@ def read(source, rel):
 def check_env(source):
     files = repository_files(source)
     code_names = {}  # name -> first file reading it
-    for rel in source_files(source, files, {"core", "plugins", "tools", "conformance", "python"},
+    for rel in source_files(source, files, {"core", "common", "plugins", "tools", "conformance", "python"},
                             lambda f: f.endswith(CODE_EXTENSIONS)):
         for name in re.findall(r"[\"'](BACKPLANE_[A-Z0-9_]+)[\"']", read(source, rel)):
             code_names.setdefault(name, rel)
