@@ -54,7 +54,7 @@ struct DirectPlugin {
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) return;
     auto entry = reinterpret_cast<bp_plugin_entry_fn>(dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
-    static const bp_host_api host = {sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
+    static const bp_host_api host = {BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
                                      [](void*, int32_t, const char*) {}};
     api = entry != nullptr ? entry(&host) : nullptr;
     // buffer_pointer is optional in the ABI; the cpu plugin (host_visible) has it.
@@ -63,7 +63,7 @@ struct DirectPlugin {
       api = nullptr;
       return;
     }
-    bp_create_args c{sizeof c, "cpu", R"({"threads": 1})", &host, nullptr};
+    bp_create_args c{BP_CREATE_ARGS_STRUCT_SIZE, "cpu", R"({"threads": 1})", &host, nullptr};
     if (bp_status* s = api->create(&c)) {
       api->status_free(s);
       api = nullptr;
@@ -72,18 +72,18 @@ struct DirectPlugin {
     plugin = c.plugin;
   }
   bp_buffer* alloc(uint64_t bytes) const {
-    bp_buffer_alloc_args a{sizeof a, plugin, 0, 0, bytes, nullptr};
+    bp_buffer_alloc_args a{BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE, plugin, 0, 0, bytes, nullptr};
     if (bp_status* s = api->buffer_alloc(&a)) api->status_free(s);
     return a.buffer;
   }
   // The buffer's host address (the cpu plugin is host_visible).
   float* data(bp_buffer* b) const {
-    bp_buffer_pointer_args p{sizeof p, plugin, b, nullptr, 0, 0};
+    bp_buffer_pointer_args p{BP_BUFFER_POINTER_ARGS_STRUCT_SIZE, plugin, b, nullptr, 0, 0};
     if (bp_status* s = api->buffer_pointer(&p)) api->status_free(s);
     return static_cast<float*>(p.data);
   }
   void free(bp_buffer* b) const {
-    bp_buffer_free_args f{sizeof f, plugin, b};
+    bp_buffer_free_args f{BP_BUFFER_FREE_ARGS_STRUCT_SIZE, plugin, b};
     if (bp_status* s = api->buffer_free(&f)) api->status_free(s);
   }
 };
@@ -140,13 +140,14 @@ int main(int argc, char** argv) {
     bp_buffer* pb = direct_plugin.alloc(kN * sizeof(float));
     const int64_t shape[1] = {kN};
     const int64_t strides[1] = {1};
-    const bp_op_attrs attrs{sizeof(bp_op_attrs), 0, 0, 0, 0.0, 0.0, 0};
+    const bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 0, 0, 0, 0.0, 0.0, 0};
     auto plugin_only = [&] {
       bp_buffer* po = direct_plugin.alloc(kN * sizeof(float));
       const bp_tensor in[2] = {{pa, 0, 0, BP_DTYPE_F32, 1, 0, shape, strides},
                                {pb, 0, 0, BP_DTYPE_F32, 1, 0, shape, strides}};
       const bp_tensor out = {po, 0, 0, BP_DTYPE_F32, 1, 0, shape, strides};
-      bp_execute_args e{sizeof e, direct_plugin.plugin, 0, BP_OP_ADD, in, &out, 2, 1, &attrs};
+      bp_execute_args e{
+          BP_EXECUTE_ARGS_STRUCT_SIZE, direct_plugin.plugin, 0, BP_OP_ADD, in, &out, 2, 1, &attrs};
       if (bp_status* s = direct_plugin.api->execute(&e)) direct_plugin.api->status_free(s);
       direct_plugin.free(po);  // execute is a call into another library: it cannot be elided
     };

@@ -70,7 +70,7 @@ int32_t abi_reduce_op(ReduceOp op) {
 class KvStoreBridge {
  public:
   explicit KvStoreBridge(std::shared_ptr<Store> store) : store_(std::move(store)) {
-    table_.struct_size = sizeof(bp_kv_store);
+    table_.struct_size = BP_KV_STORE_STRUCT_SIZE;
     table_.ctx = this;
     table_.set = &KvStoreBridge::set;
     table_.get = &KvStoreBridge::get;
@@ -224,7 +224,7 @@ struct ProcessGroup::Impl {
   void call_logged(bp_status* (*entry)(bp_comm_args*), bp_comm* c, const char* name) const noexcept {
     try {
       bp_comm_args args{};
-      args.struct_size = sizeof(args);
+      args.struct_size = BP_COMM_ARGS_STRUCT_SIZE;
       args.plugin = coll().plugin;
       args.comm = c;
       bp_status* status = detail::call_entry(coll(), name, Errc::internal, entry, &args);
@@ -279,7 +279,7 @@ struct ProcessGroup::Impl {
       std::lock_guard lock(mutex);
       require_not_aborted(op);
       bp_collective_args args{};
-      args.struct_size = sizeof(args);
+      args.struct_size = BP_COLLECTIVE_ARGS_STRUCT_SIZE;
       args.plugin = coll().plugin;
       args.comm = comm;
       args.input = in;
@@ -390,7 +390,7 @@ ProcessGroup ProcessGroup::create(const Device& device, const Rendezvous& rendez
   impl->bridge = std::make_unique<KvStoreBridge>(rendezvous.store());
 
   bp_comm_create_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_COMM_CREATE_ARGS_STRUCT_SIZE;
   args.device = impl->route.device;
   args.rank = impl->rank;
   args.world_size = impl->world_size;

@@ -81,7 +81,7 @@ std::string abi_string(uint32_t major, uint32_t minor) {
 
 // The smallest table abi.h allows: through `execute`, the last required entry.
 // What lies beyond a table's struct_size reads as NULL.
-constexpr std::size_t kMinTableSize = offsetof(bp_plugin_api, execute) + sizeof(bp_plugin_api::execute);
+constexpr std::size_t kMinTableSize = BP_STRUCT_SIZE(bp_plugin_api, execute);
 
 // "0.2" from "0.2.0": the release whose abi.h a plugin should be rebuilt against.
 std::string release_major_minor() {
@@ -119,7 +119,7 @@ std::string demangled_current_type() {
 // The "tried:" list of a library not found shows this many locations.
 constexpr std::size_t kMaxTriedShown = 20;
 
-const bp_host_api kHostApi = {sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
+const bp_host_api kHostApi = {BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
 
 }  // namespace
 
@@ -248,8 +248,16 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
              std::to_string(kMinTableSize) + " bytes every ABI " + std::to_string(BP_ABI_MAJOR) +
              ".x table has; the table is truncated or corrupt");
   }
-  std::memcpy(&b.api, table, std::min<std::size_t>(table->struct_size, sizeof(bp_plugin_api)));
-  b.api.struct_size = std::min<std::size_t>(table->struct_size, sizeof(bp_plugin_api));
+  // Whole fields only: every field from plugin_name on is one pointer, so a
+  // struct_size that cuts one (one byte short of an entry) must leave that
+  // entry NULL, not hold the bytes that were declared.
+  static_assert(offsetof(bp_plugin_api, plugin_name) % sizeof(void*) == 0 &&
+                sizeof(bp_plugin_api) % sizeof(void*) == 0 &&
+                kMinTableSize > offsetof(bp_plugin_api, plugin_name));
+  std::size_t whole = std::min<std::size_t>(table->struct_size, sizeof(bp_plugin_api));
+  whole -= whole % sizeof(void*);
+  std::memcpy(&b.api, table, whole);
+  b.api.struct_size = whole;
 
   // The entries abi.h marks (required), listed by name when NULL.
   const bp_plugin_api& a = b.api;
@@ -279,7 +287,7 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   b.plugin_version = a.plugin_version;
 
   bp_create_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_CREATE_ARGS_STRUCT_SIZE;
   args.backend_name = b.name.c_str();
   args.options_json = entry.options_json.c_str();
   args.host = &kHostApi;
@@ -301,7 +309,7 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
 
   try {
     bp_device_count_args count{};
-    count.struct_size = sizeof(count);
+    count.struct_size = BP_DEVICE_COUNT_ARGS_STRUCT_SIZE;
     count.plugin = b.plugin;
     if (bp_status* st = call_entry(b, "device_count", kLoad, a.device_count, &count)) {
       // UNAVAILABLE is an answer, not a failure: the backend is kept, with no
@@ -322,7 +330,7 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
            "device_count returned " + std::to_string(count.num_devices) + " (expected 0..4096)");
     for (int32_t d = 0; d < count.num_devices; ++d) {
       bp_device_info_args info{};
-      info.struct_size = sizeof(info);
+      info.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
       info.plugin = b.plugin;
       info.device = d;
       b.check(call_entry(b, "device_info", kLoad, a.device_info, &info),

@@ -84,7 +84,7 @@ bool BackendImpl::supports(int32_t device, int32_t op, int32_t dtype) {
   // the caller turns the "no" into its own error) once per cached answer.
   auto ask = [&]() -> bool {
     bp_supports_op_args args{};
-    args.struct_size = sizeof(args);
+    args.struct_size = BP_SUPPORTS_OP_ARGS_STRUCT_SIZE;
     args.plugin = plugin;
     args.device = device;
     args.op = op;
@@ -133,7 +133,7 @@ void BackendImpl::require_dtype_capability(int32_t device, DType dtype, std::str
 void BackendImpl::synchronize_if_async(int32_t device, std::string_view what) const {
   if (!has(device, Capability::async) || api.synchronize == nullptr) return;
   bp_synchronize_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_SYNCHRONIZE_ARGS_STRUCT_SIZE;
   args.plugin = plugin;
   args.device = device;
   check(call_entry(*this, "synchronize", kCallFailed, api.synchronize, &args),
@@ -143,7 +143,7 @@ void BackendImpl::synchronize_if_async(int32_t device, std::string_view what) co
 std::byte* BackendImpl::host_pointer(int32_t device, bp_buffer* buffer, std::string_view what) const {
   if (!has(device, Capability::host_visible) || api.buffer_pointer == nullptr) return nullptr;
   bp_buffer_pointer_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
   args.plugin = plugin;
   args.buffer = buffer;
   check(call_entry(*this, "buffer_pointer", kCallFailed, api.buffer_pointer, &args),
@@ -173,7 +173,7 @@ void BackendImpl::read(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t s
 
 bp_buffer_copy_args BackendImpl::copy_args(bp_buffer* buffer, uint64_t offset, uint64_t size) const noexcept {
   bp_buffer_copy_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_BUFFER_COPY_ARGS_STRUCT_SIZE;
   args.plugin = plugin;
   args.buffer = buffer;
   args.offset = offset;
@@ -437,7 +437,7 @@ std::optional<MemoryInfo> Device::memory() const {
   const detail::BackendImpl& b = *backend_;
   if (b.api.device_memory == nullptr) return std::nullopt;
   bp_device_memory_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE;
   args.plugin = b.plugin;
   args.device = index_;
   b.check(detail::call_entry(b, "device_memory", detail::kCallFailed, b.api.device_memory, &args),
@@ -460,7 +460,7 @@ void Device::synchronize() const {
   record(backend_, index_);
   if (backend_->api.synchronize == nullptr) return;  // synchronous device
   bp_synchronize_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_SYNCHRONIZE_ARGS_STRUCT_SIZE;
   args.plugin = backend_->plugin;
   args.device = index_;
   backend_->check(

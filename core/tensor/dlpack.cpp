@@ -299,7 +299,7 @@ DLManagedTensor* to_dlpack(const Tensor& t) {
     // must have landed (buffer_pointer synchronises too; this says so here).
     backend->synchronize_if_async(dev, what);
     bp_buffer_pointer_args where{};
-    where.struct_size = sizeof(where);
+    where.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
     where.plugin = backend->plugin;
     where.buffer = storage.buffer;
     backend->check(
@@ -450,7 +450,7 @@ Tensor from_dlpack(DLManagedTensor* m, const Device& device) {
     const std::string what = "buffer_import of " + std::to_string(region_bytes) + " bytes of " + where_from +
                              " on " + backend->device_id(dev);
     bp_buffer_import_args args{};
-    args.struct_size = sizeof(args);
+    args.struct_size = BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE;
     args.plugin = backend->plugin;
     args.device = dev;
     args.dl_device_type = type;

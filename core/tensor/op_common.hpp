@@ -97,7 +97,7 @@ Shape broadcast_strides(const TensorImpl& t, const Shape& out);
 // Zeroed attributes with struct_size set.
 constexpr bp_op_attrs make_attrs() noexcept {
   bp_op_attrs a{};
-  a.struct_size = sizeof(bp_op_attrs);
+  a.struct_size = BP_OP_ATTRS_STRUCT_SIZE;
   return a;
 }
 // A non-NULL execute status: throws unless its code is OK.
@@ -110,7 +110,7 @@ inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_t
                     int32_t num_inputs, const bp_tensor* output, const bp_op_attrs* attrs = nullptr) {
   static constexpr bp_op_attrs kNoAttrs = make_attrs();
   bp_execute_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_EXECUTE_ARGS_STRUCT_SIZE;
   args.device = device;
   args.op = op;
   args.inputs = inputs;

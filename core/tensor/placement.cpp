@@ -136,7 +136,7 @@ uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec
     if (std::byte* p = s.backend->host_pointer(s.device, s.buffer, what)) {
       s.backend->synchronize_if_async(s.device, what);
       bp_buffer_import_args args{};
-      args.struct_size = sizeof(args);
+      args.struct_size = BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE;
       args.plugin = exec->plugin;
       args.device = dev;
       args.dl_device_type = BP_DL_CPU;

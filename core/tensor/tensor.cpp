@@ -57,7 +57,7 @@ namespace {
 Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size)
     : backend(std::move(b)), nbytes(size), device(dev) {
   bp_buffer_alloc_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE;
   args.plugin = backend->plugin;
   args.device = dev;
   args.size = size;
@@ -75,7 +75,7 @@ Storage::~Storage() {
   if (ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire)) [[unlikely]]
     delete slot;
   bp_buffer_free_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_BUFFER_FREE_ARGS_STRUCT_SIZE;
   args.plugin = backend->plugin;
   args.buffer = buffer;
   bp_status* st = nullptr;

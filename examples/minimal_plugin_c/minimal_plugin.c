@@ -166,7 +166,7 @@ BP_EXPORT const bp_plugin_api* bp_plugin_entry(const bp_host_api* host) {
    * which is why the device must not declare BP_CAP_COLLECTIVE. */
   static bp_plugin_api table;
   (void)host; /* a plugin that logs keeps it: host->log(host->ctx, level, text) */
-  table.struct_size = sizeof(bp_plugin_api);
+  table.struct_size = BP_PLUGIN_API_STRUCT_SIZE;
   table.abi_major = BP_ABI_MAJOR;
   table.abi_minor = BP_ABI_MINOR;
   table.plugin_name = "minimal_plugin_c";

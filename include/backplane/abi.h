@@ -17,6 +17,11 @@
  *       name tables here. A major bump was right: no plugin outside
  *       backplane's own tree had been built against 1.x.
  *  2.1  bp_kv_set_args.timeout_ms: a bounded set, for failure reports.
+ *       An async device may defer buffer_alloc's failure to the next
+ *       synchronising call when the plugin names its buffers itself (2.1,
+ *       recorded here).
+ *  2.2  struct_size is the end of the last field (BP_STRUCT_SIZE), not
+ *       sizeof: trailing padding no longer reads as a field.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -27,7 +32,19 @@
  *    It returns its table even to a host of another major, so that the host
  *    can name both versions when it refuses the plugin.
  *  - Every table and argument struct begins with `struct_size`, set by its
- *    producer to sizeof() of the struct it was compiled against.
+ *    producer to the offset plus size of the last field it knows: the
+ *    struct's BP_<NAME>_STRUCT_SIZE, defined beside it with BP_STRUCT_SIZE.
+ *    Never sizeof(): a struct that ends in padding (on LP64,
+ *    bp_device_count_args and bp_synchronize_args end in 4 bytes) would
+ *    declare the padding, and a field a later minor puts there would read as
+ *    present. Appending a field means updating that one macro line.
+ *  - Producers of 2.0 and 2.1 set sizeof(). A reader accepts both: sizeof is
+ *    never smaller than the exact size, so every field they knew reads as
+ *    present (BP_HAS_FIELD means what it always did). Because such a
+ *    producer declared it, the trailing padding of 2.1 (after
+ *    bp_device_count_args.num_devices and bp_synchronize_args.device) never
+ *    gets a meaning: a later minor that appends to those structs first fills
+ *    it with a `reserved_` field.
  *  - BP_ABI_MAJOR changes only when an existing field changes meaning, type or
  *    position. The host refuses a plugin whose major differs from its own and
  *    names both majors.
@@ -208,7 +225,7 @@ extern "C" {
 #endif
 
 #define BP_ABI_MAJOR 2
-#define BP_ABI_MINOR 1
+#define BP_ABI_MINOR 2
 
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_plugin_entry"
 
@@ -224,9 +241,13 @@ extern "C" {
 #define BP_MAYBE_UNUSED_
 #endif
 
+/* The struct_size a producer sets: where `last_field`, the last field of
+ * `type` it knows, ends (offset plus size; trailing padding excluded). */
+#define BP_STRUCT_SIZE(type, last_field) (offsetof(type, last_field) + sizeof(((type*)0)->last_field))
+
 /* True when `field` of struct type `type` lies inside a struct whose producer
  * declared `size` bytes. */
-#define BP_HAS_FIELD(type, field, size) ((size_t)(size) >= offsetof(type, field) + sizeof(((type*)0)->field))
+#define BP_HAS_FIELD(type, field, size) ((size_t)(size) >= BP_STRUCT_SIZE(type, field))
 
 /* ------------------------------------------------------------------------ */
 /* Status                                                                    */
@@ -383,6 +404,7 @@ typedef struct bp_op_attrs {
   double scalar1;    /* clamp high, arange step, rand high / std         */
   uint64_t seed;     /* rand_uniform, randn                              */
 } bp_op_attrs;
+#define BP_OP_ATTRS_STRUCT_SIZE BP_STRUCT_SIZE(bp_op_attrs, seed)
 
 typedef enum bp_reduce_op {
   BP_REDUCE_SUM = 0,
@@ -498,6 +520,7 @@ typedef struct bp_host_api {
   /* (required) Log a NUL-terminated message; any thread; never fails. */
   void (*log)(void* ctx, int32_t level, const char* message);
 } bp_host_api;
+#define BP_HOST_API_STRUCT_SIZE BP_STRUCT_SIZE(bp_host_api, log)
 
 /* A key-value store shared by all ranks of a group, backed by the host's
  * rendezvous store. Every entry returns a status owned by the store (read
@@ -516,6 +539,7 @@ typedef struct bp_kv_set_args {
    * struct_size covers it. */
   int64_t timeout_ms;
 } bp_kv_set_args;
+#define BP_KV_SET_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_kv_set_args, timeout_ms)
 
 typedef struct bp_kv_get_args {
   size_t struct_size;
@@ -525,6 +549,7 @@ typedef struct bp_kv_get_args {
   uint8_t* value;     /* out: owned by the caller, freed with free_value */
   uint64_t size;      /* out */
 } bp_kv_get_args;
+#define BP_KV_GET_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_kv_get_args, size)
 
 typedef struct bp_kv_wait_args {
   size_t struct_size;
@@ -534,6 +559,7 @@ typedef struct bp_kv_wait_args {
   int32_t reserved_;
   int64_t timeout_ms; /* until every key exists; BP_STATUS_TIMEOUT after */
 } bp_kv_wait_args;
+#define BP_KV_WAIT_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_kv_wait_args, timeout_ms)
 
 typedef struct bp_kv_store {
   size_t struct_size;
@@ -546,6 +572,7 @@ typedef struct bp_kv_store {
   const char* (*status_message)(const bp_status* status);
   void (*status_free)(bp_status* status);
 } bp_kv_store;
+#define BP_KV_STORE_STRUCT_SIZE BP_STRUCT_SIZE(bp_kv_store, status_free)
 
 /* ------------------------------------------------------------------------ */
 /* Argument structs (inputs first; "out" fields are filled by the callee)    */
@@ -558,12 +585,14 @@ typedef struct bp_create_args {
   const bp_host_api* host;  /* the same table the entry received          */
   bp_plugin* plugin;        /* out */
 } bp_create_args;
+#define BP_CREATE_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_create_args, plugin)
 
 typedef struct bp_device_count_args {
   size_t struct_size;
   bp_plugin* plugin;
   int32_t num_devices; /* out: 0..4096 */
 } bp_device_count_args;
+#define BP_DEVICE_COUNT_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_device_count_args, num_devices)
 
 typedef struct bp_attribute {
   const char* name;
@@ -579,6 +608,7 @@ typedef struct bp_device_info_args {
   uint64_t capabilities;          /* out: BP_CAP_*, constant for the instance */
   const bp_attribute* attributes; /* out: named attributes (versions, limits) */
 } bp_device_info_args;
+#define BP_DEVICE_INFO_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_device_info_args, attributes)
 
 typedef struct bp_device_memory_args {
   size_t struct_size;
@@ -588,6 +618,7 @@ typedef struct bp_device_memory_args {
   uint64_t free_bytes;  /* out: now; may change at any time */
   uint64_t total_bytes; /* out */
 } bp_device_memory_args;
+#define BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_device_memory_args, total_bytes)
 
 typedef struct bp_supports_op_args {
   size_t struct_size;
@@ -597,6 +628,7 @@ typedef struct bp_supports_op_args {
   int32_t dtype;     /* see below */
   int32_t supported; /* out: nonzero when the device runs op on dtype */
 } bp_supports_op_args;
+#define BP_SUPPORTS_OP_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_supports_op_args, supported)
 /* supports_op is asked with the dtype of the data operand: inputs[0]
  * (WHERE: inputs[1], not the BOOL cond; comparisons: the inputs, not the
  * BOOL output; ARGMAX/ARGMIN, INDEX_SELECT, GATHER: x, not the I64 output
@@ -612,12 +644,14 @@ typedef struct bp_buffer_alloc_args {
   uint64_t size;     /* bytes; may be 0 */
   bp_buffer* buffer; /* out */
 } bp_buffer_alloc_args;
+#define BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_buffer_alloc_args, buffer)
 
 typedef struct bp_buffer_free_args {
   size_t struct_size;
   bp_plugin* plugin;
   bp_buffer* buffer; /* queue-ordered; the host logs a failure */
 } bp_buffer_free_args;
+#define BP_BUFFER_FREE_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_buffer_free_args, buffer)
 
 /* buffer_write copies host memory into the buffer, buffer_read the reverse.
  * [offset, offset + size) lies inside the buffer (host-checked). */
@@ -630,6 +664,7 @@ typedef struct bp_buffer_copy_args {
   const void* src; /* buffer_write: consumed before the call returns */
   void* dst;       /* buffer_read: filled before the call returns */
 } bp_buffer_copy_args;
+#define BP_BUFFER_COPY_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_buffer_copy_args, dst)
 
 /* buffer_pointer: where a buffer lives, for DLPack export. Synchronising on
  * an async device: when it returns, earlier work on the buffer is done. */
@@ -641,6 +676,7 @@ typedef struct bp_buffer_pointer_args {
   int32_t dl_device_type; /* out: BP_DL_CPU, BP_DL_CUDA, ...            */
   int32_t dl_device_id;   /* out: e.g. the CUDA ordinal                 */
 } bp_buffer_pointer_args;
+#define BP_BUFFER_POINTER_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_buffer_pointer_args, dl_device_id)
 
 /* buffer_import adopts `size` bytes at `data` (DLPack import) without
  * copying. Ownership of the memory passes to the plugin only on success:
@@ -661,6 +697,7 @@ typedef struct bp_buffer_import_args {
   void* release_ctx;
   bp_buffer* buffer; /* out */
 } bp_buffer_import_args;
+#define BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_buffer_import_args, buffer)
 
 typedef struct bp_execute_args {
   size_t struct_size;
@@ -673,12 +710,14 @@ typedef struct bp_execute_args {
   int32_t num_outputs;
   const bp_op_attrs* attrs; /* never NULL */
 } bp_execute_args;
+#define BP_EXECUTE_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_execute_args, attrs)
 
 typedef struct bp_synchronize_args {
   size_t struct_size;
   bp_plugin* plugin;
   int32_t device;
 } bp_synchronize_args;
+#define BP_SYNCHRONIZE_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_synchronize_args, device)
 
 typedef struct bp_comm_create_args {
   size_t struct_size;
@@ -692,6 +731,7 @@ typedef struct bp_comm_create_args {
   const char* key_prefix;   /* namespace for this comm's keys in the store */
   bp_comm* comm;            /* out */
 } bp_comm_create_args;
+#define BP_COMM_CREATE_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_comm_create_args, comm)
 
 /* comm_destroy and comm_abort. After comm_abort every pending and later
  * collective on the communicator fails promptly (BP_STATUS_COLLECTIVE);
@@ -702,6 +742,7 @@ typedef struct bp_comm_args {
   bp_plugin* plugin;
   bp_comm* comm;
 } bp_comm_args;
+#define BP_COMM_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_comm_args, comm)
 
 /* One struct for the five collectives; fields an entry does not use are
  * ignored. all_reduce: input -> output (same shape; they may be the same
@@ -718,6 +759,7 @@ typedef struct bp_collective_args {
   int32_t reduce_op; /* bp_reduce_op */
   int32_t root;
 } bp_collective_args;
+#define BP_COLLECTIVE_ARGS_STRUCT_SIZE BP_STRUCT_SIZE(bp_collective_args, root)
 
 /* ------------------------------------------------------------------------ */
 /* The plugin table                                                          */
@@ -767,6 +809,7 @@ typedef struct bp_plugin_api {
   bp_status* (*reduce_scatter)(bp_collective_args* args);
   bp_status* (*barrier)(bp_collective_args* args);
 } bp_plugin_api;
+#define BP_PLUGIN_API_STRUCT_SIZE BP_STRUCT_SIZE(bp_plugin_api, barrier)
 
 /* The one exported symbol. `host` stays valid for the life of the library.
  * Returns a table with static storage duration, or NULL. */

@@ -300,6 +300,8 @@ Instance<T>* self(bp_plugin* p) noexcept {
 
 // Argument structs from a host of an older minor are shorter: copy what fits
 // into a zeroed struct of this build's size, so absent fields read as zero.
+// The host's struct_size ends on a field (a field's end under the 2.2 rule,
+// sizeof under 2.1's); what it declares is copied as it is.
 template <class Args>
 Args read_args(const Args* in) noexcept {
   Args a{};
@@ -435,7 +437,7 @@ struct PluginTable {
     // The hot path: a host of this minor or newer passes every field this
     // build reads. Only an older host's shorter struct is copied (so fields a
     // newer minor appends read as zero).
-    if (in->struct_size >= sizeof(bp_execute_args)) [[likely]]
+    if (in->struct_size >= BP_EXECUTE_ARGS_STRUCT_SIZE) [[likely]]
       return guard([&] { impl(in->plugin).execute(*in); });
     const bp_execute_args args = detail::read_args(in);
     return guard([&] { impl(args.plugin).execute(args); });
@@ -479,7 +481,7 @@ struct PluginTable {
   static const bp_plugin_api* table(const char* name, const char* version) noexcept {
     static const bp_plugin_api api = [&] {
       bp_plugin_api t{};
-      t.struct_size = sizeof(bp_plugin_api);
+      t.struct_size = BP_PLUGIN_API_STRUCT_SIZE;
       t.abi_major = BP_ABI_MAJOR;
       t.abi_minor = BP_ABI_MINOR;
       t.plugin_name = name;

@@ -60,7 +60,7 @@ constexpr int64_t kPublishTimeoutMs = 2000;
 void store_set(const bp_kv_store& kv, const std::string& key, const void* data, uint64_t size,
                const std::string& named, int64_t timeout_ms = 0) {
   bp_kv_set_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_KV_SET_ARGS_STRUCT_SIZE;
   args.ctx = kv.ctx;
   args.key = key.c_str();
   args.value = data;
@@ -72,7 +72,7 @@ void store_set(const bp_kv_store& kv, const std::string& key, const void* data, 
 std::vector<char> store_get(const bp_kv_store& kv, const std::string& key, int64_t timeout_ms,
                             const std::string& named) {
   bp_kv_get_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_KV_GET_ARGS_STRUCT_SIZE;
   args.ctx = kv.ctx;
   args.key = key.c_str();
   args.timeout_ms = timeout_ms;
@@ -153,7 +153,7 @@ void GlooStore::wait(const std::vector<std::string>& keys, const milliseconds&) 
   for (const auto& k : keys) full.push_back(prefix_ + k);
   for (const auto& k : full) pointers.push_back(k.c_str());
   bp_kv_wait_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_KV_WAIT_ARGS_STRUCT_SIZE;
   args.ctx = kv_.ctx;
   args.keys = pointers.data();
   args.num_keys = static_cast<int32_t>(pointers.size());

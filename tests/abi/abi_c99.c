@@ -43,7 +43,7 @@ static const bp_plugin_api* entry_in_c(const bp_host_api* host) {
   if (host == NULL || !BP_HAS_FIELD(bp_host_api, abi_major, host->struct_size)) return NULL;
   if (host->abi_major != BP_ABI_MAJOR) return NULL;
   memset(&table, 0, sizeof table);
-  table.struct_size = sizeof table;
+  table.struct_size = BP_PLUGIN_API_STRUCT_SIZE;
   table.abi_major = BP_ABI_MAJOR;
   table.abi_minor = BP_ABI_MINOR;
   table.plugin_name = "abi_c99";
@@ -67,13 +67,13 @@ static void check_table_and_handshake(void) {
   bp_host_api host;
   const bp_plugin_api* t;
   memset(&host, 0, sizeof host);
-  host.struct_size = sizeof host;
+  host.struct_size = BP_HOST_API_STRUCT_SIZE;
   host.abi_major = BP_ABI_MAJOR;
   host.abi_minor = BP_ABI_MINOR;
   t = entry(&host);
   EXPECT(t != NULL);
   if (t != NULL) {
-    EXPECT(t->struct_size == sizeof(bp_plugin_api));
+    EXPECT(t->struct_size == BP_PLUGIN_API_STRUCT_SIZE);
     EXPECT(t->abi_major == BP_ABI_MAJOR && t->abi_minor == BP_ABI_MINOR);
     EXPECT(BP_HAS_FIELD(bp_plugin_api, barrier, t->struct_size));
     EXPECT(strcmp(t->plugin_name, "abi_c99") == 0);
@@ -98,6 +98,68 @@ static void check_table_and_handshake(void) {
     table.reduce_scatter = take_collective;
     table.barrier = take_collective;
     EXPECT(table.device_count != NULL && table.barrier != NULL);
+  }
+}
+
+/* Every struct that carries struct_size, its BP_<NAME>_STRUCT_SIZE, its last
+ * field and that field's size, written out here (not taken from the field)
+ * so that a renamed, retyped or appended last field fails below. */
+typedef void (*fn_ptr)(void);
+#define STRUCTS(X)                                                                             \
+  X(bp_op_attrs, BP_OP_ATTRS_STRUCT_SIZE, seed, sizeof(uint64_t))                              \
+  X(bp_host_api, BP_HOST_API_STRUCT_SIZE, log, sizeof(fn_ptr))                                 \
+  X(bp_kv_set_args, BP_KV_SET_ARGS_STRUCT_SIZE, timeout_ms, sizeof(int64_t))                   \
+  X(bp_kv_get_args, BP_KV_GET_ARGS_STRUCT_SIZE, size, sizeof(uint64_t))                        \
+  X(bp_kv_wait_args, BP_KV_WAIT_ARGS_STRUCT_SIZE, timeout_ms, sizeof(int64_t))                 \
+  X(bp_kv_store, BP_KV_STORE_STRUCT_SIZE, status_free, sizeof(fn_ptr))                         \
+  X(bp_create_args, BP_CREATE_ARGS_STRUCT_SIZE, plugin, sizeof(void*))                         \
+  X(bp_device_count_args, BP_DEVICE_COUNT_ARGS_STRUCT_SIZE, num_devices, sizeof(int32_t))      \
+  X(bp_device_info_args, BP_DEVICE_INFO_ARGS_STRUCT_SIZE, attributes, sizeof(void*))           \
+  X(bp_device_memory_args, BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE, total_bytes, sizeof(uint64_t))   \
+  X(bp_supports_op_args, BP_SUPPORTS_OP_ARGS_STRUCT_SIZE, supported, sizeof(int32_t))          \
+  X(bp_buffer_alloc_args, BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE, buffer, sizeof(void*))             \
+  X(bp_buffer_free_args, BP_BUFFER_FREE_ARGS_STRUCT_SIZE, buffer, sizeof(void*))               \
+  X(bp_buffer_copy_args, BP_BUFFER_COPY_ARGS_STRUCT_SIZE, dst, sizeof(void*))                  \
+  X(bp_buffer_pointer_args, BP_BUFFER_POINTER_ARGS_STRUCT_SIZE, dl_device_id, sizeof(int32_t)) \
+  X(bp_buffer_import_args, BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE, buffer, sizeof(void*))           \
+  X(bp_execute_args, BP_EXECUTE_ARGS_STRUCT_SIZE, attrs, sizeof(void*))                        \
+  X(bp_synchronize_args, BP_SYNCHRONIZE_ARGS_STRUCT_SIZE, device, sizeof(int32_t))             \
+  X(bp_comm_create_args, BP_COMM_CREATE_ARGS_STRUCT_SIZE, comm, sizeof(void*))                 \
+  X(bp_comm_args, BP_COMM_ARGS_STRUCT_SIZE, comm, sizeof(void*))                               \
+  X(bp_collective_args, BP_COLLECTIVE_ARGS_STRUCT_SIZE, root, sizeof(int32_t))                 \
+  X(bp_plugin_api, BP_PLUGIN_API_STRUCT_SIZE, barrier, sizeof(fn_ptr))
+
+/* Compile-time, one per struct (C99 has no _Static_assert: a negative array
+ * size stops the build): the macro is the end of the named last field, lies
+ * within the struct, and is a constant expression a static initialiser can
+ * use. */
+#define STATIC_STRUCT_SIZE(type, macro, last, last_size)                                 \
+  typedef char static_check_##type[((macro) == offsetof(type, last) + (last_size) &&     \
+                                    (macro) <= sizeof(type) && (macro) > sizeof(size_t)) \
+                                       ? 1                                               \
+                                       : -1];
+STRUCTS(STATIC_STRUCT_SIZE)
+static const size_t static_sizes[] = {
+#define STATIC_INITIALISER(type, macro, last, last_size) macro,
+    STRUCTS(STATIC_INITIALISER)};
+
+/* The struct_size rule at run time, per struct: the exact size and 2.1's
+ * sizeof both hold the last field; one byte less does not. */
+static void check_struct_sizes(void) {
+  size_t i, padded = 0;
+#define RUNTIME_STRUCT_SIZE(type, macro, last, last_size) \
+  EXPECT(BP_HAS_FIELD(type, last, macro));                \
+  EXPECT(BP_HAS_FIELD(type, last, sizeof(type)));         \
+  EXPECT(!BP_HAS_FIELD(type, last, (macro)-1));           \
+  EXPECT(BP_HAS_FIELD(type, struct_size, (macro)-1));     \
+  if ((macro) != sizeof(type)) ++padded;
+  STRUCTS(RUNTIME_STRUCT_SIZE)
+  for (i = 0; i < sizeof(static_sizes) / sizeof(static_sizes[0]); ++i) EXPECT(static_sizes[i] > 0);
+  /* On LP64 exactly two structs end in padding, the reason for 2.2. */
+  if (sizeof(void*) == 8 && sizeof(size_t) == 8) {
+    EXPECT(padded == 2);
+    EXPECT(BP_DEVICE_COUNT_ARGS_STRUCT_SIZE == 20 && sizeof(bp_device_count_args) == 24);
+    EXPECT(BP_SYNCHRONIZE_ARGS_STRUCT_SIZE == 20 && sizeof(bp_synchronize_args) == 24);
   }
 }
 
@@ -159,13 +221,13 @@ static void check_layout(void) {
   /* Every required entry lies before the first optional one that follows
    * execute: a table cut right after execute still holds all of them. */
   EXPECT(offsetof(bp_plugin_api, execute) + sizeof(void (*)(void)) <= offsetof(bp_plugin_api, synchronize));
-#if BP_ABI_MINOR <= 1
-  /* Up to 2.1 nothing follows barrier: a field appended without a minor bump
+#if BP_ABI_MINOR <= 2
+  /* Up to 2.2 nothing follows barrier: a field appended without a minor bump
    * would break BP_HAS_FIELD checks against older plugins' struct_size. */
   EXPECT(sizeof(bp_plugin_api) == offsetof(bp_plugin_api, barrier) + sizeof(void (*)(void)));
 #endif
-#if BP_ABI_MINOR == 1
-  /* 2.1 appended timeout_ms to bp_kv_set_args, and nothing else. */
+#if BP_ABI_MINOR >= 1 && BP_ABI_MINOR <= 2
+  /* 2.1 appended timeout_ms to bp_kv_set_args, and 2.2 nothing. */
   EXPECT(sizeof(bp_kv_set_args) == offsetof(bp_kv_set_args, timeout_ms) + sizeof(int64_t));
   EXPECT(!BP_HAS_FIELD(bp_kv_set_args, timeout_ms, offsetof(bp_kv_set_args, timeout_ms)));
 #endif
@@ -360,6 +422,7 @@ static void check_statuses(void) {
 int main(void) {
   check_table_and_handshake();
   check_layout();
+  check_struct_sizes();
   check_capabilities();
   check_dtypes();
   check_ops();

@@ -119,7 +119,8 @@ class Full : public Minimal {
   // returns none).
   void buffer_free(bp_buffer* b) noexcept { delete reinterpret_cast<Imported*>(b); }
   bpp::MemoryInfo device_memory(int32_t) { return {5, 10}; }
-  void synchronize(int32_t) {}
+  void synchronize(int32_t device) { last_synchronized = device; }
+  void execute(const bp_execute_args& a) { last_attrs = a.attrs; }
   bp_comm* comm_create(const bp_comm_create_args& a) {
     last_timeout_ms = a.timeout_ms;
     last_key_prefix = a.key_prefix == nullptr ? "(null)" : a.key_prefix;
@@ -139,6 +140,8 @@ class Full : public Minimal {
   std::string last_key_prefix;
   int32_t last_reduce = -1;
   int32_t last_root = -1;
+  int32_t last_synchronized = -1;
+  const bp_op_attrs* last_attrs = nullptr;
   void (*seen_release)(void*) = nullptr;
 
  private:
@@ -166,7 +169,7 @@ const bp_plugin_api* table_of() {
 
 bp_plugin* create(const bp_plugin_api* api, const char* options_json, Outcome* outcome = nullptr) {
   bp_create_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_CREATE_ARGS_STRUCT_SIZE;
   args.backend_name = "sdk_test";
   args.options_json = options_json;
   Outcome o = take(api->create(&args));
@@ -253,7 +256,7 @@ TEST_CASE("plugin sdk: the static out-of-memory status is never freed") {
 TEST_CASE("plugin sdk: a class without a Features list gets NULL optional entries") {
   const bp_plugin_api* t = table_of<Minimal>();
   REQUIRE(t != nullptr);
-  CHECK(t->struct_size == sizeof(bp_plugin_api));
+  CHECK(t->struct_size == BP_PLUGIN_API_STRUCT_SIZE);
   CHECK(t->abi_major == BP_ABI_MAJOR);
   CHECK(t->abi_minor == BP_ABI_MINOR);
   CHECK(std::string(t->plugin_name) == "minimal");
@@ -321,12 +324,12 @@ TEST_CASE("plugin sdk: entries called through the table turn exceptions into sta
   REQUIRE(created.code == BP_STATUS_OK);
   REQUIRE(p != nullptr);
 
-  bp_device_count_args count{sizeof(count), p, -1};
+  bp_device_count_args count{BP_DEVICE_COUNT_ARGS_STRUCT_SIZE, p, -1};
   CHECK(t->device_count(&count) == nullptr);
   CHECK(count.num_devices == 2);
 
   bp_device_info_args info{};
-  info.struct_size = sizeof(info);
+  info.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
   info.plugin = p;
   info.device = 1;
   Outcome broken = take(t->device_info(&info));
@@ -334,13 +337,13 @@ TEST_CASE("plugin sdk: entries called through the table turn exceptions into sta
   CHECK(broken.message == "minimal: device 1 is broken");
 
   bp_buffer_alloc_args alloc{};
-  alloc.struct_size = sizeof(alloc);
+  alloc.struct_size = BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE;
   alloc.plugin = p;
   alloc.size = 2000;
   CHECK(take(t->buffer_alloc(&alloc)).code == BP_STATUS_OUT_OF_MEMORY);
 
   bp_buffer_copy_args copy{};
-  copy.struct_size = sizeof(copy);
+  copy.struct_size = BP_BUFFER_COPY_ARGS_STRUCT_SIZE;
   copy.plugin = p;
   Outcome w = take(t->buffer_write(&copy));
   CHECK(w.code == BP_STATUS_INTERNAL);
@@ -350,7 +353,7 @@ TEST_CASE("plugin sdk: entries called through the table turn exceptions into sta
   CHECK(r.message == "minimal: read failed");
 
   auto supports = [&](int32_t op, int32_t dtype, Outcome* o = nullptr) {
-    bp_supports_op_args a{sizeof(a), p, 0, op, dtype, -1};
+    bp_supports_op_args a{BP_SUPPORTS_OP_ARGS_STRUCT_SIZE, p, 0, op, dtype, -1};
     Outcome got = take(t->supports_op(&a));
     if (o != nullptr) *o = got;
     return a.supported;
@@ -396,7 +399,7 @@ TEST_CASE("plugin sdk: device_info fills only what the host's struct_size covers
   REQUIRE(p != nullptr);
 
   bp_device_info_args full{};
-  full.struct_size = sizeof(full);
+  full.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
   full.plugin = p;
   REQUIRE(t->device_info(&full) == nullptr);
   CHECK(std::string(full.name) == "minimal:0 for sdk_test");
@@ -431,7 +434,7 @@ TEST_CASE("plugin sdk: a device declaring async without Feature::synchronize fai
   REQUIRE(p != nullptr);
 
   bp_device_info_args info{};
-  info.struct_size = sizeof(info);
+  info.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
   info.plugin = p;
   info.device = 0;
   Outcome async = take(t->device_info(&info));
@@ -454,7 +457,7 @@ TEST_CASE("plugin sdk: a device declaring async without Feature::synchronize fai
   bp_plugin* fp = create(ft, "{}");
   REQUIRE(fp != nullptr);
   bp_device_info_args ok{};
-  ok.struct_size = sizeof(ok);
+  ok.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
   ok.plugin = fp;
   CHECK(take(ft->device_info(&ok)).code == BP_STATUS_OK);
   CHECK(ok.capabilities == (BP_CAP_ASYNC | BP_CAP_HOST_VISIBLE | BP_CAP_COLLECTIVE | BP_CAP_F32));
@@ -467,14 +470,14 @@ TEST_CASE("plugin sdk: optional entries reach the class with their arguments") {
   REQUIRE(p != nullptr);
 
   bp_device_memory_args mem{};
-  mem.struct_size = sizeof(mem);
+  mem.struct_size = BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE;
   mem.plugin = p;
   REQUIRE(t->device_memory(&mem) == nullptr);
   CHECK(mem.free_bytes == 5);
   CHECK(mem.total_bytes == 10);
 
   bp_buffer_pointer_args ptr{};
-  ptr.struct_size = sizeof(ptr);
+  ptr.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
   ptr.plugin = p;
   REQUIRE(t->buffer_pointer(&ptr) == nullptr);
   CHECK(ptr.data != nullptr);
@@ -482,7 +485,7 @@ TEST_CASE("plugin sdk: optional entries reach the class with their arguments") {
   CHECK(ptr.dl_device_id == 3);
 
   bp_comm_create_args cc{};
-  cc.struct_size = sizeof(cc);
+  cc.struct_size = BP_COMM_CREATE_ARGS_STRUCT_SIZE;
   cc.plugin = p;
   cc.world_size = 1;
   cc.timeout_ms = 1234;
@@ -493,7 +496,7 @@ TEST_CASE("plugin sdk: optional entries reach the class with their arguments") {
   CHECK(impl_of<Full>(p).last_key_prefix == "grp/");
 
   bp_collective_args coll{};
-  coll.struct_size = sizeof(coll);
+  coll.struct_size = BP_COLLECTIVE_ARGS_STRUCT_SIZE;
   coll.plugin = p;
   coll.comm = cc.comm;
   bp_tensor tensor{};
@@ -508,7 +511,7 @@ TEST_CASE("plugin sdk: optional entries reach the class with their arguments") {
   REQUIRE(t->barrier(&coll) == nullptr);
 
   // comm_abort makes the next collective fail; comm_destroy still succeeds.
-  bp_comm_args ca{sizeof(ca), p, cc.comm};
+  bp_comm_args ca{BP_COMM_ARGS_STRUCT_SIZE, p, cc.comm};
   REQUIRE(t->comm_abort(&ca) == nullptr);
   Outcome after = take(t->barrier(&coll));
   CHECK(after.code == BP_STATUS_COLLECTIVE);
@@ -524,7 +527,7 @@ TEST_CASE("plugin sdk: buffer_import passes ownership only on success, and the S
   unsigned char memory[16] = {};
   auto import = [&](uint64_t size) {
     bp_buffer_import_args a{};
-    a.struct_size = sizeof(a);
+    a.struct_size = BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE;
     a.plugin = p;
     a.dl_device_type = BP_DL_CPU;
     a.data = memory;
@@ -556,7 +559,7 @@ TEST_CASE("plugin sdk: buffer_import passes ownership only on success, and the S
 
   // Freeing the imported buffer releases the memory, exactly once.
   bp_buffer_free_args f{};
-  f.struct_size = sizeof(f);
+  f.struct_size = BP_BUFFER_FREE_ARGS_STRUCT_SIZE;
   f.plugin = p;
   f.buffer = buffer;
   REQUIRE(t->buffer_free(&f) == nullptr);
@@ -593,12 +596,119 @@ TEST_CASE("plugin sdk: read_args reads a shorter struct and zeroes what lies bey
     bp_comm_create_args base;
     uint64_t appended;
   } newer{};
-  newer.base.struct_size = sizeof(Newer);
+  newer.base.struct_size = BP_STRUCT_SIZE(Newer, appended);
   newer.base.world_size = 2;
   newer.appended = 7;
   const bp_comm_create_args b = bpp::detail::read_args(&newer.base);
   CHECK(b.struct_size == sizeof(bp_comm_create_args));
   CHECK(b.world_size == 2);
+}
+
+// ---- struct_size: the 2.2 rule, and 2.1's sizeof ----------------------------------
+
+// Each BP_<NAME>_STRUCT_SIZE ends at its named field, and less than the
+// struct's alignment lies beyond it (padding only): a field appended without
+// moving the macro leaves at least its own size.
+#define BP_CHECK_STRUCT_SIZE(type, macro, last)                                \
+  static_assert((macro) == offsetof(type, last) + sizeof(type::last), #macro); \
+  static_assert(sizeof(type) - (macro) < alignof(type), #macro " names the last field")
+BP_CHECK_STRUCT_SIZE(bp_op_attrs, BP_OP_ATTRS_STRUCT_SIZE, seed);
+BP_CHECK_STRUCT_SIZE(bp_host_api, BP_HOST_API_STRUCT_SIZE, log);
+BP_CHECK_STRUCT_SIZE(bp_kv_set_args, BP_KV_SET_ARGS_STRUCT_SIZE, timeout_ms);
+BP_CHECK_STRUCT_SIZE(bp_kv_get_args, BP_KV_GET_ARGS_STRUCT_SIZE, size);
+BP_CHECK_STRUCT_SIZE(bp_kv_wait_args, BP_KV_WAIT_ARGS_STRUCT_SIZE, timeout_ms);
+BP_CHECK_STRUCT_SIZE(bp_kv_store, BP_KV_STORE_STRUCT_SIZE, status_free);
+BP_CHECK_STRUCT_SIZE(bp_create_args, BP_CREATE_ARGS_STRUCT_SIZE, plugin);
+BP_CHECK_STRUCT_SIZE(bp_device_count_args, BP_DEVICE_COUNT_ARGS_STRUCT_SIZE, num_devices);
+BP_CHECK_STRUCT_SIZE(bp_device_info_args, BP_DEVICE_INFO_ARGS_STRUCT_SIZE, attributes);
+BP_CHECK_STRUCT_SIZE(bp_device_memory_args, BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE, total_bytes);
+BP_CHECK_STRUCT_SIZE(bp_supports_op_args, BP_SUPPORTS_OP_ARGS_STRUCT_SIZE, supported);
+BP_CHECK_STRUCT_SIZE(bp_buffer_alloc_args, BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE, buffer);
+BP_CHECK_STRUCT_SIZE(bp_buffer_free_args, BP_BUFFER_FREE_ARGS_STRUCT_SIZE, buffer);
+BP_CHECK_STRUCT_SIZE(bp_buffer_copy_args, BP_BUFFER_COPY_ARGS_STRUCT_SIZE, dst);
+BP_CHECK_STRUCT_SIZE(bp_buffer_pointer_args, BP_BUFFER_POINTER_ARGS_STRUCT_SIZE, dl_device_id);
+BP_CHECK_STRUCT_SIZE(bp_buffer_import_args, BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE, buffer);
+BP_CHECK_STRUCT_SIZE(bp_execute_args, BP_EXECUTE_ARGS_STRUCT_SIZE, attrs);
+BP_CHECK_STRUCT_SIZE(bp_synchronize_args, BP_SYNCHRONIZE_ARGS_STRUCT_SIZE, device);
+BP_CHECK_STRUCT_SIZE(bp_comm_create_args, BP_COMM_CREATE_ARGS_STRUCT_SIZE, comm);
+BP_CHECK_STRUCT_SIZE(bp_comm_args, BP_COMM_ARGS_STRUCT_SIZE, comm);
+BP_CHECK_STRUCT_SIZE(bp_collective_args, BP_COLLECTIVE_ARGS_STRUCT_SIZE, root);
+BP_CHECK_STRUCT_SIZE(bp_plugin_api, BP_PLUGIN_API_STRUCT_SIZE, barrier);
+#undef BP_CHECK_STRUCT_SIZE
+
+TEST_CASE("plugin sdk: the table's struct_size ends at its last entry") {
+  CHECK(table_of<Minimal>()->struct_size == BP_PLUGIN_API_STRUCT_SIZE);
+  CHECK(table_of<Full>()->struct_size == BP_PLUGIN_API_STRUCT_SIZE);
+}
+
+TEST_CASE("plugin sdk: argument structs sized by sizeof (2.1) or exactly (2.2) are read whole") {
+  const bp_plugin_api* t = table_of<Full>();
+  bp_plugin* p = create(t, "{}");
+  REQUIRE(p != nullptr);
+  Full& full = impl_of<Full>(p);
+  // sizeof covers trailing padding where a struct has it (device_count and
+  // synchronize on LP64); the exact size ends at the last field.
+  for (const std::size_t size :
+       {sizeof(bp_device_count_args), std::size_t{BP_DEVICE_COUNT_ARGS_STRUCT_SIZE}}) {
+    CAPTURE(size);
+    bp_device_count_args count{size, p, -1};
+    CHECK(take(t->device_count(&count)).code == BP_STATUS_OK);
+    CHECK(count.num_devices == 2);
+  }
+  for (const std::size_t size : {sizeof(bp_synchronize_args), std::size_t{BP_SYNCHRONIZE_ARGS_STRUCT_SIZE}}) {
+    CAPTURE(size);
+    full.last_synchronized = -1;
+    bp_synchronize_args sync{size, p, 1};
+    CHECK(take(t->synchronize(&sync)).code == BP_STATUS_OK);
+    CHECK(full.last_synchronized == 1);
+  }
+  const bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 0, 0, 0, 0.0, 0.0, 0};
+  for (const std::size_t size : {sizeof(bp_execute_args), std::size_t{BP_EXECUTE_ARGS_STRUCT_SIZE}}) {
+    CAPTURE(size);
+    full.last_attrs = nullptr;
+    bp_execute_args e{size, p, 0, BP_OP_ADD, nullptr, nullptr, 0, 0, &attrs};
+    CHECK(take(t->execute(&e)).code == BP_STATUS_OK);
+    CHECK(full.last_attrs == &attrs);
+  }
+  for (const std::size_t size : {sizeof(bp_comm_create_args), std::size_t{BP_COMM_CREATE_ARGS_STRUCT_SIZE}}) {
+    CAPTURE(size);
+    bp_comm_create_args in{};
+    in.struct_size = size;
+    in.key_prefix = "job/";
+    const bp_comm_create_args a = bpp::detail::read_args(&in);
+    CHECK(std::string(a.key_prefix) == "job/");
+  }
+  t->destroy(p);
+}
+
+TEST_CASE("plugin sdk: one byte short of a field, the field is absent") {
+  const bp_plugin_api* t = table_of<Full>();
+  bp_plugin* p = create(t, "{}");
+  REQUIRE(p != nullptr);
+
+  // Out-fields the host's struct does not hold are not written.
+  bp_device_count_args count{BP_DEVICE_COUNT_ARGS_STRUCT_SIZE - 1, p, -1};
+  CHECK(take(t->device_count(&count)).code == BP_STATUS_OK);
+  CHECK(count.num_devices == -1);
+
+  bp_device_info_args info{};
+  info.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE - 1;
+  info.plugin = p;
+  info.attributes = reinterpret_cast<const bp_attribute*>(&info);  // must stay as it is
+  CHECK(take(t->device_info(&info)).code == BP_STATUS_OK);
+  CHECK(std::string(info.name) == "full:0");
+  CHECK(info.attributes == reinterpret_cast<const bp_attribute*>(&info));
+
+  bp_device_memory_args mem{BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE - 1, p, 0, 0, 0, 99};
+  CHECK(take(t->device_memory(&mem)).code == BP_STATUS_OK);
+  CHECK(mem.free_bytes == 5);
+  CHECK(mem.total_bytes == 99);
+
+  bp_buffer_pointer_args ptr{BP_BUFFER_POINTER_ARGS_STRUCT_SIZE - 1, p, nullptr, nullptr, 0, -7};
+  CHECK(take(t->buffer_pointer(&ptr)).code == BP_STATUS_OK);
+  CHECK(ptr.dl_device_type == BP_DL_CUDA);
+  CHECK(ptr.dl_device_id == -7);
+  t->destroy(p);
 }
 
 TEST_CASE("plugin sdk: buffer_import from an older host reads the missing release as NULL") {

@@ -547,22 +547,23 @@ TEST_CASE("dlpack: the cpu plugin's imported buffers share memory and release ex
   REQUIRE_MESSAGE(lib != nullptr, ::dlerror());
   auto entry = reinterpret_cast<bp_plugin_entry_fn>(::dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
   REQUIRE((entry != nullptr));
-  static const bp_host_api host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &ignore_log};
+  static const bp_host_api host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &ignore_log};
   const bp_plugin_api* api = entry(&host);
   REQUIRE(api != nullptr);
   REQUIRE((api->buffer_import != nullptr));
   REQUIRE((api->buffer_pointer != nullptr));
-  bp_create_args create{sizeof(bp_create_args), "cpu", "{}", &host, nullptr};
+  bp_create_args create{BP_CREATE_ARGS_STRUCT_SIZE, "cpu", "{}", &host, nullptr};
   REQUIRE(code_of(api, api->create(&create)) == BP_STATUS_OK);
   bp_plugin* plugin = create.plugin;
   REQUIRE(plugin != nullptr);
-  bp_device_count_args count{sizeof count, plugin, 0};  // enumeration comes before any use of a device
+  bp_device_count_args count{BP_DEVICE_COUNT_ARGS_STRUCT_SIZE, plugin,
+                             0};  // enumeration comes before any use of a device
   REQUIRE(code_of(api, api->device_count(&count)) == BP_STATUS_OK);
   REQUIRE(count.num_devices >= 1);
 
   auto import = [&](int32_t dl_type, void* data, uint64_t size, int* releases, bp_buffer** out) {
     bp_buffer_import_args a{};
-    a.struct_size = sizeof a;
+    a.struct_size = BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE;
     a.plugin = plugin;
     a.device = 0;
     a.dl_device_type = dl_type;
@@ -575,12 +576,12 @@ TEST_CASE("dlpack: the cpu plugin's imported buffers share memory and release ex
     return code;
   };
   auto free_buffer = [&](bp_buffer* b) {
-    bp_buffer_free_args a{sizeof a, plugin, b};
+    bp_buffer_free_args a{BP_BUFFER_FREE_ARGS_STRUCT_SIZE, plugin, b};
     return code_of(api, api->buffer_free(&a));
   };
   auto copy_args = [&](bp_buffer* b, uint64_t offset, uint64_t size) {
     bp_buffer_copy_args a{};
-    a.struct_size = sizeof a;
+    a.struct_size = BP_BUFFER_COPY_ARGS_STRUCT_SIZE;
     a.plugin = plugin;
     a.buffer = b;
     a.offset = offset;
@@ -594,7 +595,7 @@ TEST_CASE("dlpack: the cpu plugin's imported buffers share memory and release ex
   REQUIRE(import(BP_DL_CPU, data.data(), 16, &releases, &buffer) == BP_STATUS_OK);
   REQUIRE(buffer != nullptr);
   bp_buffer_pointer_args where{};
-  where.struct_size = sizeof where;
+  where.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
   where.plugin = plugin;
   where.buffer = buffer;
   REQUIRE(code_of(api, api->buffer_pointer(&where)) == BP_STATUS_OK);
@@ -615,17 +616,17 @@ TEST_CASE("dlpack: the cpu plugin's imported buffers share memory and release ex
 
   // Ops read the imported buffer like an owned one.
   bp_buffer_alloc_args alloc{};
-  alloc.struct_size = sizeof alloc;
+  alloc.struct_size = BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE;
   alloc.plugin = plugin;
   alloc.size = 16;
   REQUIRE(code_of(api, api->buffer_alloc(&alloc)) == BP_STATUS_OK);
   const int64_t shape4[1] = {4}, unit[1] = {1};
   bp_op_attrs attrs{};
-  attrs.struct_size = sizeof attrs;
+  attrs.struct_size = BP_OP_ATTRS_STRUCT_SIZE;
   const bp_tensor src{buffer, 0, 0, BP_DTYPE_F32, 1, 0, shape4, unit};
   const bp_tensor dst{alloc.buffer, 0, 0, BP_DTYPE_F32, 1, 0, shape4, unit};
   bp_execute_args exec{};
-  exec.struct_size = sizeof exec;
+  exec.struct_size = BP_EXECUTE_ARGS_STRUCT_SIZE;
   exec.plugin = plugin;
   exec.op = BP_OP_COPY;
   exec.inputs = &src;

@@ -33,7 +33,7 @@ std::string resolution_config(const std::string& library, const std::vector<std:
          backend_json("b", library) + "]}";
 }
 
-// This host's ABI version, "2.1".
+// This host's ABI version, "2.2".
 std::string host_abi() { return std::to_string(BP_ABI_MAJOR) + "." + std::to_string(BP_ABI_MINOR); }
 
 std::string lower(std::string text) {
@@ -245,6 +245,32 @@ TEST_CASE(
   // The device computes on, and no log line came from an entry beyond struct_size.
   CHECK(full(d, {2}, 4.0).to_vector<float>() == std::vector<float>{4, 4});
   CHECK_MESSAGE(logs.at(LogLevel::error, kNeverCalled).empty(), "logs: " << logs.all());
+}
+
+TEST_CASE(
+    "loader: a table sized by sizeof (2.1) or by the end of its last entry (2.2) loads, and one byte short "
+    "of an "
+    "entry, the entry is absent") {
+  // struct_sized: an async device; its synchronize logs when called.
+  for (const char* library : {"struct_sized_sizeof", "struct_sized_exact"}) {
+    CAPTURE(library);
+    LogCapture logs;
+    Registry r = load_next_to_good(backend_json("sized", library));
+    Backend b = r.backend("sized");
+    expect_loaded(b);
+    REQUIRE(b.device_count() == 1);
+    Device d = b.device(0);
+    CHECK(d.capabilities().has(Capability::async));
+    d.synchronize();
+    CHECK(logs.at(LogLevel::info, "struct_sized: synchronize called").size() == 1);
+    CHECK_MESSAGE(logs.at(LogLevel::error, kNeverCalled).empty(), "logs: " << logs.all());
+  }
+  // One byte short of synchronize: the host must not see it, so the async
+  // device lacks the entry its flag requires.
+  Registry r = load_next_to_good(backend_json("short", "struct_sized_short_by_one"));
+  const std::string msg = expect_failed(r.backend("short"), Errc::abi_mismatch);
+  BP_CHECK_CONTAINS(msg, "async");
+  BP_CHECK_CONTAINS(msg, "synchronize");
 }
 
 TEST_CASE("loader: a table too small to hold the ABI version fails with abi_mismatch") {

@@ -127,7 +127,7 @@ bp_status* synchronize(bp_synchronize_args*) { return nullptr; }
 bp_status* comm_create(bp_comm_create_args* a) {
   if (a->world_size > 1) {
     bp_kv_get_args get{};
-    get.struct_size = sizeof get;
+    get.struct_size = BP_KV_GET_ARGS_STRUCT_SIZE;
     get.ctx = a->store->ctx;
     const std::string key = std::string(a->key_prefix) + "rank0";
     get.key = key.c_str();
@@ -162,7 +162,7 @@ bp_status* collective(bp_collective_args* a) {
 
 const bp_plugin_api kApi = [] {
   bp_plugin_api t{};
-  t.struct_size = sizeof t;
+  t.struct_size = BP_PLUGIN_API_STRUCT_SIZE;
   t.abi_major = BP_ABI_MAJOR;
   t.abi_minor = BP_ABI_MINOR;
   t.plugin_name = "fake";

@@ -44,7 +44,7 @@ void host_log(void*, int32_t, const char* message) {
   g_log.emplace_back(message);
 }
 
-const bp_host_api g_host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
+const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
 
 struct Status {
   int32_t code = BP_STATUS_OK;
@@ -65,7 +65,7 @@ class Plugin {
     if (entry == nullptr) throw std::runtime_error("no bp_plugin_entry in " + path);
     api_ = entry(&g_host);
     bp_create_args args{};
-    args.struct_size = sizeof(args);
+    args.struct_size = BP_CREATE_ARGS_STRUCT_SIZE;
     args.backend_name = "cpu";
     args.options_json = options.c_str();
     args.host = &g_host;
@@ -105,7 +105,7 @@ class Tensor {
       : p_(&p), shape_(count), stride_(1) {
     const uint64_t bytes = offset + static_cast<uint64_t>(count) * esize(dtype) + extra;
     bp_buffer_alloc_args args{};
-    args.struct_size = sizeof(args);
+    args.struct_size = BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE;
     args.plugin = p.get();
     args.size = bytes;
     REQUIRE(p.take(p.api().buffer_alloc(&args)).ok());
@@ -121,7 +121,7 @@ class Tensor {
   ~Tensor() {
     if (owner_ && buffer_ != nullptr) {
       bp_buffer_free_args args{};
-      args.struct_size = sizeof(args);
+      args.struct_size = BP_BUFFER_FREE_ARGS_STRUCT_SIZE;
       args.plugin = p_->get();
       args.buffer = buffer_;
       p_->take(p_->api().buffer_free(&args));
@@ -141,7 +141,7 @@ class Tensor {
   bp_tensor& raw() { return desc_; }
   unsigned char* data() const {
     bp_buffer_pointer_args args{};
-    args.struct_size = sizeof(args);
+    args.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
     args.plugin = p_->get();
     args.buffer = buffer_;
     if (!p_->take(p_->api().buffer_pointer(&args)).ok()) throw std::runtime_error("buffer_pointer failed");
@@ -171,7 +171,7 @@ class Tensor {
 class MemoryStore {
  public:
   MemoryStore() {
-    table_.struct_size = sizeof(table_);
+    table_.struct_size = BP_KV_STORE_STRUCT_SIZE;
     table_.ctx = this;
     table_.set = &set;
     table_.get = &get;
@@ -255,7 +255,7 @@ class MemoryStore {
 bp_collective_args collective_args(const Plugin& p, bp_comm* comm, const bp_tensor* in, const bp_tensor* out,
                                    int32_t reduce_op = 0, int32_t root = 0) {
   bp_collective_args a{};
-  a.struct_size = sizeof(a);
+  a.struct_size = BP_COLLECTIVE_ARGS_STRUCT_SIZE;
   a.plugin = p.get();
   a.comm = comm;
   a.input = in;
@@ -267,7 +267,7 @@ bp_collective_args collective_args(const Plugin& p, bp_comm* comm, const bp_tens
 
 Status comm_call(const Plugin& p, bp_status* (*entry)(bp_comm_args*), bp_comm* comm) {
   bp_comm_args a{};
-  a.struct_size = sizeof(a);
+  a.struct_size = BP_COMM_ARGS_STRUCT_SIZE;
   a.plugin = p.get();
   a.comm = comm;
   return p.take(entry(&a));
@@ -308,7 +308,7 @@ struct Comm {
 Status create_comm(const Plugin& p, const MemoryStore* store, int rank, int world, int64_t timeout_ms,
                    const std::string& prefix, bp_comm** out) {
   bp_comm_create_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_COMM_CREATE_ARGS_STRUCT_SIZE;
   args.plugin = p.get();
   args.device = 0;
   args.rank = rank;
@@ -564,7 +564,7 @@ TEST_CASE("cpu_collectives: the cpu device declares collective and every collect
   Plugin p;
   REQUIRE(p.create_status().ok());
   bp_device_info_args info{};
-  info.struct_size = sizeof(info);
+  info.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
   info.plugin = p.get();
   REQUIRE(p.take(p.api().device_info(&info)).ok());
   CHECK((info.capabilities & BP_CAP_COLLECTIVE) != 0);
@@ -620,7 +620,7 @@ TEST_CASE("cpu_collectives: comm_create refuses what would index out of range or
   bp_kv_store partial = *store.table();
   partial.status_free = nullptr;  // a store whose statuses could not be freed
   bp_comm_create_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_COMM_CREATE_ARGS_STRUCT_SIZE;
   args.plugin = p.get();
   args.rank = 0;
   args.world_size = 2;
@@ -1368,7 +1368,7 @@ TEST_CASE("cpu_collectives: the collective option switches collectives off") {
   Plugin off(R"({"collective": false})");
   REQUIRE(off.create_status().ok());
   bp_device_info_args info{};
-  info.struct_size = sizeof(info);
+  info.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
   info.plugin = off.get();
   REQUIRE(off.take(off.api().device_info(&info)).ok());
   CHECK((info.capabilities & BP_CAP_COLLECTIVE) == 0);

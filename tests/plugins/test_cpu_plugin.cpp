@@ -15,7 +15,7 @@
 
 namespace {
 
-const bp_host_api g_host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
+const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
                          [](void*, int32_t, const char*) {}};
 
 // True when a library whose file name contains `part` is mapped in this process.
@@ -56,13 +56,13 @@ const bp_plugin_api* load_api() {
 class Plugin {
  public:
   explicit Plugin(const char* options = R"({"threads": 2})") : api(load_api()) {
-    bp_create_args c{sizeof c, "cpu", options, &g_host, nullptr};
+    bp_create_args c{BP_CREATE_ARGS_STRUCT_SIZE, "cpu", options, &g_host, nullptr};
     REQUIRE(take(api->create(&c)).code == BP_STATUS_OK);
     plugin = c.plugin;
   }
   ~Plugin() {
     for (bp_buffer* b : buffers_) {
-      bp_buffer_free_args f{sizeof f, plugin, b};
+      bp_buffer_free_args f{BP_BUFFER_FREE_ARGS_STRUCT_SIZE, plugin, b};
       take(api->buffer_free(&f));
     }
     api->destroy(plugin);
@@ -79,7 +79,7 @@ class Plugin {
   }
 
   bp_buffer* alloc(uint64_t bytes) {
-    bp_buffer_alloc_args a{sizeof a, plugin, 0, 0, bytes, nullptr};
+    bp_buffer_alloc_args a{BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE, plugin, 0, 0, bytes, nullptr};
     REQUIRE(take(api->buffer_alloc(&a)).code == BP_STATUS_OK);
     buffers_.push_back(a.buffer);
     return a.buffer;
@@ -87,25 +87,27 @@ class Plugin {
   template <class T>
   bp_buffer* upload(const std::vector<T>& values) {
     bp_buffer* b = alloc(values.size() * sizeof(T));
-    bp_buffer_copy_args w{sizeof w, plugin, b, 0, values.size() * sizeof(T), values.data(), nullptr};
+    bp_buffer_copy_args w{BP_BUFFER_COPY_ARGS_STRUCT_SIZE, plugin,        b,      0,
+                          values.size() * sizeof(T),       values.data(), nullptr};
     REQUIRE(take(api->buffer_write(&w)).code == BP_STATUS_OK);
     return b;
   }
   template <class T>
   std::vector<T> download(bp_buffer* b, size_t count) {
     std::vector<T> out(count);
-    bp_buffer_copy_args r{sizeof r, plugin, b, 0, count * sizeof(T), nullptr, out.data()};
+    bp_buffer_copy_args r{
+        BP_BUFFER_COPY_ARGS_STRUCT_SIZE, plugin, b, 0, count * sizeof(T), nullptr, out.data()};
     REQUIRE(take(api->buffer_read(&r)).code == BP_STATUS_OK);
     return out;
   }
   Outcome execute(int32_t op, std::vector<bp_tensor> inputs, bp_tensor output, bp_op_attrs attrs = {}) {
-    attrs.struct_size = sizeof attrs;
-    bp_execute_args e{sizeof e, plugin, 0, op, inputs.data(), &output, static_cast<int32_t>(inputs.size()),
-                      1,        &attrs};
+    attrs.struct_size = BP_OP_ATTRS_STRUCT_SIZE;
+    bp_execute_args e{BP_EXECUTE_ARGS_STRUCT_SIZE,         plugin, 0,     op, inputs.data(), &output,
+                      static_cast<int32_t>(inputs.size()), 1,      &attrs};
     return take(api->execute(&e));
   }
   bp_device_info_args info() {
-    bp_device_info_args i{sizeof i, plugin, 0, 0, nullptr, 0, nullptr};
+    bp_device_info_args i{BP_DEVICE_INFO_ARGS_STRUCT_SIZE, plugin, 0, 0, nullptr, 0, nullptr};
     REQUIRE(take(api->device_info(&i)).code == BP_STATUS_OK);
     return i;
   }
@@ -117,7 +119,7 @@ class Plugin {
     return {};
   }
   bool supports(int32_t op, int32_t dtype) {
-    bp_supports_op_args s{sizeof s, plugin, 0, op, dtype, 0};
+    bp_supports_op_args s{BP_SUPPORTS_OP_ARGS_STRUCT_SIZE, plugin, 0, op, dtype, 0};
     REQUIRE(take(api->supports_op(&s)).code == BP_STATUS_OK);
     return s.supported != 0;
   }
@@ -132,7 +134,7 @@ class Plugin {
 // What create answers to `options` (the instance it made, if any, destroyed).
 Outcome create(const char* options) {
   const bp_plugin_api* api = load_api();
-  bp_create_args c{sizeof c, "cpu", options, &g_host, nullptr};
+  bp_create_args c{BP_CREATE_ARGS_STRUCT_SIZE, "cpu", options, &g_host, nullptr};
   bp_status* s = api->create(&c);
   Outcome o;
   if (s != nullptr) {
@@ -157,13 +159,13 @@ bp_tensor dense(bp_buffer* b, int32_t dtype, const std::vector<int64_t>& shape,
 
 TEST_CASE("cpu: loading, creating and describing the device start no kernel library; the first buffer does") {
   Plugin p;
-  bp_device_count_args count{sizeof count, p.plugin, 0};
+  bp_device_count_args count{BP_DEVICE_COUNT_ARGS_STRUCT_SIZE, p.plugin, 0};
   REQUIRE(p.take(p.api->device_count(&count)).code == BP_STATUS_OK);
   CHECK(count.num_devices == 1);
-  bp_device_info_args info{sizeof info, p.plugin, 0, 0, nullptr, 0, nullptr};
+  bp_device_info_args info{BP_DEVICE_INFO_ARGS_STRUCT_SIZE, p.plugin, 0, 0, nullptr, 0, nullptr};
   REQUIRE(p.take(p.api->device_info(&info)).code == BP_STATUS_OK);
   CHECK(std::string(info.name) == "host (2 threads)");
-  bp_device_memory_args mem{sizeof mem, p.plugin, 0, 0, 0, 0};
+  bp_device_memory_args mem{BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE, p.plugin, 0, 0, 0, 0};
   REQUIRE(p.take(p.api->device_memory(&mem)).code == BP_STATUS_OK);
   CHECK(mem.total_bytes > 0);
   CHECK(mem.free_bytes <= mem.total_bytes);
@@ -178,7 +180,7 @@ TEST_CASE("cpu: loading, creating and describing the device start no kernel libr
 
 TEST_CASE("cpu: the device holds all nine dtypes, and supports_op agrees with execute") {
   Plugin p;
-  bp_device_info_args info{sizeof info, p.plugin, 0, 0, nullptr, 0, nullptr};
+  bp_device_info_args info{BP_DEVICE_INFO_ARGS_STRUCT_SIZE, p.plugin, 0, 0, nullptr, 0, nullptr};
   REQUIRE(p.take(p.api->device_info(&info)).code == BP_STATUS_OK);
   for (int32_t d = BP_DTYPE_F32; d < BP_DTYPE_COUNT_; ++d) CHECK((info.capabilities & BP_CAP_DTYPE(d)) != 0);
   CHECK((info.capabilities & (BP_CAP_HOST_VISIBLE | BP_CAP_MATMUL | BP_CAP_COLLECTIVE)) ==
@@ -206,7 +208,7 @@ TEST_CASE("cpu: the device holds all nine dtypes, and supports_op agrees with ex
 
   SUBCASE("option collective=false drops the flag") {
     Plugin q(R"({"collective": false})");
-    bp_device_info_args qi{sizeof qi, q.plugin, 0, 0, nullptr, 0, nullptr};
+    bp_device_info_args qi{BP_DEVICE_INFO_ARGS_STRUCT_SIZE, q.plugin, 0, 0, nullptr, 0, nullptr};
     REQUIRE(q.take(q.api->device_info(&qi)).code == BP_STATUS_OK);
     CHECK((qi.capabilities & BP_CAP_COLLECTIVE) == 0);
   }
@@ -299,13 +301,13 @@ TEST_CASE("cpu: DLPack import adopts host memory and releases it once, a failed 
   host.dl_device_type = BP_DL_CPU;
   REQUIRE(p.take(p.api->buffer_import(&host)).code == BP_STATUS_OK);
   REQUIRE(host.buffer != nullptr);
-  bp_buffer_pointer_args ptr{sizeof ptr, p.plugin, host.buffer, nullptr, 0, 0};
+  bp_buffer_pointer_args ptr{BP_BUFFER_POINTER_ARGS_STRUCT_SIZE, p.plugin, host.buffer, nullptr, 0, 0};
   REQUIRE(p.take(p.api->buffer_pointer(&ptr)).code == BP_STATUS_OK);
   CHECK(ptr.data == data);
   CHECK(ptr.dl_device_type == BP_DL_CPU);
   CHECK(p.download<float>(host.buffer, 4) == std::vector<float>{1, 2, 3, 4});
   CHECK(released == 0);  // the buffer owns the memory until it is freed
-  bp_buffer_free_args f{sizeof f, p.plugin, host.buffer};
+  bp_buffer_free_args f{BP_BUFFER_FREE_ARGS_STRUCT_SIZE, p.plugin, host.buffer};
   REQUIRE(p.take(p.api->buffer_free(&f)).code == BP_STATUS_OK);
   CHECK(released == 1);
 }

@@ -36,7 +36,7 @@ void status_free(bp_status*) {}
 
 bp_kv_store recording_store(Recorder& r) {
   bp_kv_store kv{};
-  kv.struct_size = sizeof kv;
+  kv.struct_size = BP_KV_STORE_STRUCT_SIZE;
   kv.ctx = &r;
   kv.set = record_set;
   kv.get = never_get;
@@ -56,7 +56,7 @@ TEST_CASE("kv store: publishing a failure is one bounded set of exactly the mess
   const backplane::cpu::FailureBoard board(&kv, "job/g0/");
   board.publish(2, "rank 2: all_reduce timed out");
   REQUIRE(r.set_timeouts.size() == 1);
-  CHECK(r.set_struct_sizes[0] == sizeof(bp_kv_set_args));
+  CHECK(r.set_struct_sizes[0] == BP_KV_SET_ARGS_STRUCT_SIZE);
   CHECK(r.set_timeouts[0] > 0);      // bounded...
   CHECK(r.set_timeouts[0] <= 5000);  // ...and short, whatever the store's own timeout
   CHECK(r.values.at("job/g0/failed/2") == "rank 2: all_reduce timed out");

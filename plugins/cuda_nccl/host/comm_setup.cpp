@@ -36,7 +36,7 @@ std::string unique_id_key(const std::string& key_prefix) { return key_prefix + "
 
 void store_set(const bp_kv_store& kv, const std::string& key, const void* data, uint64_t size) {
   bp_kv_set_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_KV_SET_ARGS_STRUCT_SIZE;
   args.ctx = kv.ctx;
   args.key = key.c_str();
   args.value = data;
@@ -46,7 +46,7 @@ void store_set(const bp_kv_store& kv, const std::string& key, const void* data, 
 
 std::vector<uint8_t> store_get(const bp_kv_store& kv, const std::string& key, int64_t timeout_ms) {
   bp_kv_get_args args{};
-  args.struct_size = sizeof(args);
+  args.struct_size = BP_KV_GET_ARGS_STRUCT_SIZE;
   args.ctx = kv.ctx;
   args.key = key.c_str();
   args.timeout_ms = timeout_ms;

@@ -954,7 +954,8 @@ void Connection::run_kv_task(KvTask& task) {
         message = "the job's store has no set";
         break;
       }
-      bp_kv_set_args a{sizeof a, kv.ctx, task.keys[0].c_str(), task.value.data(), task.value.size(), timeout};
+      bp_kv_set_args a{BP_KV_SET_ARGS_STRUCT_SIZE, kv.ctx, task.keys[0].c_str(), task.value.data(),
+                       task.value.size(),          timeout};
       take(kv.set(&a));
       break;
     }
@@ -964,7 +965,7 @@ void Connection::run_kv_task(KvTask& task) {
         message = "the job's store has no get";
         break;
       }
-      bp_kv_get_args a{sizeof a, kv.ctx, task.keys[0].c_str(), timeout, nullptr, 0};
+      bp_kv_get_args a{BP_KV_GET_ARGS_STRUCT_SIZE, kv.ctx, task.keys[0].c_str(), timeout, nullptr, 0};
       take(kv.get(&a));
       if (code == BP_STATUS_OK && a.value != nullptr) value.assign(a.value, a.value + a.size);
       if (a.value != nullptr && kv.free_value != nullptr) kv.free_value(kv.ctx, a.value);
@@ -978,7 +979,8 @@ void Connection::run_kv_task(KvTask& task) {
       }
       std::vector<const char*> keys;
       for (const auto& k : task.keys) keys.push_back(k.c_str());
-      bp_kv_wait_args a{sizeof a, kv.ctx, keys.data(), static_cast<int32_t>(keys.size()), 0, timeout};
+      bp_kv_wait_args a{BP_KV_WAIT_ARGS_STRUCT_SIZE,       kv.ctx, keys.data(),
+                        static_cast<int32_t>(keys.size()), 0,      timeout};
       take(kv.wait(&a));
       break;
     }

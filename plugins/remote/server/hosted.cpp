@@ -38,7 +38,7 @@ Hosted::Hosted(const bp_plugin_api* api, bp_plugin* plugin, std::string backend_
     throw std::runtime_error("no backend to host (a null plugin table)");
   const std::string who = "backend '" + backend_name_ + "'";
   bp_device_count_args count{};
-  count.struct_size = sizeof count;
+  count.struct_size = BP_DEVICE_COUNT_ARGS_STRUCT_SIZE;
   count.plugin = plugin_;
   if (PluginStatus s(*api_, api_->device_count(&count)); !s.ok())
     throw std::runtime_error(who + ": device_count failed: " + s.message());
@@ -47,7 +47,7 @@ Hosted::Hosted(const bp_plugin_api* api, bp_plugin* plugin, std::string backend_
                              " devices (0..4096 expected)");
   for (int32_t d = 0; d < count.num_devices; ++d) {
     bp_device_info_args info{};
-    info.struct_size = sizeof info;
+    info.struct_size = BP_DEVICE_INFO_ARGS_STRUCT_SIZE;
     info.plugin = plugin_;
     info.device = d;
     if (PluginStatus s(*api_, api_->device_info(&info)); !s.ok())
@@ -65,7 +65,7 @@ Hosted::Hosted(const bp_plugin_api* api, bp_plugin* plugin, std::string backend_
     for (int32_t op = 1; op < kSupportOps; ++op) {
       for (int32_t dtype = 1; dtype < kSupportDtypes; ++dtype) {
         bp_supports_op_args q{};
-        q.struct_size = sizeof q;
+        q.struct_size = BP_SUPPORTS_OP_ARGS_STRUCT_SIZE;
         q.plugin = plugin_;
         q.device = d;
         q.op = op;

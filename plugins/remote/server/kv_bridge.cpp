@@ -42,7 +42,7 @@ std::chrono::milliseconds wait_for(int64_t timeout_ms, std::chrono::milliseconds
 
 KvBridge::KvBridge(Sender& sender, std::chrono::milliseconds fallback_timeout)
     : sender_(sender), fallback_timeout_(fallback_timeout) {
-  store_.struct_size = sizeof store_;
+  store_.struct_size = BP_KV_STORE_STRUCT_SIZE;
   store_.ctx = this;
   store_.set = &KvBridge::set;
   store_.get = &KvBridge::get;

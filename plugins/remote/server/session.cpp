@@ -337,7 +337,7 @@ void Session::alloc(const wire::Alloc& r) {
   // The slot first, so that a failure to record it cannot leak the allocation.
   auto [slot, inserted] = buffers_.try_emplace(id);
   bp_buffer_alloc_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.device = r.device();
   a.size = r.size();
@@ -359,7 +359,7 @@ PluginStatus Session::free_buffer(const Buffer& b) noexcept {
   counters_.bytes -= static_cast<int64_t>(b.size);
   --counters_.buffers;
   bp_buffer_free_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_BUFFER_FREE_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.buffer = b.handle;
   return PluginStatus(api_, api_.buffer_free(&a));
@@ -377,7 +377,7 @@ void Session::write(const wire::Write& r, std::span<const uint8_t> payload) {
   if (payload.size() != r.size())
     refuse("the frame carries " + std::to_string(payload.size()) + " bytes, not " + std::to_string(r.size()));
   bp_buffer_copy_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_BUFFER_COPY_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.buffer = b.handle;
   a.offset = r.offset();
@@ -394,7 +394,7 @@ std::optional<std::span<uint8_t>> Session::direct_write(const wire::Write& r) no
       !inside(r.offset(), r.size(), b.size))
     return std::nullopt;
   bp_buffer_pointer_args p{};
-  p.struct_size = sizeof p;
+  p.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
   p.plugin = hosted_->plugin();
   p.buffer = b.handle;
   if (!PluginStatus(api_, api_.buffer_pointer(&p)).ok() || p.data == nullptr) return std::nullopt;
@@ -426,7 +426,7 @@ void Session::execute(const wire::Execute& r) {
     out.push_back(out_d[i].tensor);
   }
   bp_op_attrs attrs{};
-  attrs.struct_size = sizeof attrs;
+  attrs.struct_size = BP_OP_ATTRS_STRUCT_SIZE;
   attrs.axis = r.axis();
   attrs.dtype = r.dtype();
   attrs.scalar0 = r.scalar0();
@@ -453,7 +453,7 @@ void Session::execute(const wire::Execute& r) {
       refuse(where + " does not run " + op_text(r.op()) + " on " + dtype_text(d), BP_STATUS_UNSUPPORTED);
 
   bp_execute_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_EXECUTE_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.device = r.device();
   a.op = r.op();
@@ -482,7 +482,7 @@ void Session::read(uint64_t id, const wire::Read& r) {
   // a synchronising point, and the send completes before the next request runs.
   if (dev.has(BP_CAP_HOST_VISIBLE) && api_.buffer_pointer != nullptr) {
     bp_buffer_pointer_args p{};
-    p.struct_size = sizeof p;
+    p.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
     p.plugin = hosted_->plugin();
     p.buffer = b.handle;
     check(PluginStatus(api_, api_.buffer_pointer(&p)));
@@ -496,7 +496,7 @@ void Session::read(uint64_t id, const wire::Read& r) {
   }
   if (staging_.size() < r.size()) staging_.resize(r.size());
   bp_buffer_copy_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_BUFFER_COPY_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.buffer = b.handle;
   a.offset = r.offset();
@@ -513,7 +513,7 @@ void Session::synchronize(uint64_t id, const wire::Synchronize& r) {
   std::string text;
   if (api_.synchronize != nullptr) {  // without it every call finished before it returned
     bp_synchronize_args a{};
-    a.struct_size = sizeof a;
+    a.struct_size = BP_SYNCHRONIZE_ARGS_STRUCT_SIZE;
     a.plugin = hosted_->plugin();
     a.device = r.device();
     PluginStatus s(api_, api_.synchronize(&a));
@@ -532,7 +532,7 @@ void Session::memory(uint64_t id, const wire::MemoryQuery& r) {
   if (api_.device_memory == nullptr)
     refuse("backend '" + hosted_->backend_name() + "' does not report device memory", BP_STATUS_UNSUPPORTED);
   bp_device_memory_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.device = r.device();
   check(PluginStatus(api_, api_.device_memory(&a)));
@@ -586,7 +586,7 @@ void Session::comm_create(uint64_t id, const wire::CommCreate& r) {
   comm->world_size = r.world_size();
   comm->kv = std::make_unique<KvBridge>(sender_, std::chrono::milliseconds(r.timeout_ms()));
   bp_comm_create_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_COMM_CREATE_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.device = r.device();
   a.rank = r.rank();
@@ -614,7 +614,7 @@ void Session::destroy_comm(const std::shared_ptr<Comm>& comm) noexcept {
   }
   --counters_.comms;
   bp_comm_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_COMM_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.comm = comm->handle;
   PluginStatus s(api_, api_.comm_destroy(&a));
@@ -683,7 +683,7 @@ void Session::collective(uint64_t id, const wire::Collective& r) {
     refuse("backend '" + hosted_->backend_name() + "' has no " + collective_text(r.kind()),
            BP_STATUS_UNSUPPORTED);
   bp_collective_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_COLLECTIVE_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.comm = comm->handle;
   a.input = in;
@@ -705,7 +705,7 @@ void Session::abort(uint64_t comm_id) noexcept {
     ++comm->aborting;
   }
   bp_comm_args a{};
-  a.struct_size = sizeof a;
+  a.struct_size = BP_COMM_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
   a.comm = comm->handle;
   PluginStatus s(api_, api_.comm_abort(&a));

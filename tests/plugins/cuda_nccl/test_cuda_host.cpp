@@ -217,7 +217,7 @@ struct MemoryStore {
   bp_kv_store api{};
 
   MemoryStore() {
-    api.struct_size = sizeof(api);
+    api.struct_size = BP_KV_STORE_STRUCT_SIZE;
     api.ctx = this;
     api.set = [](bp_kv_set_args* a) -> bp_status* {
       auto* s = static_cast<MemoryStore*>(a->ctx);

@@ -22,7 +22,7 @@
 
 namespace backplane::remote::test {
 
-inline const bp_host_api g_host{sizeof(bp_host_api), BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
+inline const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
                                 [](void*, int32_t, const char*) {}};
 
 // A status taken from the plugin: its code (BP_STATUS_OK for NULL) and message.
@@ -48,7 +48,7 @@ inline const bp_plugin_api* remote_api() {
 class RemoteInstance {
  public:
   explicit RemoteInstance(const std::string& options) : api(remote_api()) {
-    bp_create_args c{sizeof c, "remote", options.c_str(), &g_host, nullptr};
+    bp_create_args c{BP_CREATE_ARGS_STRUCT_SIZE, "remote", options.c_str(), &g_host, nullptr};
     create = take(api->create(&c));
     plugin = c.plugin;
   }
@@ -69,31 +69,31 @@ class RemoteInstance {
   }
 
   Outcome device_count(int32_t& n) {
-    bp_device_count_args a{sizeof a, plugin, 0};
+    bp_device_count_args a{BP_DEVICE_COUNT_ARGS_STRUCT_SIZE, plugin, 0};
     Outcome o = take(api->device_count(&a));
     n = a.num_devices;
     return o;
   }
   bp_buffer* alloc(int32_t device, uint64_t size) {
-    bp_buffer_alloc_args a{sizeof a, plugin, device, 0, size, nullptr};
+    bp_buffer_alloc_args a{BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE, plugin, device, 0, size, nullptr};
     const Outcome o = take(api->buffer_alloc(&a));
     REQUIRE_MESSAGE(o.code == BP_STATUS_OK, o.message);
     return a.buffer;
   }
   Outcome free(bp_buffer* b) {
-    bp_buffer_free_args a{sizeof a, plugin, b};
+    bp_buffer_free_args a{BP_BUFFER_FREE_ARGS_STRUCT_SIZE, plugin, b};
     return take(api->buffer_free(&a));
   }
   Outcome write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size) {
-    bp_buffer_copy_args a{sizeof a, plugin, b, offset, size, src, nullptr};
+    bp_buffer_copy_args a{BP_BUFFER_COPY_ARGS_STRUCT_SIZE, plugin, b, offset, size, src, nullptr};
     return take(api->buffer_write(&a));
   }
   Outcome read(bp_buffer* b, uint64_t offset, void* dst, uint64_t size) {
-    bp_buffer_copy_args a{sizeof a, plugin, b, offset, size, nullptr, dst};
+    bp_buffer_copy_args a{BP_BUFFER_COPY_ARGS_STRUCT_SIZE, plugin, b, offset, size, nullptr, dst};
     return take(api->buffer_read(&a));
   }
   Outcome synchronize(int32_t device) {
-    bp_synchronize_args a{sizeof a, plugin, device};
+    bp_synchronize_args a{BP_SYNCHRONIZE_ARGS_STRUCT_SIZE, plugin, device};
     return take(api->synchronize(&a));
   }
   // out = a + b on contiguous 1-D f32 tensors of n elements.
@@ -103,8 +103,8 @@ class RemoteInstance {
     const bp_tensor in[2] = {{a, 0, device, BP_DTYPE_F32, 1, 0, shape, strides},
                              {b, 0, device, BP_DTYPE_F32, 1, 0, shape, strides}};
     const bp_tensor o{out, 0, device, BP_DTYPE_F32, 1, 0, shape, strides};
-    const bp_op_attrs attrs{sizeof(bp_op_attrs), 0, 0, 0, 0.0, 0.0, 0};
-    bp_execute_args e{sizeof e, plugin, device, op, in, &o, 2, 1, &attrs};
+    const bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 0, 0, 0, 0.0, 0.0, 0};
+    bp_execute_args e{BP_EXECUTE_ARGS_STRUCT_SIZE, plugin, device, op, in, &o, 2, 1, &attrs};
     return take(api->execute(&e));
   }
 
@@ -117,7 +117,7 @@ class RemoteInstance {
 class MemoryStore {
  public:
   MemoryStore() {
-    kv.struct_size = sizeof kv;
+    kv.struct_size = BP_KV_STORE_STRUCT_SIZE;
     kv.ctx = this;
     kv.set = [](bp_kv_set_args* a) -> bp_status* {
       auto* self = static_cast<MemoryStore*>(a->ctx);

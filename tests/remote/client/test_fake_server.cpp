@@ -298,7 +298,7 @@ TEST_CASE(
   // Every later call fails at once, naming the endpoint; freeing succeeds quietly.
   CHECK(p.synchronize(0).code == BP_STATUS_UNAVAILABLE);
   CHECK(p.write(b, 0, dst.data(), 8).code == BP_STATUS_UNAVAILABLE);
-  bp_buffer_alloc_args a{sizeof a, p.plugin, 0, 0, 8, nullptr};
+  bp_buffer_alloc_args a{BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE, p.plugin, 0, 0, 8, nullptr};
   const Outcome alloc = p.take(p.api->buffer_alloc(&a));
   CHECK(alloc.code == BP_STATUS_UNAVAILABLE);
   CHECK(contains(alloc.message, server.endpoint()));
@@ -343,7 +343,7 @@ TEST_CASE("fake server: device_memory asks the server") {
   RemoteInstance p(options_for({server.endpoint()}));
   int32_t n = 0;
   REQUIRE(p.device_count(n).code == BP_STATUS_OK);
-  bp_device_memory_args m{sizeof m, p.plugin, 0, 0, 0, 0};
+  bp_device_memory_args m{BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE, p.plugin, 0, 0, 0, 0};
   REQUIRE(p.take(p.api->device_memory(&m)).code == BP_STATUS_OK);
   CHECK(m.free_bytes == 1000);
   CHECK(m.total_bytes == 4000);
@@ -357,7 +357,8 @@ TEST_CASE("fake server: the server's key-value requests during comm_create reach
   int32_t n = 0;
   REQUIRE(p.device_count(n).code == BP_STATUS_OK);
   MemoryStore store;
-  bp_comm_create_args c{sizeof c, p.plugin, 0, 0, 1, 0, 10000, &store.kv, "job/7/", nullptr};
+  bp_comm_create_args c{
+      BP_COMM_CREATE_ARGS_STRUCT_SIZE, p.plugin, 0, 0, 1, 0, 10000, &store.kv, "job/7/", nullptr};
   const Outcome created = p.take(p.api->comm_create(&c));
   REQUIRE_MESSAGE(created.code == BP_STATUS_OK, created.message);
   const auto log = store.log();
@@ -368,9 +369,9 @@ TEST_CASE("fake server: the server's key-value requests during comm_create reach
   CHECK(replies[0].first == BP_STATUS_OK);
   CHECK(replies[1] == std::make_pair(int32_t{BP_STATUS_OK}, std::string("rendezvous")));
 
-  bp_collective_args barrier{sizeof barrier, p.plugin, c.comm, nullptr, nullptr, 0, 0};
+  bp_collective_args barrier{BP_COLLECTIVE_ARGS_STRUCT_SIZE, p.plugin, c.comm, nullptr, nullptr, 0, 0};
   CHECK(p.take(p.api->barrier(&barrier)).code == BP_STATUS_OK);
-  bp_comm_args d{sizeof d, p.plugin, c.comm};
+  bp_comm_args d{BP_COMM_ARGS_STRUCT_SIZE, p.plugin, c.comm};
   CHECK(p.take(p.api->comm_destroy(&d)).code == BP_STATUS_OK);
 }
 
@@ -383,17 +384,18 @@ TEST_CASE("fake server: comm_abort fails a blocked collective at once with colle
   int32_t n = 0;
   REQUIRE(p.device_count(n).code == BP_STATUS_OK);
   MemoryStore store;
-  bp_comm_create_args c{sizeof c, p.plugin, 0, 0, 1, 0, 600000, &store.kv, "", nullptr};
+  bp_comm_create_args c{
+      BP_COMM_CREATE_ARGS_STRUCT_SIZE, p.plugin, 0, 0, 1, 0, 600000, &store.kv, "", nullptr};
   REQUIRE(p.take(p.api->comm_create(&c)).code == BP_STATUS_OK);
   auto blocked = std::async(std::launch::async, [&] {
-    bp_collective_args b{sizeof b, p.plugin, c.comm, nullptr, nullptr, 0, 0};
+    bp_collective_args b{BP_COLLECTIVE_ARGS_STRUCT_SIZE, p.plugin, c.comm, nullptr, nullptr, 0, 0};
     return p.take(p.api->barrier(&b));
   });
   REQUIRE(eventually([&] {
     const auto bodies = server.bodies();
     return std::find(bodies.begin(), bodies.end(), "Collective") != bodies.end();
   }));
-  bp_comm_args abort{sizeof abort, p.plugin, c.comm};
+  bp_comm_args abort{BP_COMM_ARGS_STRUCT_SIZE, p.plugin, c.comm};
   CHECK(p.take(p.api->comm_abort(&abort)).code == BP_STATUS_OK);
   REQUIRE(blocked.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
   const Outcome o = blocked.get();
@@ -403,11 +405,11 @@ TEST_CASE("fake server: comm_abort fails a blocked collective at once with colle
     const auto bodies = server.bodies();
     return std::find(bodies.begin(), bodies.end(), "CommAbort") != bodies.end();
   }));
-  bp_collective_args again{sizeof again, p.plugin, c.comm, nullptr, nullptr, 0, 0};
+  bp_collective_args again{BP_COLLECTIVE_ARGS_STRUCT_SIZE, p.plugin, c.comm, nullptr, nullptr, 0, 0};
   CHECK(p.take(p.api->barrier(&again)).code == BP_STATUS_COLLECTIVE);
   // The host still destroys it; the stalled server never answers, so the
   // connection is declared dead after request_timeout_ms and the destroy is quiet.
-  bp_comm_args d{sizeof d, p.plugin, c.comm};
+  bp_comm_args d{BP_COMM_ARGS_STRUCT_SIZE, p.plugin, c.comm};
   CHECK(p.take(p.api->comm_destroy(&d)).code == BP_STATUS_OK);
 }
 
@@ -428,7 +430,7 @@ TEST_CASE("fake server: TLS with a CA the client trusts, TLS on one side only is
     int32_t n = 0;
     const Outcome o = p.device_count(n);
     REQUIRE_MESSAGE(o.code == BP_STATUS_OK, o.message);
-    bp_device_info_args info{sizeof info, p.plugin, 0, 0, nullptr, 0, nullptr};
+    bp_device_info_args info{BP_DEVICE_INFO_ARGS_STRUCT_SIZE, p.plugin, 0, 0, nullptr, 0, nullptr};
     REQUIRE(p.take(p.api->device_info(&info)).code == BP_STATUS_OK);
     bool tls_yes = false;
     for (int32_t i = 0; i < info.num_attributes; ++i)

@@ -90,8 +90,8 @@ TEST_CASE("serve: strided views and large transfers round trip through the ABI")
   const bp_tensor in[2] = {view(ba, BP_DTYPE_F32, shape, at_strides, 16),
                            view(bb, BP_DTYPE_F32, shape, b_strides)};
   const bp_tensor out = view(bo, BP_DTYPE_F32, shape, out_strides);
-  const bp_op_attrs attrs{sizeof(bp_op_attrs), 0, 0, 0, 0.0, 0.0, 0};
-  bp_execute_args e{sizeof e, p.plugin, 0, BP_OP_ADD, in, &out, 2, 1, &attrs};
+  const bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 0, 0, 0, 0.0, 0.0, 0};
+  bp_execute_args e{BP_EXECUTE_ARGS_STRUCT_SIZE, p.plugin, 0, BP_OP_ADD, in, &out, 2, 1, &attrs};
   REQUIRE(p.take(p.api->execute(&e)).code == BP_STATUS_OK);
   std::vector<float> got(6);
   REQUIRE(p.read(bo, 0, got.data(), 24).code == BP_STATUS_OK);
@@ -117,8 +117,8 @@ TEST_CASE("serve: failures of pipelined work surface at the next synchronising c
   const std::vector<int64_t> xs{3}, is{2}, one{1};
   const bp_tensor in[2] = {view(bx, BP_DTYPE_F32, xs, one), view(bi, BP_DTYPE_I64, is, one)};
   const bp_tensor out = view(bo, BP_DTYPE_F32, is, one);
-  const bp_op_attrs attrs{sizeof(bp_op_attrs), 0, 0, 0, 0.0, 0.0, 0};
-  bp_execute_args e{sizeof e, p.plugin, 0, BP_OP_GATHER, in, &out, 2, 1, &attrs};
+  const bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 0, 0, 0, 0.0, 0.0, 0};
+  bp_execute_args e{BP_EXECUTE_ARGS_STRUCT_SIZE, p.plugin, 0, BP_OP_GATHER, in, &out, 2, 1, &attrs};
   CHECK(p.take(p.api->execute(&e)).code == BP_STATUS_OK);  // queued
   std::vector<float> got(2);
   const Outcome r = p.read(bo, 0, got.data(), 8);
@@ -163,7 +163,8 @@ TEST_CASE("serve: all_reduce between two servers, with the rendezvous through th
   MemoryStore store;
   // Rank r holds [r+1, r+1, r+1, r+1]; the sum is [3, 3, 3, 3] on both.
   const auto rank = [&](RemoteInstance& p, int32_t r) -> std::vector<float> {
-    bp_comm_create_args c{sizeof c, p.plugin, 0, r, 2, 0, 60000, &store.kv, "test/allreduce/", nullptr};
+    bp_comm_create_args c{
+        BP_COMM_CREATE_ARGS_STRUCT_SIZE, p.plugin, 0, r, 2, 0, 60000, &store.kv, "test/allreduce/", nullptr};
     const Outcome created = p.take(p.api->comm_create(&c));
     if (created.code != BP_STATUS_OK) return {-1.0f};
     const std::vector<float> mine(4, static_cast<float>(r + 1));
@@ -171,12 +172,12 @@ TEST_CASE("serve: all_reduce between two servers, with the rendezvous through th
     p.write(b, 0, mine.data(), 16);
     const std::vector<int64_t> shape{4}, strides{1};
     const bp_tensor t = view(b, BP_DTYPE_F32, shape, strides);
-    bp_collective_args a{sizeof a, p.plugin, c.comm, &t, &t, BP_REDUCE_SUM, 0};
+    bp_collective_args a{BP_COLLECTIVE_ARGS_STRUCT_SIZE, p.plugin, c.comm, &t, &t, BP_REDUCE_SUM, 0};
     const Outcome reduced = p.take(p.api->all_reduce(&a));
     std::vector<float> got(4, -1.0f);
     if (reduced.code == BP_STATUS_OK) p.read(b, 0, got.data(), 16);
     p.free(b);
-    bp_comm_args d{sizeof d, p.plugin, c.comm};
+    bp_comm_args d{BP_COMM_ARGS_STRUCT_SIZE, p.plugin, c.comm};
     p.take(p.api->comm_destroy(&d));
     return got;
   };

@@ -76,7 +76,7 @@ struct View {
 };
 
 std::string execute(int32_t op, std::vector<const View*> in, std::vector<const View*> out,
-                    bp_op_attrs attrs = bp_op_attrs{sizeof(bp_op_attrs), 0, 0, 0, 0, 0, 0}) {
+                    bp_op_attrs attrs = bp_op_attrs{BP_OP_ATTRS_STRUCT_SIZE, 0, 0, 0, 0, 0, 0}) {
   std::vector<bp_tensor> i, o;
   for (auto* v : in) i.push_back(v->t);
   for (auto* v : out) o.push_back(v->t);
@@ -134,7 +134,7 @@ TEST_CASE("validate_execute accepts what the core sends") {
   const View m1(1, BP_DTYPE_F32, {2, 3}), m2(2, BP_DTYPE_F32, {3, 5}), m3(2, BP_DTYPE_F32, {2, 5}, {}, 1024);
   CHECK(execute(BP_OP_MATMUL, {&m1, &m2}, {&m3}) == "");
   const View x(1, BP_DTYPE_F32, {2, 3}), r(2, BP_DTYPE_F32, {2, 1}), ri(2, BP_DTYPE_I64, {1, 3});
-  bp_op_attrs attrs{sizeof(bp_op_attrs), 1, 0, 0, 0, 0, 0};
+  bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 1, 0, 0, 0, 0, 0};
   CHECK(execute(BP_OP_SUM, {&x}, {&r}, attrs) == "");
   attrs.axis = 0;
   CHECK(execute(BP_OP_ARGMAX, {&x}, {&ri}, attrs) == "");
@@ -157,7 +157,7 @@ TEST_CASE("validate_execute refuses malformed ops with a message naming the prob
   CHECK(contains(execute(BP_OP_EQ, {&a, &a}, {&c}), "the output is f32, expected bool"));
   const View m1(1, BP_DTYPE_F32, {2, 3}), m2(2, BP_DTYPE_F32, {4, 5}), m3(2, BP_DTYPE_F32, {2, 5}, {}, 1024);
   CHECK(contains(execute(BP_OP_MATMUL, {&m1, &m2}, {&m3}), "do not fit"));
-  bp_op_attrs attrs{sizeof(bp_op_attrs), 5, 0, 0, 0, 0, 0};
+  bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 5, 0, 0, 0, 0, 0};
   const View r(2, BP_DTYPE_F32, {2, 1});
   CHECK(contains(execute(BP_OP_SUM, {&m1}, {&r}, attrs), "axis 5 is outside 0..1"));
   attrs.axis = -1;
@@ -189,7 +189,7 @@ TEST_CASE("validate_execute refuses outputs that overlap, alias themselves, are 
   CHECK(contains(execute(BP_OP_RELU, {&x}, {&strided}), "must be contiguous"));
   // One element repeated a million times along a reduced axis: work unbounded by memory.
   const View repeated(1, BP_DTYPE_F32, {1, 1000000}, {0, 0}), r(2, BP_DTYPE_F32, {1, 1});
-  bp_op_attrs attrs{sizeof(bp_op_attrs), 1, 0, 0, 0, 0, 0};
+  bp_op_attrs attrs{BP_OP_ATTRS_STRUCT_SIZE, 1, 0, 0, 0, 0, 0};
   CHECK(contains(execute(BP_OP_SUM, {&repeated}, {&r}, attrs), "repeats one element 1000000 times"));
 }
 
