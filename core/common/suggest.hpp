@@ -1,8 +1,10 @@
 // "Did you mean": the closest of some names to a misspelt one, by edit
-// distance. The core's one copy, used by the config checks, the registry and
-// the loader.
+// distance (backplane_common/edit_distance.hpp). Used by the config checks,
+// the registry and the loader.
 #ifndef BACKPLANE_CORE_SUGGEST_HPP_
 #define BACKPLANE_CORE_SUGGEST_HPP_
+
+#include <backplane_common/edit_distance.hpp>
 
 #include <algorithm>
 #include <cstddef>
@@ -12,21 +14,8 @@
 
 namespace backplane::detail {
 
-// Levenshtein distance (insertions, deletions, substitutions of one byte).
-inline std::size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
+// Levenshtein distance: backplane_common's, the one copy of it.
+using common::edit_distance;
 
 // The candidate closest to `name` (other than `name` itself) when it is close
 // enough: fewer edits than a third of the name plus one, and at most two for

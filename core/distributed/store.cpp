@@ -6,13 +6,9 @@
 #include <backplane/log.hpp>
 #include <backplane/rendezvous.hpp>
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
+#include <backplane_common/secret_file.hpp>
 
-#include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #include "distributed/store.hpp"
@@ -37,10 +33,9 @@ using store_detail::Server;
 // How much longer than a get/wait's own timeout a client waits for the
 // server's timed_out reply before it gives up on the server.
 constexpr milliseconds kReplyGrace{2000};
-constexpr std::size_t kMaxTokenBytes = 4096;
 
 // The secret from BACKPLANE_JOB_TOKEN, else from the file BACKPLANE_JOB_TOKEN_FILE
-// names (trailing whitespace dropped); "" when neither is set.
+// names (read_secret_file's rules); "" when neither is set.
 std::string job_token_from_env() {
   if (const char* token = std::getenv("BACKPLANE_JOB_TOKEN"); token != nullptr) {
     if (*token == '\0') {
@@ -52,50 +47,11 @@ std::string job_token_from_env() {
   }
   const char* path = std::getenv("BACKPLANE_JOB_TOKEN_FILE");
   if (path == nullptr) return "";
-  const std::string where = "the job secret file '" + std::string(path) + "' (BACKPLANE_JOB_TOKEN_FILE)";
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) {
-    throw Error(Errc::invalid_argument, "cannot open " + where + ": " + std::strerror(errno));
+  try {
+    return common::read_secret_file(path, "the job secret file (BACKPLANE_JOB_TOKEN_FILE)");
+  } catch (const common::SecretFileError& e) {
+    throw Error(Errc::invalid_argument, e.what());
   }
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw Error(Errc::invalid_argument, where + " is not a regular file");
-  }
-  if (st.st_uid != ::geteuid() && st.st_uid != 0) {
-    throw Error(Errc::invalid_argument, where + " belongs to user " + std::to_string(st.st_uid) +
-                                            ", not to this user (" + std::to_string(::geteuid()) +
-                                            "); use a secret file of your own");
-  }
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    throw Error(Errc::invalid_argument, where + " can be read or written by others than its owner (mode " +
-                                            mode + "); a secret must be private: chmod 600 '" + path + "'");
-  }
-  std::string token(kMaxTokenBytes + 1, '\0');
-  std::size_t got = 0;
-  while (got < token.size()) {
-    const ssize_t n = ::read(fd, token.data() + got, token.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw Error(Errc::invalid_argument, "cannot read " + where + ": " + std::strerror(errno));
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  if (got > kMaxTokenBytes) {
-    throw Error(Errc::invalid_argument, where + " holds more than " + std::to_string(kMaxTokenBytes) +
-                                            " bytes; a secret is one line");
-  }
-  token.resize(got);
-  while (!token.empty() && std::strchr(" \t\r\n", token.back()) != nullptr) token.pop_back();
-  if (token.empty()) {
-    throw Error(Errc::invalid_argument,
-                where + " is empty; write the secret into it (e.g. openssl rand -hex 32 > FILE)");
-  }
-  return token;
 }
 
 class TcpStore final : public Store {

@@ -2,17 +2,14 @@
 #include "distributed/store_wire.hpp"
 
 #include <backplane/error.hpp>
-
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <backplane_common/crypto.hpp>
 
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 namespace backplane::store_wire {
 
@@ -129,17 +126,9 @@ constexpr std::string_view kServerLabel = "backplane store server";
 constexpr std::string_view kClientLabel = "backplane store client";
 
 Mac hmac(std::string_view secret, const std::vector<uint8_t>& message) {
-  Mac out{};
-  unsigned int len = 0;
-  // HMAC with an empty key is well defined (the key is zero-padded).
-  static const uint8_t kEmpty = 0;
-  const void* key = secret.empty() ? static_cast<const void*>(&kEmpty) : secret.data();
-  if (HMAC(EVP_sha256(), key, static_cast<int>(secret.size()), message.data(), message.size(), out.data(),
-           &len) == nullptr ||
-      len != kMacBytes) {
-    throw Error(Errc::internal, "rendezvous store: HMAC-SHA256 failed in OpenSSL's libcrypto");
-  }
-  return out;
+  const std::optional<common::Sha256> mac = common::hmac_sha256(secret, {message});
+  if (!mac) throw Error(Errc::internal, "rendezvous store: HMAC-SHA256 failed in OpenSSL's libcrypto");
+  return *mac;
 }
 
 std::vector<uint8_t> transcript(std::string_view label, const Nonce& a, const Nonce& b) {
@@ -159,7 +148,7 @@ void put_prefix(uint8_t* p, uint16_t word) {
 
 Nonce random_nonce() {
   Nonce n{};
-  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) {
+  if (!common::random_bytes(n)) {
     throw Error(Errc::internal,
                 "rendezvous store: OpenSSL's random generator (RAND_bytes) failed; cannot make a nonce");
   }
@@ -180,7 +169,7 @@ Mac client_proof(std::string_view secret, const Nonce& client_nonce, const Nonce
   return hmac(secret, m);
 }
 
-bool same_mac(const Mac& a, const uint8_t* b) { return CRYPTO_memcmp(a.data(), b, kMacBytes) == 0; }
+bool same_mac(const Mac& a, const uint8_t* b) { return common::equal_constant_time(a, {b, kMacBytes}); }
 
 std::array<uint8_t, kHelloBytes> make_hello(const Nonce& client_nonce) {
   std::array<uint8_t, kHelloBytes> h{};

@@ -6,6 +6,7 @@
 #include <backplane/log.hpp>
 #include <backplane/ops.hpp>
 #include <backplane/tensor.hpp>
+#include <backplane_common/half.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -265,19 +266,6 @@ namespace {
 constexpr int64_t kSummariseAbove = 1000;
 constexpr int64_t kEdgeItems = 3;
 
-double half_to_double(uint16_t h) {
-  const int exponent = (h >> 10) & 0x1f;
-  const int mantissa = h & 0x3ff;
-  double v;
-  if (exponent == 0)
-    v = std::ldexp(mantissa, -24);
-  else if (exponent == 31)
-    v = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
-  else
-    v = std::ldexp(mantissa + 1024, exponent - 25);
-  return (h & 0x8000) != 0 ? -v : v;
-}
-
 std::string float_text(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v < 0 ? "-inf" : "inf";
@@ -300,13 +288,9 @@ std::string element_text(DType dtype, const unsigned char* p) {
     case DType::f64:
       return float_text(as(double{}));
     case DType::f16:
-      return float_text(half_to_double(as(uint16_t{})));
-    case DType::bf16: {
-      const uint32_t bits = static_cast<uint32_t>(as(uint16_t{})) << 16;
-      float f;
-      std::memcpy(&f, &bits, sizeof f);
-      return float_text(f);
-    }
+      return float_text(common::f16_to_f32(as(uint16_t{})));
+    case DType::bf16:
+      return float_text(common::bf16_to_f32(as(uint16_t{})));
     case DType::i32:
       return std::to_string(as(int32_t{}));
     case DType::i64:

@@ -6,6 +6,7 @@
 #define BACKPLANE_PLUGINS_CPU_COLLECTIVE_MATH_HPP_
 
 #include <backplane/abi.h>
+#include <backplane_common/half.hpp>
 
 #include <bit>
 #include <cstddef>
@@ -18,48 +19,15 @@ namespace backplane::cpu {
 
 // ---------------------------------------------------------------------------
 // Half-precision conversions (IEEE binary16 and bfloat16), round to nearest
-// even. Reductions compute in f32 and round once per step: f32 carries more
-// than 2p + 2 bits of either format, so each step is correctly rounded.
+// even (backplane_common/half.hpp). Reductions compute in f32 and round once
+// per step: f32 carries more than 2p + 2 bits of either format, so each step
+// is correctly rounded.
 // ---------------------------------------------------------------------------
 
-inline float f16_to_f32(uint16_t h) noexcept {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1fu;
-  const uint32_t mantissa = h & 0x3ffu;
-  if (exponent == 0x1fu) return std::bit_cast<float>(sign | 0x7f800000u | (mantissa << 13));  // inf, NaN
-  if (exponent != 0) return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
-  // Zero or subnormal: mantissa * 2^-24 is exact in f32.
-  const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-  return std::bit_cast<float>(sign | std::bit_cast<uint32_t>(magnitude));
-}
-
-inline uint16_t f32_to_f16(float f) noexcept {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
-  const uint32_t magnitude = bits & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN stays NaN (quiet)
-  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 2^16: inf
-  if (magnitude < 0x38800000u) {
-    // Below the smallest normal half (2^-14): a subnormal or zero. Adding 0.5
-    // (2^-1) aligns the value so that f32's own rounding leaves the half's
-    // subnormal mantissa, correctly rounded, in the low bits.
-    const float aligned = std::bit_cast<float>(magnitude) + 0.5f;
-    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(aligned) - 0x3f000000u));
-  }
-  // Normal: rebias the exponent, then round the 13 dropped bits to nearest even.
-  const uint32_t odd = (magnitude >> 13) & 1u;
-  const uint32_t rounded = magnitude - (uint32_t{112} << 23) + 0xfffu + odd;
-  return static_cast<uint16_t>(sign | (rounded >> 13));
-}
-
-inline float bf16_to_f32(uint16_t h) noexcept { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
-
-inline uint16_t f32_to_bf16(float f) noexcept {
-  const uint32_t bits = std::bit_cast<uint32_t>(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // quiet NaN
-  const uint32_t odd = (bits >> 16) & 1u;
-  return static_cast<uint16_t>((bits + 0x7fffu + odd) >> 16);
-}
+using common::bf16_to_f32;
+using common::f16_to_f32;
+using common::f32_to_bf16;
+using common::f32_to_f16;
 
 // ---------------------------------------------------------------------------
 // Reductions

@@ -6,6 +6,8 @@
 // Every call into the core runs with the GIL released (nogil).
 #include "common.hpp"
 
+#include <backplane_common/half.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -30,39 +32,6 @@ std::unordered_set<PyTensor*>& tracked() {
 [[noreturn]] void invalid(const std::string& message) { throw Error(Errc::invalid_argument, message); }
 
 // ---- reading elements back ------------------------------------------------------
-
-float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  uint32_t bits = 0;
-  if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {  // subnormal: normalise
-      exp = 127 - 15 + 1;
-      while ((mant & 0x400u) == 0) {
-        mant <<= 1;
-        --exp;
-      }
-      bits = sign | (exp << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f = 0;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
-  float f = 0;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
 
 // The elements as Python objects, flat, row-major.
 std::vector<py::object> read_values(const Tensor& t) {
@@ -98,10 +67,10 @@ std::vector<py::object> read_values(const Tensor& t) {
       read(int8_t{}, [](int8_t x) { return py::int_(x); });
       break;
     case DType::f16:
-      read(uint16_t{}, [](uint16_t x) { return py::float_(half_to_float(x)); });
+      read(uint16_t{}, [](uint16_t x) { return py::float_(common::f16_to_f32(x)); });
       break;
     case DType::bf16:
-      read(uint16_t{}, [](uint16_t x) { return py::float_(bf16_to_float(x)); });
+      read(uint16_t{}, [](uint16_t x) { return py::float_(common::bf16_to_f32(x)); });
       break;
   }
   return out;

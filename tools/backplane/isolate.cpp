@@ -6,6 +6,7 @@
 
 #include <backplane/error.hpp>
 #include <backplane/registry.hpp>
+#include <backplane_common/unique_fd.hpp>
 
 #include <CLI/CLI.hpp>
 
@@ -131,18 +132,7 @@ std::string signal_text(int sig) {
   return std::to_string(sig) + (abbrev != nullptr ? std::string(" (SIG") + abbrev + ")" : std::string());
 }
 
-// RAII for a file descriptor.
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f = -1) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-  void reset() {
-    if (fd >= 0) ::close(fd);
-    fd = -1;
-  }
-};
+using common::UniqueFd;
 
 struct ChildOutcome {
   std::string answer;  // what it wrote on the pipe
@@ -169,8 +159,8 @@ ChildOutcome run_child(const fs::path& config, std::size_t index, std::chrono::s
     out.spawn_error = std::string("cannot create a pipe: ") + std::strerror(errno);
     return out;
   }
-  Fd read_end(fds[0]);
-  Fd write_end(fds[1]);
+  UniqueFd read_end(fds[0]);
+  UniqueFd write_end(fds[1]);
   constexpr int kChildFd = 3;
 
   std::vector<std::string> args = {
@@ -186,7 +176,7 @@ ChildOutcome run_child(const fs::path& config, std::size_t index, std::chrono::s
   posix_spawn_file_actions_init(&actions);
   posix_spawnattr_init(&attr);
   // fd 3 is the answer; stdout goes to stderr, so a chatty plugin cannot mix into the listing.
-  posix_spawn_file_actions_adddup2(&actions, write_end.fd, kChildFd);
+  posix_spawn_file_actions_adddup2(&actions, write_end.get(), kChildFd);
   posix_spawn_file_actions_adddup2(&actions, STDERR_FILENO, STDOUT_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   sigset_t none;
@@ -218,11 +208,11 @@ ChildOutcome run_child(const fs::path& config, std::size_t index, std::chrono::s
   bool eof = false;
   char buf[65536];
   while (!eof && left_ms() > 0) {
-    pollfd p{read_end.fd, POLLIN, 0};
+    pollfd p{read_end.get(), POLLIN, 0};
     const int n = ::poll(&p, 1, std::min(left_ms(), 1000));
     if (n < 0 && errno != EINTR) break;
     if (n <= 0) continue;
-    const ssize_t got = ::read(read_end.fd, buf, sizeof buf);
+    const ssize_t got = ::read(read_end.get(), buf, sizeof buf);
     if (got < 0 && errno == EINTR) continue;
     if (got <= 0) {
       eof = true;

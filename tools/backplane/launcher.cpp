@@ -7,6 +7,8 @@
 
 #include "cli.hpp"
 
+#include <backplane_common/unique_fd.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -50,32 +52,7 @@ constexpr int kMaxDrainChunks = 16;
 
 // ---- small RAII and system helpers ------------------------------------------
 
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() { reset(); }
-
-  int get() const noexcept { return fd_; }
-  bool valid() const noexcept { return fd_ >= 0; }
-  void reset() noexcept {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+using common::UniqueFd;
 
 [[noreturn]] void fail_system(const std::string& what, int err);
 
@@ -102,8 +79,8 @@ std::string fresh_job_token() {
 }
 
 struct Pipe {
-  Fd read;
-  Fd write;
+  UniqueFd read;
+  UniqueFd write;
 };
 
 // Both ends close-on-exec: a rank must not hold another rank's pipes open,
@@ -111,7 +88,7 @@ struct Pipe {
 Pipe make_pipe(const std::string& what, int extra_flags = 0) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC | extra_flags) != 0) fail_system("cannot create " + what, errno);
-  return {Fd(fds[0]), Fd(fds[1])};
+  return {UniqueFd(fds[0]), UniqueFd(fds[1])};
 }
 
 void set_nonblocking(int fd) {
@@ -243,7 +220,7 @@ class Sink {
 // ---- ranks --------------------------------------------------------------------
 
 struct Stream {
-  Fd fd;  // read end, non-blocking; reset at EOF
+  UniqueFd fd;  // read end, non-blocking; reset at EOF
   LineFramer framer;
   Sink* sink;
 };
@@ -368,14 +345,14 @@ class Launcher {
     if (std::getenv("BACKPLANE_JOB_TOKEN") == nullptr && std::getenv("BACKPLANE_JOB_TOKEN_FILE") == nullptr)
       base_env_.push_back("BACKPLANE_JOB_TOKEN=" + fresh_job_token());
 
-    dev_null_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    dev_null_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!dev_null_.valid()) fail_system("cannot open /dev/null", errno);
 
     ranks_.reserve(static_cast<std::size_t>(spec_.nproc));
     for (int32_t k = 0; k < spec_.nproc; ++k) {
       const std::string prefix = spec_.prefix ? "[rank " + std::to_string(k) + "] " : std::string();
-      ranks_.push_back(Rank{k, -1, false, Stream{Fd(), LineFramer(prefix), &stdout_},
-                            Stream{Fd(), LineFramer(prefix), &stderr_}});
+      ranks_.push_back(Rank{k, -1, false, Stream{UniqueFd(), LineFramer(prefix), &stdout_},
+                            Stream{UniqueFd(), LineFramer(prefix), &stderr_}});
       start(ranks_.back());
     }
   }
@@ -631,7 +608,7 @@ class Launcher {
   SignalScope signals_;
   Sink stdout_{STDOUT_FILENO};
   Sink stderr_{STDERR_FILENO};
-  Fd dev_null_;
+  UniqueFd dev_null_;
   std::vector<std::string> argv_storage_;
   std::vector<char*> argv_;
   std::vector<std::string> base_env_;
@@ -792,7 +769,7 @@ std::string resolve_program(const std::string& command) {
 }
 
 uint16_t choose_free_port() {
-  Fd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  UniqueFd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!sock.valid()) fail_system("cannot pick a free MASTER_PORT (pass --master-port): socket", errno);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;

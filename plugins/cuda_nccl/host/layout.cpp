@@ -3,6 +3,7 @@
 #include "layout.hpp"
 
 #include <backplane/abi.h>
+#include <backplane_common/half.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -198,50 +199,10 @@ uint64_t scalar_bits(int32_t dtype, double value) {
   }
 }
 
-uint16_t float_to_half_bits(float value) noexcept {
-  const uint32_t x = std::bit_cast<uint32_t>(value);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | (abs > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  if (abs >= 0x47800000u) return static_cast<uint16_t>(sign | 0x7c00u);  // >= 65536: infinity
-  if (abs < 0x38800000u) {                                               // below 2^-14: subnormal or zero
-    if (abs < 0x33000000u) return static_cast<uint16_t>(sign);           // <= 2^-25: rounds to zero
-    const uint32_t e = abs >> 23;
-    const uint32_t m = (abs & 0x7fffffu) | 0x800000u;
-    const uint32_t shift = 126 - e;  // 14..24
-    uint32_t h = m >> shift;
-    const uint32_t rem = m & ((1u << shift) - 1);
-    const uint32_t half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u) != 0)) ++h;  // may carry into the smallest normal: right
-    return static_cast<uint16_t>(sign | h);
-  }
-  uint32_t h = (abs - 0x38000000u) >> 13;  // rebias the exponent from 127 to 15
-  const uint32_t rem = abs & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u) != 0)) ++h;  // may carry into infinity: right
-  return static_cast<uint16_t>(sign | h);
-}
-
-uint16_t float_to_bf16_bits(float value) noexcept {
-  const uint32_t x = std::bit_cast<uint32_t>(value);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
-  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
-}
-
-float half_bits_to_float(uint16_t bits) noexcept {
-  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  const uint32_t e = (bits >> 10) & 0x1fu;
-  const uint32_t m = bits & 0x3ffu;
-  if (e == 0x1f) return std::bit_cast<float>(sign | 0x7f800000u | (m << 13));
-  if (e == 0) {
-    const float v = std::ldexp(static_cast<float>(m), -24);
-    return sign != 0 ? -v : v;
-  }
-  return std::bit_cast<float>(sign | ((e + 112) << 23) | (m << 13));
-}
-
-float bf16_bits_to_float(uint16_t bits) noexcept {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
+uint16_t float_to_half_bits(float value) noexcept { return common::f32_to_f16(value); }
+uint16_t float_to_bf16_bits(float value) noexcept { return common::f32_to_bf16(value); }
+float half_bits_to_float(uint16_t bits) noexcept { return common::f16_to_f32(bits); }
+float bf16_bits_to_float(uint16_t bits) noexcept { return common::bf16_to_f32(bits); }
 
 std::string describe_data_error(const ErrorSlot& slot) {
   const char* op_name = bp_op_name(slot.op);

@@ -119,7 +119,8 @@ GemmPlan plan_gemm(const MatrixView& left, const MatrixView& right, const Matrix
 // zero and saturates, NaN gives 0; bool is value != 0), in the low bytes.
 uint64_t scalar_bits(int32_t dtype, double value);
 
-// IEEE binary16 / bfloat16 from a float, round to nearest even (NaN stays NaN).
+// IEEE binary16 / bfloat16 from a float, round to nearest even (NaN stays NaN),
+// and back: backplane_common/half.hpp's, for the .cu files to call.
 uint16_t float_to_half_bits(float value) noexcept;
 uint16_t float_to_bf16_bits(float value) noexcept;
 float half_bits_to_float(uint16_t bits) noexcept;

@@ -1,17 +1,13 @@
 // Parsing of the remote plugin's options object, and reading its token.
 #include "options.hpp"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
 #include <backplane/plugin/status.hpp>
+#include <backplane_common/edit_distance.hpp>
+#include <backplane_common/secret_file.hpp>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <set>
 
 #include "stream.hpp"
@@ -24,7 +20,6 @@ using plugin::fail;
 constexpr const char* kNames[] = {"endpoints",          "token_env",    "token_file", "connect_timeout_ms",
                                   "request_timeout_ms", "heartbeat_ms", "tls_ca",     "tls_server_name",
                                   "max_coalesce_bytes"};
-constexpr std::size_t kMaxTokenBytes = 4096;
 constexpr uint64_t kMaxCoalesceLimit = uint64_t{16} << 20;
 
 [[noreturn]] void bad(const std::string& key, const std::string& what, const nlohmann::json& got) {
@@ -47,60 +42,12 @@ uint64_t integer_option(const std::string& key, const nlohmann::json& value, uin
   return n;
 }
 
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::string read_token_file(const std::string& path) {
-  const std::string where = "the token file '" + path + "' (option \"token_file\")";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-  if (fd < 0) fail(BP_STATUS_INVALID_ARGUMENT, "remote: cannot open " + where + ": " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-    fail(BP_STATUS_INVALID_ARGUMENT, "remote: " + where + " is not a regular file");
-  if ((st.st_mode & 077) != 0) {
-    char mode[8];
-    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
-    fail(BP_STATUS_INVALID_ARGUMENT, "remote: " + where +
-                                         " can be read or written by others than its owner (mode " + mode +
-                                         "); a token must be private: chmod 600 '" + path + "'");
+  try {
+    return common::read_secret_file(path, "the token file (option \"token_file\")");
+  } catch (const common::SecretFileError& e) {
+    fail(BP_STATUS_INVALID_ARGUMENT, std::string("remote: ") + e.what());
   }
-  std::string token(kMaxTokenBytes + 1, '\0');
-  std::size_t got = 0;
-  while (got < token.size()) {
-    const ssize_t n = ::read(fd, token.data() + got, token.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(BP_STATUS_INVALID_ARGUMENT, "remote: cannot read " + where + ": " + std::strerror(errno));
-    if (n == 0) break;
-    got += static_cast<std::size_t>(n);
-  }
-  if (got > kMaxTokenBytes)
-    fail(BP_STATUS_INVALID_ARGUMENT, "remote: " + where + " holds more than " +
-                                         std::to_string(kMaxTokenBytes) + " bytes; a token is one line");
-  token.resize(got);
-  token = token.substr(0, token.find('\n'));
-  const auto not_space = [](unsigned char c) { return std::strchr(" \t\r\n", c) == nullptr; };
-  token.erase(token.begin(), std::find_if(token.begin(), token.end(), not_space));
-  token.erase(std::find_if(token.rbegin(), token.rend(), not_space).base(), token.end());
-  if (token.empty())
-    fail(BP_STATUS_INVALID_ARGUMENT,
-         "remote: " + where + " is empty; write the token into it (e.g. openssl rand -hex 32 > FILE)");
-  return token;
 }
 
 }  // namespace
@@ -109,7 +56,7 @@ std::string closest_option(const std::string& key) {
   std::string best;
   std::size_t best_distance = 3;
   for (const char* name : kNames) {
-    const std::size_t d = edit_distance(key, name);
+    const std::size_t d = common::edit_distance(key, name);
     if (d < best_distance) {
       best_distance = d;
       best = name;

@@ -92,12 +92,15 @@ TEST_CASE("options: every bad value is refused, naming the option and what is al
   CHECK_FALSE(contains(refusal(R"({"endpoints": ["h:1"], "zzzzzzzz": 1})"), "did you mean"));
 }
 
-TEST_CASE("options: the token comes from a private file's first line, or from the named variable") {
+TEST_CASE("options: the token comes from a private one-line file, or from the named variable") {
   TempDir dir;
   const std::string file = dir.path + "/token";
-  write_file(file, "  s3cret \nsecond line\n", 0600);
+  write_file(file, "s3cret\n", 0600);
   bprc::Options o = bprc::parse_options(R"({"endpoints": ["h:1"], "token_file": ")" + file + "\"}");
   CHECK(bprc::read_token(o) == "s3cret");
+  // The rules are every secret file's (backplane_common's read_secret_file).
+  write_file(file, "s3cret\nsecond line\n", 0600);
+  CHECK_THROWS_WITH_AS(bprc::read_token(o), doctest::Contains("more than one line"), Failure);
 
   write_file(file, "s3cret\n", 0644);
   try {
@@ -106,10 +109,12 @@ TEST_CASE("options: the token comes from a private file's first line, or from th
   } catch (const Failure& e) {
     CHECK(contains(e.what(), "chmod 600"));
   }
-  write_file(file, " \n", 0600);
+  write_file(file, "\n", 0600);
   CHECK_THROWS_WITH_AS(bprc::read_token(o), doctest::Contains("is empty"), Failure);
   o.token_file = dir.path + "/missing";
-  CHECK_THROWS_WITH_AS(bprc::read_token(o), doctest::Contains("cannot open"), Failure);
+  CHECK_THROWS_WITH_AS(bprc::read_token(o), doctest::Contains("cannot be opened"), Failure);
+  CHECK_THROWS_WITH_AS(bprc::read_token(o),
+                       doctest::Contains("remote: the token file (option \"token_file\")"), Failure);
 
   o = bprc::parse_options(R"({"endpoints": ["h:1"], "token_env": "BP_TEST_REMOTE_OPTIONS_TOKEN"})");
   ::unsetenv("BP_TEST_REMOTE_OPTIONS_TOKEN");
