@@ -6,6 +6,7 @@
 // plugin/dtype.hpp (dtype dispatch), plugin/tensor_view.hpp (validated views,
 // byte arithmetic), plugin/strided.hpp (strided/broadcast iteration).
 //
+// clang-format off
 //   class MyPlugin {
 //    public:
 //     // The optional members this class implements. Listing one that is not
@@ -14,51 +15,43 @@
 //     using Features = backplane::plugin::Features<backplane::plugin::Feature::buffer_pointer>;
 //
 //     explicit MyPlugin(const backplane::plugin::CreateArgs& args);  // cheap: parse options only
-//     int32_t device_count();                       // may block (driver query, connect)
+//     int32_t device_count();                                        // may block (driver query, connect)
 //     backplane::plugin::DeviceInfo device_info(int32_t device);
-//     bool supports_op(int32_t device, int32_t op, int32_t dtype);  // raw values: answer false to unknown
-//     ones bp_buffer* buffer_alloc(int32_t device, uint64_t size); void buffer_free(bp_buffer* buffer); void
-//     buffer_write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size); void
-//     buffer_read(bp_buffer* b, uint64_t offset, void* dst, uint64_t size); void execute(const
-//     bp_execute_args& args);
-//     // Feature::buffer_pointer:  backplane::plugin::BufferPointer buffer_pointer(bp_buffer* b);
-//     // Feature::buffer_import:   bp_buffer* buffer_import(const bp_buffer_import_args& a);
-//     //                           (only the returned buffer owns a.release, taken last:
-//     //                           on a throw the host keeps the memory; never call release)
-//     // Feature::device_memory:   backplane::plugin::MemoryInfo device_memory(int32_t device);
-//     // Feature::synchronize:     void synchronize(int32_t device);
-//     // Feature::collectives:     bp_comm* comm_create(const bp_comm_create_args& a);
-//     //                           void comm_destroy(bp_comm* c);  void comm_abort(bp_comm* c);
-//     //                           void all_reduce(bp_comm* c, const bp_tensor& in, const bp_tensor& out,
-//     bp_reduce_op op);
-//     //                           void broadcast(bp_comm* c, const bp_tensor& t, int32_t root);
-//     //                           void all_gather(bp_comm* c, const bp_tensor& in, const bp_tensor& out);
-//     //                           void reduce_scatter(bp_comm* c, const bp_tensor& in, const bp_tensor& out,
-//     bp_reduce_op op);
-//     //                           void barrier(bp_comm* c);
+//     bool supports_op(int32_t device, int32_t op, int32_t dtype);   // raw values: answer false to unknown ones
+//     bp_buffer* buffer_alloc(int32_t device, uint64_t size);
+//     void buffer_free(bp_buffer* buffer);
+//     void buffer_write(bp_buffer* b, uint64_t offset, const void* src, uint64_t size);
+//     void buffer_read(bp_buffer* b, uint64_t offset, void* dst, uint64_t size);
+//     void execute(const bp_execute_args& args);
+//     // Feature::buffer_pointer: backplane::plugin::BufferPointer buffer_pointer(bp_buffer* b);
+//     // Feature::buffer_import:  bp_buffer* buffer_import(const bp_buffer_import_args& a);
+//     //                          (only the returned buffer owns a.release, taken last:
+//     //                          on a throw the host keeps the memory; never call release)
+//     // Feature::device_memory:  backplane::plugin::MemoryInfo device_memory(int32_t device);
+//     // Feature::synchronize:    void synchronize(int32_t device);
+//     // Feature::collectives:    bp_comm* comm_create(const bp_comm_create_args& a);
+//     //                          void comm_destroy(bp_comm* c);
+//     //                          void comm_abort(bp_comm* c);
+//     //                          void all_reduce(bp_comm* c, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op);
+//     //                          void broadcast(bp_comm* c, const bp_tensor& t, int32_t root);
+//     //                          void all_gather(bp_comm* c, const bp_tensor& in, const bp_tensor& out);
+//     //                          void reduce_scatter(bp_comm* c, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op);
+//     //                          void barrier(bp_comm* c);
 //   };
 //   BP_DEFINE_PLUGIN(MyPlugin, "my_plugin", "0.1.0")
+// clang-format on
 //
 // Throw backplane::plugin::Failure (or call fail()) to return a status with a
 // chosen code; any other exception becomes BP_STATUS_INTERNAL (or
 // BP_STATUS_OUT_OF_MEMORY for std::bad_alloc) carrying what().
 //
-// What the host guarantees (abi.h, "Trust contract" and "Threads"), repeated
-// here because this is where authors read:
-//  - Every request is validated before it reaches you: devices, dtypes, ops
-//    your supports_op accepted, shapes, broadcasting, axes, views inside
-//    their buffers, read/write ranges. Outputs never overlap inputs.
-//  - Every member may be called from several threads at once (comm_* on one
-//    communicator: one thread at a time, except comm_abort, which may come
-//    from any thread while a collective blocks). Serialise internally where
-//    your state needs it; the SDK adds no lock on the hot path.
-//  - Each device is one in-order queue: calls take effect in the order they
-//    arrive. A device with BP_CAP_ASYNC may return before work is done; then
-//    buffer_read and synchronize report a failed op (sticky error).
-//  - Capabilities and supports_op answers are constant for the instance.
-//    Declaring BP_CAP_ASYNC needs Feature::synchronize, BP_CAP_HOST_VISIBLE
-//    needs Feature::buffer_pointer and BP_CAP_COLLECTIVE needs
-//    Feature::collectives; device_info fails with a clear message otherwise.
+// The contract is abi.h's opening comment (versioning, errors, capabilities,
+// the trust contract, the execution model, threads, ownership, when a plugin
+// may block); docs/plugins.md walks through it. What this SDK adds to it:
+// each member may be called from the threads abi.h allows and the SDK adds no
+// lock; a device that declares BP_CAP_ASYNC, BP_CAP_HOST_VISIBLE or
+// BP_CAP_COLLECTIVE without Feature::synchronize, Feature::buffer_pointer or
+// Feature::collectives fails device_info with a message naming both.
 #ifndef BACKPLANE_PLUGIN_HPP_
 #define BACKPLANE_PLUGIN_HPP_
 
