@@ -90,9 +90,11 @@ uint64_t leaf_id(const Tensor& t) noexcept {
 
 std::string describe_tensor(const Tensor& t) { return t.defined() ? t.to_string() : "an undefined Tensor"; }
 
-// Throws unless `gradient` can be the gradient of `like`: same shape, dtype
-// and device. `what` names the caller and the tensor.
-void require_matching(const Tensor& like, const Tensor& gradient, const std::string& what) {
+// The throwing half of require_matching, out of line and cold: the message
+// (which prints `like`'s values) is built only when a check failed.
+[[noreturn, gnu::cold, gnu::noinline]] void gradient_mismatch(const Tensor& like, const Tensor& gradient,
+                                                              const char* caller) {
+  const std::string what = std::string(caller) + " " + like.to_string();
   if (!gradient.defined())
     throw Error(Errc::invalid_argument, what +
                                             ": the gradient is an undefined Tensor; give one with the shape, "
@@ -108,11 +110,25 @@ void require_matching(const Tensor& like, const Tensor& gradient, const std::str
                                           "; cast the gradient to the tensor's dtype");
   const auto& g = *detail::Access::impl(gradient)->storage;
   const auto& t = *detail::Access::impl(like)->storage;
-  if (g.home_backend() != t.home_backend() || g.home_index() != t.home_index())
-    throw Error(Errc::device_mismatch,
-                what + ": the gradient lives on " + g.home_backend()->device_id(g.home_index()) +
-                    " but the tensor on " + t.home_backend()->device_id(t.home_index()) +
-                    "; move the gradient there with to()");
+  throw Error(Errc::device_mismatch, what + ": the gradient lives on " +
+                                         g.home_backend()->device_id(g.home_index()) + " but the tensor on " +
+                                         t.home_backend()->device_id(t.home_index()) +
+                                         "; move the gradient there with to()");
+}
+
+// Throws unless `gradient` can be the gradient of `like`: same shape, dtype
+// and device. The message starts with `caller` and `like` ("Gradients::set
+// for Tensor(...)"); nothing is formatted on success (this runs for every
+// parameter of every backward).
+void require_matching(const Tensor& like, const Tensor& gradient, const char* caller) {
+  if (gradient.defined()) {
+    const TensorImpl& g = *detail::Access::impl(gradient);
+    const TensorImpl& t = *detail::Access::impl(like);
+    if (g.shape == t.shape && g.dtype == t.dtype && g.storage->home_backend() == t.storage->home_backend() &&
+        g.storage->home_index() == t.storage->home_index()) [[likely]]
+      return;
+  }
+  gradient_mismatch(like, gradient, caller);
 }
 
 // A gradient a formula returned for input `k` of `node`: it must match the
@@ -137,8 +153,7 @@ void check_formula(const GradNode& node, std::size_t k, const Tensor& g) {
 
 Tensor seed_gradient(const Tensor& root, const Tensor& given) {
   if (given.defined()) {
-    require_matching(root, given,
-                     "Tensor::backward: BackwardOptions::gradient for the root " + root.to_string());
+    require_matching(root, given, "Tensor::backward: BackwardOptions::gradient for the root");
     return given;
   }
   if (root.numel() != 1)
@@ -217,15 +232,12 @@ Gradients run_backward(const Tensor& root, const BackwardOptions& options) {
     const Tensor param = detail::Access::make_tensor(std::move(impl));
     if (options.on_gradient_final) {
       options.on_gradient_final(param, gradient);
-      require_matching(param, gradient,
-                       "Tensor::backward: the gradient on_gradient_final gave for " + param.to_string());
+      require_matching(param, gradient, "Tensor::backward: the gradient on_gradient_final gave for");
     }
     for (const BackwardHooks& hooks : installed) {
       if (!hooks.on_gradient_final) continue;
       hooks.on_gradient_final(param, gradient);
-      require_matching(
-          param, gradient,
-          "Tensor::backward: the gradient an installed backward hook gave for " + param.to_string());
+      require_matching(param, gradient, "Tensor::backward: the gradient an installed backward hook gave for");
     }
     grads.set(param, std::move(gradient));
   };
@@ -351,7 +363,7 @@ void Gradients::set(const Tensor& param, Tensor gradient) {
         Errc::invalid_argument,
         "Gradients::set: " + detail::describe_tensor(param) +
             " is not a leaf that requires grad; gradients belong to tensors marked with require_grad()");
-  detail::require_matching(param, gradient, "Gradients::set for " + param.to_string());
+  detail::require_matching(param, gradient, "Gradients::set for");
   const auto [it, fresh] = index_.try_emplace(id, entries_.size());
   if (fresh) {
     entries_.push_back(Entry{param, std::move(gradient)});
