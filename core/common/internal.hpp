@@ -106,7 +106,7 @@ struct BackendImpl {
   // supports_op answers, cached per (device, op, dtype), dtype in
   // [0, BP_DTYPE_COUNT_): 0 unknown, 1 yes, 2 no (a failing status is a no),
   // kSupportReady yes and the device also has the op's flags (the matmul and
-  // dtype rules of abi.h): require_support's whole answer in one byte. The
+  // dtype rules of abi.h): require_support_slow's whole answer in one byte. The
   // flags never change after loading, so a ready slot never goes stale.
   static constexpr uint8_t kSupportReady = 3;
   std::unique_ptr<std::atomic<uint8_t>[]> op_support;
@@ -125,7 +125,7 @@ struct BackendImpl {
                            BP_DTYPE_COUNT_ +
                        static_cast<std::size_t>(dtype)];
   }
-  // True once require_support has passed for (device, op, dtype): one load.
+  // True once require_support_slow has passed for (device, op, dtype): one load.
   bool support_ready(int32_t device, int32_t op, int32_t dtype) const noexcept {
     const std::atomic<uint8_t>* slot = support_slot(device, op, dtype);
     return slot != nullptr && slot->load(std::memory_order_relaxed) == kSupportReady;

@@ -109,7 +109,7 @@ bool BackendImpl::supports(int32_t device, int32_t op, int32_t dtype) {
   uint8_t v = slot->load(std::memory_order_relaxed);
   if (v == 0) {
     v = ask() ? 1 : 2;
-    // Never overwrites require_support's kSupportReady (also a yes).
+    // Never overwrites the kSupportReady of require_support_slow (also a yes).
     uint8_t expected = 0;
     slot->compare_exchange_strong(expected, v, std::memory_order_relaxed);
   }

@@ -37,6 +37,10 @@ inline bool is_known(DType d) noexcept { return dtype_size(d) != 0; }
 [[noreturn, gnu::cold]] void dtype_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api);
 [[noreturn, gnu::cold]] void dtype_not_accepted(DType d, const char* api, const char* which,
                                                 const char* allowed);
+// Errc::unsupported_op naming op, dtype and backend unless device runs op on
+// dtype; Errc::capability_missing for MATMUL without 'matmul' and for a
+// dtype the device lacks. On success marks (device, op, dtype) ready, the
+// one cached byte Placement's fast path reads.
 [[gnu::cold]] void require_support_slow(BackendImpl& backend, int32_t device, int32_t op, DType dtype,
                                         const char* api);
 
@@ -74,15 +78,6 @@ inline void require_dtype(bool ok, DType d, const char* api, const char* which, 
 }
 // Errc::invalid_argument for a dtype value this core does not know.
 void require_known_dtype(DType d, const char* api);
-// Errc::unsupported_op naming op, dtype and backend unless the device runs op
-// on dtype; Errc::capability_missing for MATMUL on a device without 'matmul'
-// and for a dtype the device lacks. Once passed for (device, op, dtype), the
-// answer is one cached byte (BackendImpl::support_ready).
-inline void require_support(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api) {
-  if (backend.support_ready(device, op, static_cast<int32_t>(dtype))) [[likely]]
-    return;
-  require_support_slow(backend, device, op, dtype, api);
-}
 
 // Axis in [-rank, rank) -> [0, rank); Errc::invalid_argument naming the axis,
 // the rank and the valid range otherwise.

@@ -68,9 +68,9 @@ std::string spelling(const BackendImpl& b) {
 }
 
 // Whether device d of b runs (op, dtype) producing out_dtype with these
-// operands, by every rule require_support checks (matmul flag, dtype flags,
+// operands, by every rule require_support_slow checks (matmul flag, dtype flags,
 // supports_op); never throws for a "no". A yes for (op, dtype) is cached as
-// require_support's ready byte, so the next call takes the fast path.
+// require_support_slow's ready byte, so the next call takes the fast path.
 bool runs(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
           const TensorImpl* const* operands, int n) {
   if (b.status != Backend::Status::loaded || d < 0 || static_cast<std::size_t>(d) >= b.devices.size())
@@ -88,7 +88,7 @@ bool runs(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
   return true;
 }
 
-// The typed error require_support (or the dtype rule) gives for device d of
+// The typed error require_support_slow (or the dtype rule) gives for device d of
 // b, as a value: what `runs` said no to.
 Error refusal(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
               const TensorImpl* const* operands, int n, const char* api) {
@@ -238,7 +238,6 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
   st->home_device = home_device;
   st->op = op;
   st->dtype = dtype;
-  st->api = api;
   for (int i = 1; i < n_; ++i) {
     const Storage& o = *operands_[i]->storage;
     if (o.home_backend() != home.get() || o.home_index() != home_device)

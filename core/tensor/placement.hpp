@@ -5,7 +5,7 @@
 // until an op or a read needs them elsewhere.
 //
 // Cost model: the fast path (every operand's bytes on its own device, which
-// runs the op and holds the result's dtype) is the old require_support: a
+// runs the op and holds the result's dtype) is what require_support was: a
 // few loads and compares, no allocation, nothing locked. Everything else is
 // out of line in placement.cpp: the decision, copies (or zero-copy imports
 // between host_visible devices) of operands, the report's counters.
@@ -28,8 +28,7 @@ struct PlacedState {
   int32_t home_device = 0;
   int32_t op = 0;
   DType dtype = DType::f32;
-  bool placed = false;  // exec is not home: the op fell back
-  const char* api = "";
+  bool placed = false;                                      // exec is not home: the op fell back
   std::vector<std::shared_ptr<const TensorImpl>> operands;  // null: the caller's operand as it is
   std::chrono::steady_clock::time_point start;
 };
