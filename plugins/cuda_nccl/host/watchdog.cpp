@@ -30,7 +30,7 @@ void Watchdog::watch(std::string what, Clock::time_point deadline, std::chrono::
 
 std::size_t Watchdog::pending() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  return items_.size();
+  return items_.size() + polling_;
 }
 
 bool Watchdog::failed(std::string* message) const {
@@ -41,7 +41,7 @@ bool Watchdog::failed(std::string* message) const {
 
 bool Watchdog::drain(Clock::time_point deadline) const {
   std::unique_lock<std::mutex> lock(mutex_);
-  return changed_.wait_until(lock, deadline, [&] { return items_.empty(); });
+  return changed_.wait_until(lock, deadline, [&] { return items_.empty() && polling_ == 0; });
 }
 
 void Watchdog::fire(bp_status_code code, const std::string& message) {
@@ -62,6 +62,7 @@ void Watchdog::run() {
     // first one still running is the one to blame.
     std::vector<Item> items = std::move(items_);
     items_.clear();
+    polling_ = items.size();  // still pending while the lock is released
     lock.unlock();
     std::size_t finished = 0;
     bp_status_code code = BP_STATUS_OK;
@@ -84,14 +85,18 @@ void Watchdog::run() {
       }
       break;
     }
+    lock.lock();
+    polling_ = 0;
     if (code != BP_STATUS_OK) {
-      fire(code, message);
-      lock.lock();
+      // Failed before on_failure runs, so whoever on_failure wakes already
+      // sees failed() and no new work is accepted.
       failed_ = true;
       failure_ = message;
       items_.clear();  // aborted: nothing left worth watching
-    } else {
+      lock.unlock();
+      fire(code, message);
       lock.lock();
+    } else {
       // Keep the unfinished (in order), then whatever arrived meanwhile.
       items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(finished));
       for (Item& late : items_) items.push_back(std::move(late));

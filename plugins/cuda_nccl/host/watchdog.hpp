@@ -41,7 +41,7 @@ class Watchdog {
   void watch(std::string what, Clock::time_point deadline, std::chrono::milliseconds timeout, Poll poll);
   // Work still watched.
   std::size_t pending() const;
-  // True once on_failure ran; `message` is its message.
+  // True from just before on_failure runs; `message` is its message.
   bool failed(std::string* message = nullptr) const;
   // Blocks until nothing is pending or `deadline`; true when nothing is.
   bool drain(Clock::time_point deadline) const;
@@ -62,6 +62,7 @@ class Watchdog {
   mutable std::condition_variable wake_;     // the thread: work arrived or stop
   mutable std::condition_variable changed_;  // drain(): the list shrank
   std::vector<Item> items_;
+  std::size_t polling_ = 0;  // items the thread took out of items_ to poll
   bool stop_ = false;
   bool failed_ = false;
   std::string failure_;
