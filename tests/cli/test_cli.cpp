@@ -10,9 +10,18 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
+#include <fstream>
 #include <limits>
+#include <optional>
+
+#include "scratch_mount.hpp"
 
 #ifndef BP_TEST_SOURCE_DIR
 #error "BP_TEST_SOURCE_DIR must name the source tree"
@@ -441,6 +450,76 @@ TEST_CASE("train: without op_fallback the pre-check names every missing op and f
   INFO(adam.describe());
   CHECK(adam.code == kExitFailed);
   BP_CHECK_CONTAINS(adam.err, "sqrt on f32 (Adam)");
+}
+
+// `backplane train` for one epoch on cpu, writing `flag` to `path`.
+Result train_writing(const TempDir& tmp, const std::string& flag, const fs::path& path) {
+  const fs::path config = tmp.write("backends.json", partial_cpu_config());
+  return cli(tmp, {"train", "--backend", "cpu", "--nproc", "1", "--epochs", "1", "--config", config.string(),
+                   "--data", kDigits, flag, path.string()});
+}
+
+TEST_CASE(
+    "train: a --metrics-out that fails to write (/dev/full) exits non-zero naming the file and the error") {
+  TempDir tmp;
+  const Result r = train_writing(tmp, "--metrics-out", "/dev/full");
+  INFO(r.describe());
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.err, "--metrics-out: cannot write '/dev/full'");
+  BP_CHECK_CONTAINS(r.err, std::strerror(ENOSPC));
+}
+
+TEST_CASE("train: --metrics-out and --plot on a full disk exit non-zero and leave no file under the name") {
+  TempDir tmp;
+  const fs::path dir = tmp.mkdir("full");
+  bptest::ScratchMount small(dir.string(), 4096);
+  if (!small.ok()) {
+    MESSAGE("skipped: " << small.why_not());
+    return;
+  }
+  {  // Fill it: the output's temporary file can be created, but not one byte written.
+    std::ofstream filler(dir / "filler", std::ios::binary);
+    const std::string block(1024, 'f');
+    for (int i = 0; i < 64 && filler; ++i) filler << block << std::flush;
+  }
+  for (const std::string name : {"metrics.json", "loss.svg"}) {
+    CAPTURE(name);
+    const std::string flag = name == "loss.svg" ? "--plot" : "--metrics-out";
+    const fs::path out = dir / name;
+    const Result r = train_writing(tmp, flag, out);
+    INFO(r.describe());
+    CHECK(r.code == kExitFailed);
+    BP_CHECK_CONTAINS(r.err, flag + ": cannot write '" + out.string() + "'");
+    BP_CHECK_CONTAINS(r.err, std::strerror(ENOSPC));
+    CHECK_FALSE(fs::exists(out));
+  }
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  CHECK(left == std::vector<std::string>{"filler"});  // no temporary file either
+}
+
+TEST_CASE("train: a --metrics-out in an unwritable directory is refused before training, naming the file") {
+  TempDir tmp;
+  const fs::path dir = tmp.mkdir("locked");
+  std::optional<bptest::ScratchMount> read_only;
+  REQUIRE(::chmod(dir.c_str(), 0555) == 0);
+  if (::access(dir.c_str(), W_OK) == 0) {  // root: a read-only file system stops it
+    REQUIRE(::chmod(dir.c_str(), 0755) == 0);
+    read_only.emplace(dir.string(), 4096, /*read_only=*/true);
+    if (!read_only->ok()) {
+      MESSAGE("skipped: running as root, and " << read_only->why_not());
+      return;
+    }
+  }
+  const fs::path out = dir / "metrics.json";
+  const Result r = train_writing(tmp, "--metrics-out", out);
+  INFO(r.describe());
+  ::chmod(dir.c_str(), 0755);
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.err, "--metrics-out: cannot write '" + out.string() + "'");
+  BP_CHECK_CONTAINS(r.err, std::strerror(read_only ? EROFS : EACCES));
+  CHECK(r.out.find("epoch 1/1") == std::string::npos);  // refused before training
+  CHECK_FALSE(fs::exists(out));
 }
 
 TEST_CASE("check: malformed JSON exits 2 naming the file and the line and column") {

@@ -11,6 +11,7 @@
 #include "digits.hpp"
 
 #include <backplane/backplane.hpp>
+#include <backplane_common/atomic_file.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -19,18 +20,16 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <numeric>
 #include <optional>
 #include <random>
+#include <string_view>
 #include <thread>
 
 namespace backplane::cli {
@@ -203,13 +202,25 @@ std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o, co
   return {std::move(train), std::move(test)};
 }
 
-// Creates (truncates) an output file now, so a bad path fails before training.
+// Checks now that an output file can be written, so a bad path fails before
+// training; the file itself is neither created nor truncated.
 void check_writable(const std::string& path, const char* flag) {
   if (path.empty()) return;
-  std::ofstream out(path, std::ios::trunc);
-  if (!out)
-    throw CommandError(kExitFailed,
-                       std::string("cannot write ") + flag + " " + path + ": " + std::strerror(errno));
+  try {
+    common::check_file_writable(path);
+  } catch (const common::FileWriteError& e) {
+    throw CommandError(kExitFailed, std::string(flag) + ": " + e.what());
+  }
+}
+
+// Writes an output file whole or not at all (common::AtomicFileWriter): a
+// failed write leaves no empty or partial file under its name.
+void write_output(const std::string& path, const char* flag, std::string_view contents) {
+  try {
+    common::write_file_atomically(path, contents);
+  } catch (const common::FileWriteError& e) {
+    throw CommandError(kExitFailed, std::string(flag) + ": " + e.what());
+  }
 }
 
 // Ends the job's groups on every path out of a rank.
@@ -367,9 +378,7 @@ int train_rank(const TrainOptions& o) {
                                {"device", device.id()},
                                {"epoch_loss", epoch_loss},
                                {"op_fallbacks", by_time}};
-      std::ofstream out(o.metrics_out);
-      out << m.dump(2) << "\n";
-      if (!out) throw CommandError(kExitFailed, "cannot write --metrics-out " + o.metrics_out);
+      write_output(o.metrics_out, "--metrics-out", m.dump(2) + "\n");
     }
     if (!o.plot.empty()) {
       // Step k of epoch e (1-based) sits at e - 1 + k / steps: the epoch
@@ -388,9 +397,7 @@ int train_rank(const TrainOptions& o) {
       const std::string svg = svg_line_chart(chart, {Series{"rank 0 step loss", sx, step_loss, "#9ecae1"},
                                                      Series{"epoch mean over ranks (at mid-epoch)", ex,
                                                             epoch_loss, "#d62728", /*markers=*/true}});
-      std::ofstream out(o.plot);
-      out << svg;
-      if (!out) throw CommandError(kExitFailed, "cannot write --plot " + o.plot);
+      write_output(o.plot, "--plot", svg);
     }
   }
   if (group) group->barrier();

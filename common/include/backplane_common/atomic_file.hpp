@@ -1,0 +1,79 @@
+// Writing an output file (the CLI's --metrics-out and --plot, later a
+// checkpoint) so that its name never holds an empty or partial file: the
+// bytes go to a temporary file beside it, which is flushed, fsync'ed, closed
+// with its result checked, and renamed over the name only when all of that
+// succeeded.
+#ifndef BACKPLANE_COMMON_ATOMIC_FILE_HPP_
+#define BACKPLANE_COMMON_ATOMIC_FILE_HPP_
+
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+#include "backplane_common/unique_fd.hpp"
+
+namespace backplane::common {
+
+// Why an output file could not be written; what() names the file, the step
+// that failed and the OS error (strerror): "cannot write '/x/m.json': writing
+// its temporary file '/x/.m.json.tmp-...': No space left on device".
+class FileWriteError : public std::runtime_error {
+ public:
+  FileWriteError(const std::string& message, int error_number)
+      : std::runtime_error(message), error_number_(error_number) {}
+  int error_number() const noexcept { return error_number_; }  // the errno value
+
+ private:
+  int error_number_;
+};
+
+// One output file, written in full or not at all. The constructor creates
+// the temporary file ".<name>.tmp-<pid>-<random>" in the final file's
+// directory (same file system, so the rename is atomic), with the mode of
+// the file it replaces, else 0666 less the umask; write() appends; commit()
+// flushes, fsyncs, closes, renames it into place and fsyncs the directory.
+// Destroyed without a successful commit(), it removes the temporary file and
+// leaves the final name as it was. A final name that is a symbolic link is
+// resolved, so the link stays and its target is replaced. A final name that
+// exists and is neither a regular file nor a directory (a device such as
+// /dev/null, a FIFO), or that leads into /proc (/dev/stdout is
+// /proc/self/fd/1, a descriptor the shell holds open), is written in place
+// and truncated first: there is nothing to rename, or a rename would miss
+// that descriptor. A directory is refused. Every failure throws
+// FileWriteError. One owner at a time; not thread-safe.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, std::size_t size);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  // Puts the file in place; after it, write() and commit() throw.
+  void commit();
+
+  const std::string& path() const { return path_; }  // the final name, as given
+
+ private:
+  [[noreturn]] void fail(const std::string& step, int error_number) const;
+
+  std::string path_;    // as given, for messages
+  std::string target_;  // what is replaced: path_ with a symbolic link resolved
+  std::string temp_;    // empty when writing in place
+  UniqueFd fd_;
+  bool committed_ = false;
+};
+
+// Writes `contents` to `path` through an AtomicFileWriter.
+void write_file_atomically(const std::string& path, std::string_view contents);
+
+// Whether write_file_atomically(path, ...) can start: creates its temporary
+// file and removes it again, leaving `path` itself untouched. For a check
+// before long work whose result goes to `path`. Throws FileWriteError.
+void check_file_writable(const std::string& path);
+
+}  // namespace backplane::common
+
+#endif  // BACKPLANE_COMMON_ATOMIC_FILE_HPP_

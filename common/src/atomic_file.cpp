@@ -1,0 +1,192 @@
+// AtomicFileWriter: a temporary file beside the final one, renamed over it
+// only once every byte is written, fsync'ed and the close succeeded.
+#include "backplane_common/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+namespace backplane::common {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The longest part of the final name kept in the temporary one, so that
+// ".<name>.tmp-<pid>-<random>" stays within NAME_MAX (255).
+constexpr std::size_t kMaxNameInTemp = 200;
+
+struct Resolved {
+  std::string target;  // the file to replace: symbolic links followed
+  bool in_place = false;
+};
+
+std::string real_directory(const fs::path& p) {
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  char buffer[PATH_MAX];
+  if (::realpath(dir.c_str(), buffer) == nullptr) return {};
+  return buffer;
+}
+
+// Follows symbolic links at the final name. A name reached through /proc
+// (/dev/stdout is /proc/self/fd/1) stands for a descriptor that another
+// process or the shell holds open: it is written in place, since a rename
+// would put the bytes where that descriptor no longer points.
+Resolved resolve(const std::string& path) {
+  Resolved r{path, false};
+  for (int hops = 0; hops < 40; ++hops) {
+    const fs::path p(r.target);
+    const std::string dir = real_directory(p);
+    if (dir.empty()) return r;  // the directory is missing: creating the temporary file says so
+    if (dir == "/proc" || dir.rfind("/proc/", 0) == 0) {
+      r.in_place = true;
+      return r;
+    }
+    struct stat st {};
+    if (::lstat(r.target.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return r;
+    char link[PATH_MAX];
+    const ssize_t n = ::readlink(r.target.c_str(), link, sizeof link - 1);
+    if (n < 0) return r;
+    const fs::path next(std::string(link, static_cast<std::size_t>(n)));
+    r.target = next.is_absolute() ? next.string() : (fs::path(dir) / next).string();
+  }
+  return r;
+}
+
+[[noreturn]] void throw_write_error(const std::string& path, const std::string& step, int error_number) {
+  throw FileWriteError("cannot write '" + path + "': " + step + ": " + std::strerror(error_number),
+                       error_number);
+}
+
+// The final name's state: whether it exists (st then holds its stat) and
+// whether it is written in place rather than replaced.
+struct Target {
+  Resolved resolved;
+  struct stat st {};
+  bool exists = false;
+  bool in_place() const { return resolved.in_place || (exists && !S_ISREG(st.st_mode)); }
+};
+
+Target inspect(const std::string& path) {
+  if (path.empty()) throw_write_error(path, "the name is empty", ENOENT);
+  Target t{resolve(path)};
+  if (::stat(t.resolved.target.c_str(), &t.st) == 0) {
+    t.exists = true;
+    if (S_ISDIR(t.st.st_mode)) throw_write_error(path, "it is a directory", EISDIR);
+  } else if (errno != ENOENT) {
+    throw_write_error(path, "inspecting it", errno);
+  }
+  return t;
+}
+
+std::string random_suffix() {
+  static std::atomic<unsigned> counter{0};
+  std::random_device rd;
+  char text[32];
+  std::snprintf(text, sizeof text, "%ld-%x%x", static_cast<long>(::getpid()), counter++, rd() & 0xffffffu);
+  return text;
+}
+
+}  // namespace
+
+AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
+  const Target t = inspect(path_);
+  target_ = t.resolved.target;
+  if (t.in_place()) {
+    fd_.reset(::open(target_.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOCTTY));
+    if (!fd_.valid()) fail("opening it", errno);
+    return;
+  }
+
+  const fs::path final_path(target_);
+  const fs::path dir = final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
+  const std::string name = final_path.filename().string().substr(0, kMaxNameInTemp);
+  for (int attempt = 0;; ++attempt) {
+    const std::string temp = (dir / ("." + name + ".tmp-" + random_suffix())).string();
+    fd_.reset(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666));
+    if (fd_.valid()) {
+      temp_ = temp;
+      break;
+    }
+    if (errno != EEXIST || attempt == 100) fail("creating a temporary file in '" + dir.string() + "'", errno);
+  }
+  // The replacement keeps the permissions of the file it replaces.
+  if (t.exists && ::fchmod(fd_.get(), t.st.st_mode & 07777) != 0)
+    fail("setting the mode of its temporary file '" + temp_ + "'", errno);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  fd_.reset();
+  if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
+}
+
+void AtomicFileWriter::fail(const std::string& step, int error_number) const {
+  throw_write_error(path_, step, error_number);
+}
+
+void AtomicFileWriter::write(const void* data, std::size_t size) {
+  if (committed_ || !fd_.valid()) fail("writing after the file was committed", EBADF);
+  const std::string what =
+      temp_.empty() ? std::string("writing it") : "writing its temporary file '" + temp_ + "'";
+  const auto* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd_.get(), bytes, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      fail(what, errno);
+    }
+    if (n == 0) fail(what, EIO);
+    bytes += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+void AtomicFileWriter::commit() {
+  if (committed_ || !fd_.valid()) fail("committing it twice", EBADF);
+  if (temp_.empty()) {
+    // In place (a device, a FIFO, a descriptor under /proc): fsync means
+    // nothing to most of these, so only its result on a regular file counts.
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) == 0 && S_ISREG(st.st_mode) && ::fsync(fd_.get()) != 0) fail("fsync", errno);
+    if (::close(fd_.release()) != 0) fail("closing it", errno);
+    committed_ = true;
+    return;
+  }
+  if (::fsync(fd_.get()) != 0) fail("fsync of its temporary file '" + temp_ + "'", errno);
+  // Closed once, whatever the result: close(2) must not be retried on Linux.
+  if (::close(fd_.release()) != 0) fail("closing its temporary file '" + temp_ + "'", errno);
+  if (::rename(temp_.c_str(), target_.c_str()) != 0)
+    fail("renaming its temporary file '" + temp_ + "' to it", errno);
+  committed_ = true;
+  // Makes the rename itself durable; a file system without directory fsync says EINVAL.
+  const std::string dir = real_directory(fs::path(target_));
+  UniqueFd d(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!d.valid() || (::fsync(d.get()) != 0 && errno != EINVAL))
+    fail("fsync of its directory '" + dir + "' after the rename", errno);
+}
+
+void write_file_atomically(const std::string& path, std::string_view contents) {
+  AtomicFileWriter out(path);
+  out.write(contents);
+  out.commit();
+}
+
+void check_file_writable(const std::string& path) {
+  // Written in place: opening it now would truncate it, or block on a FIFO.
+  if (const Target t = inspect(path); t.in_place()) {
+    if (::access(t.resolved.target.c_str(), W_OK) != 0) throw_write_error(path, "opening it", errno);
+    return;
+  }
+  AtomicFileWriter probe(path);
+}
+
+}  // namespace backplane::common
