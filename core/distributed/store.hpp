@@ -39,6 +39,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "distributed/drop_log.hpp"
 #include "distributed/store_wire.hpp"
 
 namespace backplane::store_detail {
@@ -119,6 +120,8 @@ class Server {
   void on_request(const SessionPtr& s, store_wire::Op op, uint64_t id);
   void dispatch(const SessionPtr& s, store_wire::Op op, uint64_t id);
   void bad_frame(const SessionPtr& s, const std::string& why);
+  void log_drop(LogLevel level, std::string line);
+  void arm_drop_log();
   void close(const SessionPtr& s, LogLevel level, const std::string& why);
   void send(const SessionPtr& s, Outgoing o);
   void send_raw(const SessionPtr& s, const uint8_t* data, std::size_t n);
@@ -153,6 +156,9 @@ class Server {
   std::set<SessionPtr> sessions_;
   std::set<int32_t> ranks_;
   std::size_t unauthenticated_ = 0;
+  DropLog drop_log_;                        // connections dropped before they authenticated
+  asio::steady_timer drop_log_timer_{io_};  // armed while drop_log_ has a summary pending
+  bool drop_log_armed_ = false;
   bool accept_paused_ = false;                   // at the unauthenticated cap
   std::chrono::milliseconds accept_backoff_{0};  // after EMFILE/ENFILE; 0 when accepting works
   bool stopping_ = false;

@@ -38,6 +38,10 @@ bool is_own_hostname(const std::string& host) {
 }
 
 constexpr milliseconds kMaxAcceptBackoff{1000};
+// Connections dropped before they authenticated: this many lines of their
+// own per interval, then one summary line per interval (DropLog).
+constexpr milliseconds kDropLogInterval{10'000};
+constexpr std::size_t kDropLogBurst = 5;
 
 }  // namespace
 
@@ -69,6 +73,7 @@ struct Server::Session {
   bool greeted = false;        // holds a rank slot
   bool closed = false;
   bool close_after_flush = false;
+  bool drop_logged = false;  // its refusal went through drop_log_ already
   std::array<uint8_t, kHelloBytes> hello{};
   std::array<uint8_t, kProofBytes> proof{};
   Nonce server_nonce{};
@@ -95,7 +100,10 @@ struct Server::Waiter {
 };
 
 Server::Server(ServerOptions options)
-    : world_size_(options.world_size), secret_(std::move(options.secret)), limits_(options.limits) {
+    : world_size_(options.world_size),
+      secret_(std::move(options.secret)),
+      limits_(options.limits),
+      drop_log_(kDropLogInterval, kDropLogBurst) {
   listen(options.host, options.port);
   where_ = "the store on " + bound_;
   log(LogLevel::debug, "rendezvous: " + where_ + " listening" +
@@ -190,6 +198,8 @@ void Server::shutdown() {
   error_code ignored;
   acceptor_.close(ignored);
   accept_retry_.cancel();
+  drop_log_timer_.cancel();
+  if (auto line = drop_log_.summary(Clock::now())) log(line->level, where_ + ": " + line->text);
   for (const auto& s : sessions_) {
     s->closed = true;
     s->handshake_timer.cancel();
@@ -389,7 +399,13 @@ void Server::on_proof(const SessionPtr& s) {
 
 // Answers the handshake with the verdict, then closes once it is written.
 void Server::reject(const SessionPtr& s, Verdict verdict, std::string why, int32_t world_size) {
-  log(LogLevel::warning, where_ + ": refused the connection from " + s->peer + ": " + why);
+  std::string line = "refused the connection from " + s->peer + ": " + why;
+  if (s->authenticated) {
+    log(LogLevel::warning, where_ + ": " + line);
+  } else {
+    s->drop_logged = true;
+    log_drop(LogLevel::warning, std::move(line));
+  }
   const auto v = make_verdict(verdict, world_size);
   s->close_after_flush = true;
   send_raw(s, v.data(), v.size());
@@ -568,7 +584,11 @@ void Server::bad_frame(const SessionPtr& s, const std::string& why) {
 void Server::close(const SessionPtr& s, LogLevel level, const std::string& why) {
   if (s->closed) return;
   s->closed = true;
-  log(level, where_ + ": " + s->who() + " " + why);
+  if (s->authenticated || s->drop_logged) {
+    log(level, where_ + ": " + s->who() + " " + why);
+  } else {
+    log_drop(level, s->who() + " " + why);
+  }
   error_code ignored;
   s->handshake_timer.cancel();
   s->idle_timer.cancel();
@@ -582,6 +602,28 @@ void Server::close(const SessionPtr& s, LogLevel level, const std::string& why) 
   if (s->greeted) ranks_.erase(s->rank);
   leave_unauthenticated(s);
   sessions_.erase(s);
+}
+
+// A connection dropped before it proved the secret: logged through
+// drop_log_, so that a flood of them is a line per interval, not per
+// connection. The timer is armed by the first drop that is only counted.
+void Server::log_drop(LogLevel level, std::string line) {
+  if (auto own = drop_log_.drop(Clock::now(), level, std::move(line))) {
+    log(own->level, where_ + ": " + own->text);
+    return;
+  }
+  arm_drop_log();
+}
+
+void Server::arm_drop_log() {
+  if (drop_log_armed_ || stopping_ || !drop_log_.pending()) return;
+  drop_log_armed_ = true;
+  drop_log_timer_.expires_at(drop_log_.due());
+  drop_log_timer_.async_wait([this](const error_code& ec) {
+    drop_log_armed_ = false;
+    if (ec || stopping_) return;
+    if (auto line = drop_log_.summary(Clock::now())) log(line->level, where_ + ": " + line->text);
+  });
 }
 
 void Server::reply(const SessionPtr& s, Reply kind, uint64_t id, std::vector<uint8_t> body, ValuePtr value) {

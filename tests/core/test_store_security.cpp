@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "distributed/drop_log.hpp"
 #include "distributed/store_wire.hpp"
 #include "store_raw_client.hpp"
 
@@ -214,6 +215,66 @@ TEST_CASE("store security: a flood of connections that never authenticate does n
   CHECK_FALSE(logs.at(bp::LogLevel::warning, "accepting pauses").empty());
   CHECK_FALSE(
       logs.at(bp::LogLevel::warning, "did not complete the authenticated handshake within 0.3 s").empty());
+}
+
+TEST_CASE(
+    "store security: dropped unauthenticated connections are logged a few per interval, then summed up") {
+  using bp::store_detail::DropLog;
+  using namespace std::chrono;
+  DropLog drops(10s, 5);
+  const DropLog::Clock::time_point t0{hours(1)};
+  int own = 0;
+  for (int i = 0; i < 40; ++i)
+    if (drops.drop(t0 + milliseconds(i), bp::LogLevel::warning, "peer " + std::to_string(i) + " failed"))
+      ++own;
+  CHECK(own == 5);
+  CHECK(drops.pending());
+  CHECK(drops.due() == t0 + 10s);
+  std::optional<DropLog::Line> sum = drops.summary(t0 + 10s);
+  REQUIRE(sum);
+  CHECK(sum->level == bp::LogLevel::warning);
+  CHECK(sum->text ==
+        "35 more unauthenticated connections dropped in the last 10 s (logged 5 per 10 s at most; the last: "
+        "peer 39 failed)");
+  CHECK_FALSE(drops.pending());
+  // The flood goes on: no more lines of their own, one summary per interval.
+  for (int i = 0; i < 20; ++i)
+    CHECK_FALSE(drops.drop(t0 + 10s + seconds(i) / 4, bp::LogLevel::debug, "scan " + std::to_string(i)));
+  sum = drops.summary(t0 + 20s);
+  REQUIRE(sum);
+  CHECK(sum->level == bp::LogLevel::debug);
+  BP_CHECK_CONTAINS(sum->text, "20 more unauthenticated connections dropped in the last 10 s");
+  // A quiet interval: nothing to sum up, and the next drop is logged in full again.
+  CHECK_FALSE(drops.summary(t0 + 30s));
+  const auto line = drops.drop(t0 + 31s, bp::LogLevel::warning, "late");
+  REQUIRE(line);
+  CHECK(line->text == "late");
+}
+
+TEST_CASE("store security: a flood of impostors writes a handful of log lines, not one per connection") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  constexpr int kImpostors = 40;
+  {
+    auto server = host(2);
+    const uint16_t port = port_of(*server);
+    for (int i = 0; i < kImpostors; ++i) {
+      Raw c(port);
+      CHECK(c.authenticate(1, 2, "guess") == -1);
+      CHECK(c.closed_by_peer());
+    }
+    auto rank1 = join(1, 2, port);  // the real rank is not held up
+    REQUIRE(rank1);
+    rank1->set("k", bytes("v"));
+    CHECK(text(server->get("k", 1s)) == "v");
+  }  // the store's shutdown sums up what it counted
+  const std::vector<std::string> own = logs.at(bp::LogLevel::warning, "failed to prove the job secret");
+  const std::vector<std::string> summaries =
+      logs.at(bp::LogLevel::warning, "more unauthenticated connections");
+  INFO(logs.all());
+  CHECK(own.size() == 5 + summaries.size());  // the summaries name the last one's reason too
+  REQUIRE(summaries.size() == 1);
+  BP_CHECK_CONTAINS(summaries[0], "35 more unauthenticated connections dropped in the last ");
+  BP_CHECK_CONTAINS(summaries[0], "failed to prove the job secret (BACKPLANE_JOB_TOKEN)");
 }
 
 TEST_CASE("store security: half-sent frames are dropped at the idle deadline") {
