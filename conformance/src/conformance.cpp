@@ -140,58 +140,31 @@ std::vector<Tally> tally(const std::vector<CaseResult>& results) {
 }
 
 std::string op_family(const std::string& plugin_op) {
-  switch (op_code(plugin_op)) {
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_POW:
-    case BP_OP_MAXIMUM:
-    case BP_OP_MINIMUM:
+  // The grouping follows the op's kind in abi.h's op table.
+  switch (bp_op_info_of(op_code(plugin_op))->kind) {
+    case BP_OP_KIND_BINARY:
       return "binary";
-    case BP_OP_EQ:
-    case BP_OP_NE:
-    case BP_OP_LT:
-    case BP_OP_LE:
-    case BP_OP_GT:
-    case BP_OP_GE:
-    case BP_OP_WHERE:
+    case BP_OP_KIND_COMPARE:
+    case BP_OP_KIND_SELECT:
       return "compare";
-    case BP_OP_NEG:
-    case BP_OP_ABS:
-    case BP_OP_EXP:
-    case BP_OP_LOG:
-    case BP_OP_SQRT:
-    case BP_OP_TANH:
-    case BP_OP_SIGMOID:
-    case BP_OP_RELU:
-    case BP_OP_SIN:
-    case BP_OP_COS:
-    case BP_OP_CLAMP:
+    case BP_OP_KIND_UNARY:
       return "unary";
-    case BP_OP_CAST:
+    case BP_OP_KIND_CAST:
       return "cast";
-    case BP_OP_FILL:
-    case BP_OP_ARANGE:
-    case BP_OP_RAND_UNIFORM:
-    case BP_OP_RANDN:
+    case BP_OP_KIND_CREATE:
+    case BP_OP_KIND_RANGE:
       return "creation";
-    case BP_OP_SUM:
-    case BP_OP_MEAN:
-    case BP_OP_MAX:
-    case BP_OP_MIN:
-    case BP_OP_ARGMAX:
-    case BP_OP_ARGMIN:
+    case BP_OP_KIND_REDUCE:
+    case BP_OP_KIND_ARG_REDUCE:
       return "reduce";
-    case BP_OP_SOFTMAX:
-    case BP_OP_LOG_SOFTMAX:
+    case BP_OP_KIND_SOFTMAX:
       return "softmax";
-    case BP_OP_MATMUL:
+    case BP_OP_KIND_MATMUL:
       return "matmul";
-    case BP_OP_INDEX_SELECT:
-    case BP_OP_GATHER:
+    case BP_OP_KIND_INDEX_SELECT:
+    case BP_OP_KIND_GATHER:
       return "index";
-    case BP_OP_COPY:
+    case BP_OP_KIND_COPY:
       return "copy";
     default:
       return "other";

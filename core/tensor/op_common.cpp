@@ -124,6 +124,13 @@ void execute_failed(BackendImpl& backend, int32_t device, int32_t op, bp_status*
   backend.check(st, std::string("execute ") + op_name(op) + " on " + backend.device_id(device));
 }
 
+void arity_mismatch(int32_t op, int32_t num_inputs) {
+  throw Error(Errc::internal, std::string("execute ") + op_name(op) + ": the core passed " +
+                                  std::to_string(num_inputs) + " input(s) where abi.h's op table says " +
+                                  std::to_string(bp_op_info_of(op)->inputs) +
+                                  "; this is a bug in backplane, please report it");
+}
+
 std::shared_ptr<TensorImpl> copy_contiguous(const TensorImpl& x, const char* api) {
   const TensorImpl* operands[1] = {&x};
   const Placement p(BP_OP_COPY, x.dtype, x.dtype, api, operands, 1);

@@ -76,6 +76,19 @@ inline void require_dtype(bool ok, DType d, const char* api, const char* which, 
     return;
   dtype_not_accepted(d, api, which, allowed);
 }
+// The dtype check of abi.h's op table: the dtype `op` computes on must be in
+// its class. The front-end computes on f32, f64, i32 and i64, so FLOATING is
+// f32 or f64 here and ARITHMETIC all four; NUMERIC and MOVING take any dtype.
+inline void require_op_dtype(int32_t op, DType d, const char* api, const char* which) {
+  switch (bp_op_info_of(op)->dtypes) {
+    case BP_OP_DTYPES_FLOATING:
+      return require_dtype(is_float(d), d, api, which, "f32 or f64");
+    case BP_OP_DTYPES_ARITHMETIC:
+      return require_dtype(is_arithmetic(d), d, api, which, "f32, f64, i32 or i64");
+    default:
+      return;
+  }
+}
 // Errc::invalid_argument for a dtype value this core does not know.
 void require_known_dtype(DType d, const char* api);
 
@@ -97,6 +110,9 @@ constexpr bp_op_attrs make_attrs() noexcept {
 }
 // A non-NULL execute status: throws unless its code is OK.
 [[gnu::cold]] void execute_failed(BackendImpl& backend, int32_t device, int32_t op, bp_status* st);
+// Errc::internal: the front-end built a call whose input count is not the
+// op table's (a core bug; the plugin would read past its inputs).
+[[noreturn, gnu::cold]] void arity_mismatch(int32_t op, int32_t num_inputs);
 // Runs one op with one output; a failure status becomes backplane::Error
 // naming the op and device, an exception escaping the plugin Errc::internal
 // naming the entry (call_entry: nothing on the success path). attrs may be
@@ -104,6 +120,8 @@ constexpr bp_op_attrs make_attrs() noexcept {
 inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs,
                     int32_t num_inputs, const bp_tensor* output, const bp_op_attrs* attrs = nullptr) {
   static constexpr bp_op_attrs kNoAttrs = make_attrs();
+  if (num_inputs != bp_op_info_of(op)->inputs) [[unlikely]]
+    arity_mismatch(op, num_inputs);
   bp_execute_args args{};
   args.struct_size = BP_EXECUTE_ARGS_STRUCT_SIZE;
   args.device = device;

@@ -56,7 +56,7 @@ Tensor ones(const Device& device, const Shape& shape, DType dtype) {
 }
 
 Tensor arange(const Device& device, double start, double end, double step, DType dtype) {
-  detail::require_dtype(detail::is_arithmetic(dtype), dtype, "arange", "the result", "f32, f64, i32 or i64");
+  detail::require_op_dtype(BP_OP_ARANGE, dtype, "arange", "the result");
   require_finite(start, "arange", "start");
   require_finite(end, "arange", "end");
   require_finite(step, "arange", "step");
@@ -84,7 +84,7 @@ Tensor arange(const Device& device, double start, double end, double step, DType
 
 Tensor rand_uniform(const Device& device, const Shape& shape, uint64_t seed, double low, double high,
                     DType dtype) {
-  detail::require_dtype(detail::is_float(dtype), dtype, "rand_uniform", "the result", "f32 or f64");
+  detail::require_op_dtype(BP_OP_RAND_UNIFORM, dtype, "rand_uniform", "the result");
   require_finite(low, "rand_uniform", "low");
   require_finite(high, "rand_uniform", "high");
   if (low > high)
@@ -100,7 +100,7 @@ Tensor rand_uniform(const Device& device, const Shape& shape, uint64_t seed, dou
 
 Tensor randn(const Device& device, const Shape& shape, uint64_t seed, double mean, double stddev,
              DType dtype) {
-  detail::require_dtype(detail::is_float(dtype), dtype, "randn", "the result", "f32 or f64");
+  detail::require_op_dtype(BP_OP_RANDN, dtype, "randn", "the result");
   require_finite(mean, "randn", "mean");
   require_finite(stddev, "randn", "stddev");
   if (stddev < 0.0)

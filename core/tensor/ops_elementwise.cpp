@@ -49,15 +49,14 @@ using detail::TensorImpl;
 // The per-op hot path (a 16-element add should cost < 100 ns over the
 // kernel): no allocation besides the output, no string unless it throws, and
 // no Shape built or copied when the operands have one shape.
-Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
+Tensor binary(int32_t op, const Tensor& a, const Tensor& b) {
   const char* api = detail::op_name(op);
+  const bool comparison = bp_op_info_of(op)->kind == BP_OP_KIND_COMPARE;
   const TensorImpl& x = detail::operand(a, api, "left");
   const TensorImpl& y = detail::operand(b, api, "right");
   detail::same_device(x, y, api);
   detail::same_dtype(x, y, api);
-  if (!comparison)
-    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the operands",
-                          "f32, f64, i32 or i64");
+  detail::require_op_dtype(op, x.dtype, api, "the operands");
   if (!(x.shape == y.shape)) [[unlikely]]
     return binary_broadcast(op, x, y, comparison, api);
   const TensorImpl* operands[2] = {&x, &y};
@@ -73,13 +72,10 @@ Tensor binary(int32_t op, const Tensor& a, const Tensor& b, bool comparison) {
 }
 
 // inputs[0] has the output's shape and dtype; any strides.
-Tensor unary(int32_t op, const Tensor& t, bool float_only, const bp_op_attrs* attrs = nullptr) {
+Tensor unary(int32_t op, const Tensor& t, const bp_op_attrs* attrs = nullptr) {
   const char* api = detail::op_name(op);
   const TensorImpl& x = detail::operand(t, api, "the");
-  if (float_only)
-    detail::require_dtype(detail::is_float(x.dtype), x.dtype, api, "the input", "f32 or f64");
-  else
-    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the input", "f32, f64, i32 or i64");
+  detail::require_op_dtype(op, x.dtype, api, "the input");
   const TensorImpl* operands[1] = {&x};
   const detail::Placement p(op, x.dtype, x.dtype, api, operands, 1);
   auto out = p.allocate(x.shape, x.dtype);
@@ -93,14 +89,14 @@ Tensor unary(int32_t op, const Tensor& t, bool float_only, const bp_op_attrs* at
 // The differentiable ops: the op, then a node when an input requires grad
 // (the only autodiff cost otherwise is that test).
 Tensor tracked_binary(int32_t op, const Tensor& a, const Tensor& b) {
-  Tensor out = binary(op, a, b, false);
+  Tensor out = binary(op, a, b);
   if (detail::any_requires_grad(a, b)) [[unlikely]]
     detail::record_binary(op, a, b, out);
   return out;
 }
 
-Tensor tracked_unary(int32_t op, const Tensor& t, bool float_only) {
-  Tensor out = unary(op, t, float_only);
+Tensor tracked_unary(int32_t op, const Tensor& t) {
+  Tensor out = unary(op, t);
   if (detail::any_requires_grad(t)) [[unlikely]]
     detail::record_unary(op, t, out);
   return out;
@@ -133,12 +129,12 @@ Tensor div(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_DIV, 
 Tensor pow(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_POW, a, b); }
 Tensor maximum(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_MAXIMUM, a, b); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return tracked_binary(BP_OP_MINIMUM, a, b); }
-Tensor eq(const Tensor& a, const Tensor& b) { return binary(BP_OP_EQ, a, b, true); }
-Tensor ne(const Tensor& a, const Tensor& b) { return binary(BP_OP_NE, a, b, true); }
-Tensor lt(const Tensor& a, const Tensor& b) { return binary(BP_OP_LT, a, b, true); }
-Tensor le(const Tensor& a, const Tensor& b) { return binary(BP_OP_LE, a, b, true); }
-Tensor gt(const Tensor& a, const Tensor& b) { return binary(BP_OP_GT, a, b, true); }
-Tensor ge(const Tensor& a, const Tensor& b) { return binary(BP_OP_GE, a, b, true); }
+Tensor eq(const Tensor& a, const Tensor& b) { return binary(BP_OP_EQ, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary(BP_OP_NE, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary(BP_OP_LT, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary(BP_OP_LE, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary(BP_OP_GT, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary(BP_OP_GE, a, b); }
 
 static Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const TensorImpl& c = detail::operand(cond, "where", "cond");
@@ -172,16 +168,16 @@ static Tensor where_forward(const Tensor& cond, const Tensor& a, const Tensor& b
   return detail::Access::make_tensor(std::move(out));
 }
 
-Tensor neg(const Tensor& t) { return tracked_unary(BP_OP_NEG, t, false); }
-Tensor abs(const Tensor& t) { return tracked_unary(BP_OP_ABS, t, false); }
-Tensor relu(const Tensor& t) { return tracked_unary(BP_OP_RELU, t, false); }
-Tensor exp(const Tensor& t) { return tracked_unary(BP_OP_EXP, t, true); }
-Tensor log(const Tensor& t) { return tracked_unary(BP_OP_LOG, t, true); }
-Tensor sqrt(const Tensor& t) { return tracked_unary(BP_OP_SQRT, t, true); }
-Tensor tanh(const Tensor& t) { return tracked_unary(BP_OP_TANH, t, true); }
-Tensor sigmoid(const Tensor& t) { return tracked_unary(BP_OP_SIGMOID, t, true); }
-Tensor sin(const Tensor& t) { return tracked_unary(BP_OP_SIN, t, true); }
-Tensor cos(const Tensor& t) { return tracked_unary(BP_OP_COS, t, true); }
+Tensor neg(const Tensor& t) { return tracked_unary(BP_OP_NEG, t); }
+Tensor abs(const Tensor& t) { return tracked_unary(BP_OP_ABS, t); }
+Tensor relu(const Tensor& t) { return tracked_unary(BP_OP_RELU, t); }
+Tensor exp(const Tensor& t) { return tracked_unary(BP_OP_EXP, t); }
+Tensor log(const Tensor& t) { return tracked_unary(BP_OP_LOG, t); }
+Tensor sqrt(const Tensor& t) { return tracked_unary(BP_OP_SQRT, t); }
+Tensor tanh(const Tensor& t) { return tracked_unary(BP_OP_TANH, t); }
+Tensor sigmoid(const Tensor& t) { return tracked_unary(BP_OP_SIGMOID, t); }
+Tensor sin(const Tensor& t) { return tracked_unary(BP_OP_SIN, t); }
+Tensor cos(const Tensor& t) { return tracked_unary(BP_OP_COS, t); }
 
 Tensor clamp(const Tensor& t, double lo, double hi) {
   if (std::isnan(lo) || std::isnan(hi))
@@ -206,7 +202,7 @@ Tensor clamp(const Tensor& t, double lo, double hi) {
   bp_op_attrs attrs = detail::make_attrs();
   attrs.scalar0 = lo;
   attrs.scalar1 = hi;
-  Tensor out = unary(BP_OP_CLAMP, t, false, &attrs);
+  Tensor out = unary(BP_OP_CLAMP, t, &attrs);
   if (detail::any_requires_grad(t)) [[unlikely]]
     detail::record_clamp(t, lo, hi, out);
   return out;

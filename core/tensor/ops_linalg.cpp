@@ -46,7 +46,7 @@ static Tensor matmul_forward(const Tensor& a, const Tensor& b) {
   const TensorImpl& y = detail::operand(b, "matmul", "right");
   detail::same_device(x, y, "matmul");
   detail::same_dtype(x, y, "matmul");
-  detail::require_dtype(detail::is_float(x.dtype), x.dtype, "matmul", "the operands", "f32 or f64");
+  detail::require_op_dtype(BP_OP_MATMUL, x.dtype, "matmul", "the operands");
   if (x.shape.rank() < 2 || y.shape.rank() < 2) {
     throw Error(Errc::shape_mismatch,
                 "matmul: expects operands of rank >= 2 ([M,K] x [K,N], optionally with leading "

@@ -12,34 +12,21 @@ namespace {
 
 using detail::TensorImpl;
 
+// What abi.h's op table and its notes say of a reduction.
 struct ReduceRule {
-  bool float_only;    // mean
   bool needs_values;  // max/min/argmax/argmin: an empty axis has no answer
-  bool index_output;  // argmax/argmin write i64
+  bool index_output;  // ARG_REDUCE: argmax/argmin write i64
 };
 
 ReduceRule rule(int32_t op) noexcept {
-  switch (op) {
-    case BP_OP_MEAN:
-      return {true, false, false};
-    case BP_OP_MAX:
-    case BP_OP_MIN:
-      return {false, true, false};
-    case BP_OP_ARGMAX:
-    case BP_OP_ARGMIN:
-      return {false, true, true};
-    default:
-      return {false, false, false};  // sum
-  }
+  const bool arg = bp_op_info_of(op)->kind == BP_OP_KIND_ARG_REDUCE;
+  return {op != BP_OP_SUM && op != BP_OP_MEAN, arg};
 }
 
-const TensorImpl& checked_input(const Tensor& t, int32_t op, const ReduceRule& r) {
+const TensorImpl& checked_input(const Tensor& t, int32_t op) {
   const char* api = detail::op_name(op);
   const TensorImpl& x = detail::operand(t, api, "the");
-  if (r.float_only)
-    detail::require_dtype(detail::is_float(x.dtype), x.dtype, api, "the input", "f32 or f64");
-  else
-    detail::require_dtype(detail::is_arithmetic(x.dtype), x.dtype, api, "the input", "f32, f64, i32 or i64");
+  detail::require_op_dtype(op, x.dtype, api, "the input");
   return x;
 }
 
@@ -65,7 +52,7 @@ void run_reduce(const detail::Placement& p, int32_t op, const TensorImpl& x, con
 Tensor reduce_axis(int32_t op, const Tensor& t, int64_t axis_arg, bool keepdim) {
   const char* api = detail::op_name(op);
   const ReduceRule r = rule(op);
-  const TensorImpl& x0 = checked_input(t, op, r);
+  const TensorImpl& x0 = checked_input(t, op);
   const int axis = detail::normalize_axis(axis_arg, x0.shape.rank(), api);
   if (r.needs_values && x0.shape[axis] == 0) {
     throw Error(Errc::invalid_argument, std::string(api) + ": axis " + std::to_string(axis_arg) + " of " +
@@ -95,7 +82,7 @@ Tensor reduce_axis(int32_t op, const Tensor& t, int64_t axis_arg, bool keepdim) 
 Tensor reduce_all(int32_t op, const Tensor& t) {
   const char* api = detail::op_name(op);
   const ReduceRule r = rule(op);
-  const TensorImpl& x0 = checked_input(t, op, r);
+  const TensorImpl& x0 = checked_input(t, op);
   if (r.needs_values && x0.shape.numel() == 0) {
     throw Error(Errc::invalid_argument,
                 std::string(api) + ": the tensor " + x0.shape.to_string() + " is empty, and " + api +
@@ -113,7 +100,7 @@ Tensor reduce_all(int32_t op, const Tensor& t) {
 Tensor softmax_like(int32_t op, const Tensor& t, int64_t axis_arg) {
   const char* api = detail::op_name(op);
   const TensorImpl& x0 = detail::operand(t, api, "the");
-  detail::require_dtype(detail::is_float(x0.dtype), x0.dtype, api, "the input", "f32 or f64");
+  detail::require_op_dtype(op, x0.dtype, api, "the input");
   const int axis = detail::normalize_axis(axis_arg, x0.shape.rank(), api);
   const auto x = detail::as_contiguous(detail::Access::impl(t), api);
   const TensorImpl* operands[1] = {x.get()};

@@ -21,7 +21,9 @@
  *       synchronising call when the plugin names its buffers itself (2.1,
  *       recorded here).
  *  2.2  struct_size is the end of the last field (BP_STRUCT_SIZE), not
- *       sizeof: trailing padding no longer reads as a field.
+ *       sizeof: trailing padding no longer reads as a field. BP_OP_TABLE:
+ *       each op once, with its kind, dtype class, arity and attributes
+ *       (bp_op_info_of); the op values are unchanged.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -316,83 +318,172 @@ typedef enum bp_dtype {
 /* Ops (append-only; the host validates shapes and dtypes before execute)    */
 /* ------------------------------------------------------------------------ */
 
+/* Every op, once: BP_OP_TABLE(X) calls X(NAME, value, "name", kind, dtypes,
+ * inputs, attrs) per op, in value order. The enum, bp_op_name and
+ * bp_op_info below are made from it, and so are the host's arity and dtype
+ * checks, the SDK's dtype families (plugin/dtype.hpp), the remote server's
+ * validation and conformance's grouping: adding an op is one line here plus
+ * its kernels, its autograd rule and its conformance cases
+ * (docs/contributing.md, "Adding an op").
+ *   kind    the operands' layout and the output's dtype (bp_op_kind below)
+ *   dtypes  the dtype class of the data it computes on (bp_op_dtypes below)
+ *   inputs  how many inputs; every op has exactly one output
+ *   attrs   the bp_op_attrs fields it reads (BP_OP_ATTR_*; the rest are
+ *           ignored)
+ * Op notes the table cannot say:
+ *   pow       an integer POW with a negative exponent cannot be refused by
+ *             the host (it depends on the data): the plugin returns
+ *             INVALID_ARGUMENT.
+ *   maximum, minimum  NaN-propagating for floats.
+ *   cast      float -> int truncates toward zero (NaN / out of range: an
+ *             unspecified value, never a trap); to BOOL is (x != 0); int ->
+ *             narrower int wraps.
+ *   fill      every element = scalar0.   arange  out[i] = scalar0 + i * scalar1.
+ *   rand_uniform  [scalar0, scalar1); randn  normal(mean scalar0, std
+ *             scalar1). Both: the same seed gives the same values on the
+ *             same backend (cpu: whatever the thread count).
+ *   clamp     scalar0 = low, scalar1 = high.
+ *   mean      an empty axis gives NaN; sum of an empty axis is 0.
+ *   index_select, gather  an index out of range is an INVALID_ARGUMENT
+ *             status naming it. */
+#define BP_OP_TABLE(X)                                                                                  \
+  X(ADD, 1, "add", BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(SUB, 2, "sub", BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(MUL, 3, "mul", BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(DIV, 4, "div", BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(MATMUL, 5, "matmul", MATMUL, FLOATING, 2, 0)                                                        \
+  X(COPY, 6, "copy", COPY, MOVING, 1, 0)                                                                \
+  X(POW, 7, "pow", BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(MAXIMUM, 8, "maximum", BINARY, ARITHMETIC, 2, 0)                                                    \
+  X(MINIMUM, 9, "minimum", BINARY, ARITHMETIC, 2, 0)                                                    \
+  X(EQ, 10, "eq", COMPARE, NUMERIC, 2, 0)                                                               \
+  X(NE, 11, "ne", COMPARE, NUMERIC, 2, 0)                                                               \
+  X(LT, 12, "lt", COMPARE, NUMERIC, 2, 0)                                                               \
+  X(LE, 13, "le", COMPARE, NUMERIC, 2, 0)                                                               \
+  X(GT, 14, "gt", COMPARE, NUMERIC, 2, 0)                                                               \
+  X(GE, 15, "ge", COMPARE, NUMERIC, 2, 0)                                                               \
+  X(WHERE, 16, "where", SELECT, MOVING, 3, 0)                                                           \
+  X(NEG, 17, "neg", UNARY, ARITHMETIC, 1, 0)                                                            \
+  X(ABS, 18, "abs", UNARY, ARITHMETIC, 1, 0)                                                            \
+  X(EXP, 19, "exp", UNARY, FLOATING, 1, 0)                                                              \
+  X(LOG, 20, "log", UNARY, FLOATING, 1, 0)                                                              \
+  X(SQRT, 21, "sqrt", UNARY, FLOATING, 1, 0)                                                            \
+  X(TANH, 22, "tanh", UNARY, FLOATING, 1, 0)                                                            \
+  X(SIGMOID, 23, "sigmoid", UNARY, FLOATING, 1, 0)                                                      \
+  X(RELU, 24, "relu", UNARY, ARITHMETIC, 1, 0)                                                          \
+  X(SIN, 25, "sin", UNARY, FLOATING, 1, 0)                                                              \
+  X(COS, 26, "cos", UNARY, FLOATING, 1, 0)                                                              \
+  X(CLAMP, 27, "clamp", UNARY, ARITHMETIC, 1, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1)                  \
+  X(CAST, 28, "cast", CAST, NUMERIC, 1, BP_OP_ATTR_DTYPE)                                               \
+  X(FILL, 29, "fill", CREATE, NUMERIC, 0, BP_OP_ATTR_SCALAR0)                                           \
+  X(ARANGE, 30, "arange", RANGE, ARITHMETIC, 0, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1)                \
+  X(RAND_UNIFORM, 31, "rand_uniform", CREATE, FLOATING, 0,                                              \
+    BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1 | BP_OP_ATTR_SEED)                                          \
+  X(RANDN, 32, "randn", CREATE, FLOATING, 0, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1 | BP_OP_ATTR_SEED) \
+  X(SUM, 33, "sum", REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
+  X(MEAN, 34, "mean", REDUCE, FLOATING, 1, BP_OP_ATTR_AXIS)                                             \
+  X(MAX, 35, "max", REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
+  X(MIN, 36, "min", REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
+  X(ARGMAX, 37, "argmax", ARG_REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                   \
+  X(ARGMIN, 38, "argmin", ARG_REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                   \
+  X(SOFTMAX, 39, "softmax", SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                                      \
+  X(LOG_SOFTMAX, 40, "log_softmax", SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                              \
+  X(INDEX_SELECT, 41, "index_select", INDEX_SELECT, MOVING, 2, BP_OP_ATTR_AXIS)                         \
+  X(GATHER, 42, "gather", GATHER, MOVING, 2, BP_OP_ATTR_AXIS)
+
+/* The bp_op_attrs fields an op reads (the table's last column). */
+#define BP_OP_ATTR_AXIS    (1u << 0)
+#define BP_OP_ATTR_DTYPE   (1u << 1)
+#define BP_OP_ATTR_SCALAR0 (1u << 2)
+#define BP_OP_ATTR_SCALAR1 (1u << 3)
+#define BP_OP_ATTR_SEED    (1u << 4)
+
+/* Op values are append-only: a released value keeps its op forever. */
 typedef enum bp_op {
   BP_OP_INVALID = 0,
-  /* elementwise binary: inputs[0..1], outputs[0]; inputs arrive already
-   * broadcast to the output's shape (stride 0 on broadcast dims). */
-  BP_OP_ADD = 1,
-  BP_OP_SUB = 2,
-  BP_OP_MUL = 3,
-  BP_OP_DIV = 4,
-  /* matmul: inputs [...,M,K] and [...,K,N], output [...,M,N], one dtype.
-   * With more than 2 dims the leading (batch) dims of both inputs arrive
-   * already broadcast to the output's (stride 0 on broadcast ones). */
-  BP_OP_MATMUL = 5,
-  /* copy: inputs[0] -> outputs[0], same shape and dtype, any strides on
-   * both sides (the output may be a strided view; it never overlaps itself
-   * or the input). The host builds contiguous, strided to() and cat from it. */
-  BP_OP_COPY = 6,
-  /* Binary, as ADD: inputs broadcast to the output's shape, one dtype.
-   * Integer POW with a negative exponent cannot be refused by the host (it
-   * depends on the data): the plugin returns INVALID_ARGUMENT. */
-  BP_OP_POW = 7,
-  BP_OP_MAXIMUM = 8, /* NaN-propagating for floats */
-  BP_OP_MINIMUM = 9,
-  /* Comparisons, as ADD but the output dtype is BP_DTYPE_BOOL. */
-  BP_OP_EQ = 10,
-  BP_OP_NE = 11,
-  BP_OP_LT = 12,
-  BP_OP_LE = 13,
-  BP_OP_GT = 14,
-  BP_OP_GE = 15,
-  /* where: inputs [cond (BOOL), a, b] broadcast to the output's shape; a, b
-   * and the output share one dtype. out = cond ? a : b. */
-  BP_OP_WHERE = 16,
-  /* Unary: inputs[0] has the output's shape and dtype. */
-  BP_OP_NEG = 17,
-  BP_OP_ABS = 18,
-  BP_OP_EXP = 19,
-  BP_OP_LOG = 20,
-  BP_OP_SQRT = 21,
-  BP_OP_TANH = 22,
-  BP_OP_SIGMOID = 23,
-  BP_OP_RELU = 24,
-  BP_OP_SIN = 25,
-  BP_OP_COS = 26,
-  BP_OP_CLAMP = 27, /* attrs: scalar0 = low, scalar1 = high */
-  /* cast: inputs[0] -> outputs[0], same shape, the output's dtype differs.
-   * Float -> int truncates toward zero (NaN/out of range: unspecified value,
-   * never a trap); to BOOL is (x != 0); int -> narrower int wraps. */
-  BP_OP_CAST = 28,
-  /* Creation: no inputs, one contiguous output. */
-  BP_OP_FILL = 29,         /* every element = scalar0 */
-  BP_OP_ARANGE = 30,       /* 1-D: out[i] = scalar0 + i * scalar1 */
-  BP_OP_RAND_UNIFORM = 31, /* [scalar0, scalar1); attrs.seed; same seed, same values
-                            * on the same backend (cpu: whatever the thread count) */
-  BP_OP_RANDN = 32,        /* normal(mean scalar0, std scalar1); attrs.seed */
-  /* Reductions over one axis (attrs.axis, 0 <= axis < ndim). The output
-   * has the input's ndim with extent 1 on that axis (the host drops it for
-   * keepdim=false, and flattens for an all-axes reduction). ARGMAX/ARGMIN
-   * write BP_DTYPE_I64 (the first index of the extreme; NaN counts as the
-   * extreme); MEAN is for float dtypes. An empty axis: SUM 0, MEAN NaN;
-   * MAX/MIN/ARGMAX/ARGMIN are refused by the host. */
-  BP_OP_SUM = 33,
-  BP_OP_MEAN = 34,
-  BP_OP_MAX = 35,
-  BP_OP_MIN = 36,
-  BP_OP_ARGMAX = 37,
-  BP_OP_ARGMIN = 38,
-  /* softmax / log_softmax along attrs.axis; output has the input's shape. */
-  BP_OP_SOFTMAX = 39,
-  BP_OP_LOG_SOFTMAX = 40,
-  /* index_select: inputs [x, index (I64, 1-D)], attrs.axis; the output is x
-   * with extent len(index) on axis. gather: inputs [x, index (I64, same ndim
-   * as x)], attrs.axis; out[i][j][k] = x[i][index[i][j][k]][k] (axis 1).
-   * An index out of range is an INVALID_ARGUMENT status naming it. */
-  BP_OP_INDEX_SELECT = 41,
-  BP_OP_GATHER = 42,
-  BP_OP_COUNT_ /* not an op: one past the last value this header knows */
+#define BP_OP_ENUM_(NAME, value, name, kind, dtypes, inputs, attrs) BP_OP_##NAME = value,
+  BP_OP_TABLE(BP_OP_ENUM_)
+#undef BP_OP_ENUM_
+      BP_OP_COUNT_ /* not an op: one past the last value this header knows */
 } bp_op;
+
+/* The operands' layout of an op and its output's dtype. Every op has one
+ * output; the host validates shapes and dtypes before execute, and a
+ * non-copy output is contiguous.
+ *   BINARY   inputs [a, b] arrive already broadcast to the output's shape
+ *            (stride 0 on broadcast dims); a, b and the output share a dtype.
+ *   COMPARE  as BINARY, but the output is BOOL.
+ *   SELECT   where: inputs [cond (BOOL), a, b] broadcast to the output's
+ *            shape; a, b and the output share a dtype; out = cond ? a : b.
+ *   UNARY    inputs[0] has the output's shape and dtype (any strides).
+ *   COPY     inputs[0] -> outputs[0], same shape and dtype, any strides on
+ *            both sides: the output may be a strided view that never
+ *            overlaps itself or the input. The host builds contiguous,
+ *            strided to() and cat from it.
+ *   CAST     inputs[0] -> outputs[0], same shape; attrs.dtype is the
+ *            output's dtype.
+ *   MATMUL   [...,M,K] x [...,K,N] -> [...,M,N], one dtype. With more than
+ *            2 dims the leading (batch) dims of both inputs arrive already
+ *            broadcast to the output's (stride 0 on broadcast ones).
+ *   CREATE   no inputs, one contiguous output of any shape.
+ *   RANGE    as CREATE, and the output is 1-D.
+ *   REDUCE   over attrs.axis (0 <= axis < ndim): the output has the
+ *            input's ndim with extent 1 on that axis (the host drops it for
+ *            keepdim=false and flattens for an all-axes reduction); its
+ *            dtype is the input's. Only SUM and MEAN take an empty axis
+ *            (the host refuses the others).
+ *   ARG_REDUCE  as REDUCE, but the output is I64: the first index of the
+ *            extreme (NaN counts as the extreme); an empty axis is refused.
+ *   SOFTMAX  along attrs.axis; the output has the input's shape and dtype.
+ *   INDEX_SELECT  inputs [x, index (I64, 1-D)], attrs.axis; the output is
+ *            x with extent len(index) on that axis.
+ *   GATHER   inputs [x, index (I64, x's ndim)], attrs.axis; the output has
+ *            the index's shape: out[i][j][k] = x[i][index[i][j][k]][k]
+ *            (axis 1). */
+typedef enum bp_op_kind {
+  BP_OP_KIND_NONE = 0, /* not an op this header knows */
+  BP_OP_KIND_BINARY,
+  BP_OP_KIND_COMPARE,
+  BP_OP_KIND_SELECT,
+  BP_OP_KIND_UNARY,
+  BP_OP_KIND_COPY,
+  BP_OP_KIND_CAST,
+  BP_OP_KIND_MATMUL,
+  BP_OP_KIND_CREATE,
+  BP_OP_KIND_RANGE,
+  BP_OP_KIND_REDUCE,
+  BP_OP_KIND_ARG_REDUCE,
+  BP_OP_KIND_SOFTMAX,
+  BP_OP_KIND_INDEX_SELECT,
+  BP_OP_KIND_GATHER,
+  BP_OP_KIND_COUNT_
+} bp_op_kind;
+
+/* Which dtypes an op computes on: the dtype of its inputs (of the output
+ * for creation ops; of each side for cast; of a and b for where).
+ *   ARITHMETIC  numbers: f32 f64 i32 i64 (and the 16-bit and 8-bit numeric
+ *               dtypes where a plugin offers them)
+ *   FLOATING    floating point only: f32 f64 f16 bf16
+ *   NUMERIC     any dtype with values: numbers and bool
+ *   MOVING      any dtype: elements only move
+ * A plugin keeps one dtype set per class and answers supports_op from it
+ * (plugin/dtype.hpp's family_supports). */
+typedef enum bp_op_dtypes {
+  BP_OP_DTYPES_NONE = 0, /* not an op this header knows */
+  BP_OP_DTYPES_ARITHMETIC,
+  BP_OP_DTYPES_FLOATING,
+  BP_OP_DTYPES_NUMERIC,
+  BP_OP_DTYPES_MOVING
+} bp_op_dtypes;
+
+/* One row of BP_OP_TABLE. */
+typedef struct bp_op_info {
+  const char* name; /* "add"; NULL for an op this header does not know */
+  int32_t kind;     /* bp_op_kind */
+  int32_t dtypes;   /* bp_op_dtypes */
+  int32_t inputs;   /* number of inputs; outputs: always 1 */
+  uint32_t attrs;   /* BP_OP_ATTR_* it reads */
+} bp_op_info;
 
 /* Attributes of an op. Fields an op does not use are ignored. */
 typedef struct bp_op_attrs {
@@ -433,16 +524,20 @@ static inline BP_MAYBE_UNUSED_ const char* bp_dtype_name(int32_t dtype) {
   return (dtype > 0 && dtype < BP_DTYPE_COUNT_) ? names[dtype] : NULL;
 }
 
-/* "add", "log_softmax", ...; NULL for a value this header does not know. */
-static inline BP_MAYBE_UNUSED_ const char* bp_op_name(int32_t op) {
-  static const char* const names[BP_OP_COUNT_] = {
-      NULL,      "add",    "sub",    "mul",     "div",          "matmul",       "copy",  "pow",   "maximum",
-      "minimum", "eq",     "ne",     "lt",      "le",           "gt",           "ge",    "where", "neg",
-      "abs",     "exp",    "log",    "sqrt",    "tanh",         "sigmoid",      "relu",  "sin",   "cos",
-      "clamp",   "cast",   "fill",   "arange",  "rand_uniform", "randn",        "sum",   "mean",  "max",
-      "min",     "argmax", "argmin", "softmax", "log_softmax",  "index_select", "gather"};
-  return (op > 0 && op < BP_OP_COUNT_) ? names[op] : NULL;
+/* The BP_OP_TABLE row of `op`; an all-zero row (name NULL, kind
+ * BP_OP_KIND_NONE) for a value this header does not know. */
+static inline BP_MAYBE_UNUSED_ const bp_op_info* bp_op_info_of(int32_t op) {
+  static const bp_op_info rows[BP_OP_COUNT_] = {{NULL, BP_OP_KIND_NONE, BP_OP_DTYPES_NONE, 0, 0},
+#define BP_OP_ROW_(NAME, value, name, kind, dtypes, inputs, attrs) \
+  {name, BP_OP_KIND_##kind, BP_OP_DTYPES_##dtypes, inputs, attrs},
+                                                BP_OP_TABLE(BP_OP_ROW_)
+#undef BP_OP_ROW_
+  };
+  return (op > 0 && op < BP_OP_COUNT_) ? &rows[op] : &rows[0];
 }
+
+/* "add", "log_softmax", ...; NULL for a value this header does not know. */
+static inline BP_MAYBE_UNUSED_ const char* bp_op_name(int32_t op) { return bp_op_info_of(op)->name; }
 
 /* "sum", "mean", "min", "max", "prod"; NULL for an unknown value. */
 static inline BP_MAYBE_UNUSED_ const char* bp_reduce_op_name(int32_t op) {

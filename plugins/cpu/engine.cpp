@@ -1,5 +1,6 @@
-// The cpu plugin's engine library (engine.hpp): routes each op to its family,
-// runs large buffer copies and forwards the collectives to Communicator.
+// The cpu plugin's engine library (engine.hpp): routes each op to its family
+// by its kind in abi.h's op table, runs large buffer copies and forwards the
+// collectives to Communicator.
 #include "engine.hpp"
 
 #include <backplane/plugin.hpp>
@@ -14,54 +15,26 @@ namespace {
 bp_status* execute(const bp_execute_args* args, int threads) {
   return plugin::guard([&] {
     const OpCall call{*args, threads};
-    switch (args->op) {
-      case BP_OP_ADD:
-      case BP_OP_SUB:
-      case BP_OP_MUL:
-      case BP_OP_DIV:
-      case BP_OP_POW:
-      case BP_OP_MAXIMUM:
-      case BP_OP_MINIMUM:
-      case BP_OP_EQ:
-      case BP_OP_NE:
-      case BP_OP_LT:
-      case BP_OP_LE:
-      case BP_OP_GT:
-      case BP_OP_GE:
-      case BP_OP_WHERE:
-      case BP_OP_NEG:
-      case BP_OP_ABS:
-      case BP_OP_EXP:
-      case BP_OP_LOG:
-      case BP_OP_SQRT:
-      case BP_OP_TANH:
-      case BP_OP_SIGMOID:
-      case BP_OP_RELU:
-      case BP_OP_SIN:
-      case BP_OP_COS:
-      case BP_OP_CLAMP:
+    switch (bp_op_info_of(args->op)->kind) {
+      case BP_OP_KIND_BINARY:
+      case BP_OP_KIND_COMPARE:
+      case BP_OP_KIND_SELECT:
+      case BP_OP_KIND_UNARY:
         return run_elementwise(call);
-      case BP_OP_COPY:
-      case BP_OP_CAST:
-      case BP_OP_FILL:
-      case BP_OP_ARANGE:
-      case BP_OP_RAND_UNIFORM:
-      case BP_OP_RANDN:
+      case BP_OP_KIND_COPY:
+      case BP_OP_KIND_CAST:
+      case BP_OP_KIND_CREATE:
+      case BP_OP_KIND_RANGE:
         return run_copy(call);
-      case BP_OP_SUM:
-      case BP_OP_MEAN:
-      case BP_OP_MAX:
-      case BP_OP_MIN:
-      case BP_OP_ARGMAX:
-      case BP_OP_ARGMIN:
+      case BP_OP_KIND_REDUCE:
+      case BP_OP_KIND_ARG_REDUCE:
         return run_reduce(call);
-      case BP_OP_SOFTMAX:
-      case BP_OP_LOG_SOFTMAX:
+      case BP_OP_KIND_SOFTMAX:
         return run_softmax(call);
-      case BP_OP_MATMUL:
+      case BP_OP_KIND_MATMUL:
         return run_matmul(call);
-      case BP_OP_INDEX_SELECT:
-      case BP_OP_GATHER:
+      case BP_OP_KIND_INDEX_SELECT:
+      case BP_OP_KIND_GATHER:
         return run_take(call);
       default:
         plugin::fail(BP_STATUS_UNSUPPORTED, "cpu: " + plugin::op_name(args->op) + " is not supported");

@@ -44,7 +44,7 @@ inline constexpr int32_t arithmetic_dtype = std::is_same_v<T, float>     ? BP_DT
 
 // supports_op's answer. op and dtype are the host's raw values: unknown ones
 // answer false.
-constexpr bool op_supports(int32_t op, int32_t dtype) noexcept {
+inline bool op_supports(int32_t op, int32_t dtype) noexcept {
   return plugin::family_supports<ArithmeticDTypes, FloatDTypes, NumericDTypes, MovedDTypes>(op, dtype);
 }
 

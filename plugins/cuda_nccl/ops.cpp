@@ -294,58 +294,30 @@ void scatter_dense(const OpCall& call, const void* from, const TensorView& to) {
 }
 
 void run_op(const OpCall& call) {
-  switch (call.op()) {
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_POW:
-    case BP_OP_MAXIMUM:
-    case BP_OP_MINIMUM:
+  switch (bp_op_info_of(call.op())->kind) {
+    case BP_OP_KIND_BINARY:
       return binary(call);
-    case BP_OP_EQ:
-    case BP_OP_NE:
-    case BP_OP_LT:
-    case BP_OP_LE:
-    case BP_OP_GT:
-    case BP_OP_GE:
+    case BP_OP_KIND_COMPARE:
       return compare(call);
-    case BP_OP_WHERE:
+    case BP_OP_KIND_SELECT:
       return where(call);
-    case BP_OP_NEG:
-    case BP_OP_ABS:
-    case BP_OP_EXP:
-    case BP_OP_LOG:
-    case BP_OP_SQRT:
-    case BP_OP_TANH:
-    case BP_OP_SIGMOID:
-    case BP_OP_RELU:
-    case BP_OP_SIN:
-    case BP_OP_COS:
-    case BP_OP_CLAMP:
+    case BP_OP_KIND_UNARY:
       return unary(call);
-    case BP_OP_COPY:
+    case BP_OP_KIND_COPY:
       return copy(call);
-    case BP_OP_CAST:
+    case BP_OP_KIND_CAST:
       return cast(call);
-    case BP_OP_FILL:
-    case BP_OP_ARANGE:
-    case BP_OP_RAND_UNIFORM:
-    case BP_OP_RANDN:
+    case BP_OP_KIND_CREATE:
+    case BP_OP_KIND_RANGE:
       return create(call);
-    case BP_OP_SUM:
-    case BP_OP_MEAN:
-    case BP_OP_MAX:
-    case BP_OP_MIN:
-    case BP_OP_ARGMAX:
-    case BP_OP_ARGMIN:
-    case BP_OP_SOFTMAX:
-    case BP_OP_LOG_SOFTMAX:
+    case BP_OP_KIND_REDUCE:
+    case BP_OP_KIND_ARG_REDUCE:
+    case BP_OP_KIND_SOFTMAX:
       return row_op(call);
-    case BP_OP_INDEX_SELECT:
-    case BP_OP_GATHER:
+    case BP_OP_KIND_INDEX_SELECT:
+    case BP_OP_KIND_GATHER:
       return take(call);
-    case BP_OP_MATMUL:
+    case BP_OP_KIND_MATMUL:
       return run_matmul(call);
     default:
       fail(BP_STATUS_UNSUPPORTED,

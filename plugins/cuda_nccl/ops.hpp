@@ -32,7 +32,7 @@ using FloatDTypes = DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_F16, BP_DTYPE_BF
 using AllDTypes = plugin::AllDTypes;
 
 // supports_op's answer (unknown ops and dtypes: false).
-constexpr bool op_supports(int32_t op, int32_t dtype) noexcept {
+inline bool op_supports(int32_t op, int32_t dtype) noexcept {
   return plugin::family_supports<ArithmeticDTypes, FloatDTypes, AllDTypes, AllDTypes>(op, dtype);
 }
 

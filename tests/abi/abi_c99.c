@@ -393,6 +393,35 @@ static void check_ops(void) {
   EXPECT_NAME(bp_op_name(-1), NULL);
   EXPECT_NAME(bp_op_name(INT32_MAX), NULL);
 
+  /* BP_OP_TABLE: each row sits at its own value (the rows are in value
+   * order), its arity is its kind's, the ops that read an axis are the
+   * axis kinds, and any other value gets the empty row. */
+  {
+    static const int32_t kind_inputs[BP_OP_KIND_COUNT_] = {-1, 2, 2, 3, 1, 1, 1, 2, 0, 0, 1, 1, 1, 2, 2};
+    int32_t op;
+#define CHECK_ROW_(N, v, s, k, d, in, at)                                                           \
+  EXPECT(BP_OP_##N == (v));                                                                         \
+  EXPECT(bp_op_info_of(v)->name != NULL && strcmp(bp_op_info_of(v)->name, (s)) == 0);               \
+  EXPECT(bp_op_info_of(v)->kind == BP_OP_KIND_##k && bp_op_info_of(v)->dtypes == BP_OP_DTYPES_##d); \
+  EXPECT(bp_op_info_of(v)->inputs == (in) && bp_op_info_of(v)->attrs == (uint32_t)(at));
+    BP_OP_TABLE(CHECK_ROW_)
+#undef CHECK_ROW_
+    for (op = 1; op < BP_OP_COUNT_; ++op) {
+      const bp_op_info* info = bp_op_info_of(op);
+      const int axis_kind = info->kind == BP_OP_KIND_REDUCE || info->kind == BP_OP_KIND_ARG_REDUCE ||
+                            info->kind == BP_OP_KIND_SOFTMAX || info->kind == BP_OP_KIND_INDEX_SELECT ||
+                            info->kind == BP_OP_KIND_GATHER;
+      EXPECT(info->kind > BP_OP_KIND_NONE && info->kind < BP_OP_KIND_COUNT_);
+      EXPECT(info->dtypes != BP_OP_DTYPES_NONE);
+      EXPECT(info->inputs == kind_inputs[info->kind]);
+      EXPECT(((info->attrs & BP_OP_ATTR_AXIS) != 0) == axis_kind);
+      EXPECT(((info->attrs & BP_OP_ATTR_DTYPE) != 0) == (info->kind == BP_OP_KIND_CAST));
+    }
+    EXPECT(bp_op_info_of(BP_OP_INVALID)->kind == BP_OP_KIND_NONE &&
+           bp_op_info_of(BP_OP_INVALID)->name == NULL);
+    EXPECT(bp_op_info_of(BP_OP_COUNT_)->kind == BP_OP_KIND_NONE && bp_op_info_of(-7)->inputs == 0);
+  }
+
   EXPECT(BP_REDUCE_SUM == 0 && BP_REDUCE_COUNT_ == 5);
   EXPECT_NAME(bp_reduce_op_name(BP_REDUCE_SUM), "sum");
   EXPECT_NAME(bp_reduce_op_name(BP_REDUCE_MEAN), "mean");

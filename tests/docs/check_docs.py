@@ -5,6 +5,7 @@ Usage:
   check_docs.py --source DIR paths
   check_docs.py --source DIR options --cli PATH/TO/backplane
   check_docs.py --source DIR env
+  check_docs.py --source DIR ops
 
 Each check prints one line per finding ("FILE:LINE: what is wrong") and exits 1 when it found
 something, 0 otherwise. The rules:
@@ -44,6 +45,8 @@ env      Every BACKPLANE_* environment variable the documents name is read by th
            also reads it from the environment;
          - a name written with a trailing '_*' in the documents (BACKPLANE_TEST_*) names the family
            of variables with that prefix.
+ops      docs/plugins.md's op table ("| value | `BP_OP_NAME` | `name` | ...") has one row per row of
+         abi.h's BP_OP_TABLE, in value order, with the same value, enum name and plugin-op name.
 """
 
 import argparse
@@ -387,11 +390,43 @@ def check_env(source):
     return findings
 
 
+OP_ROW_RE = re.compile(r"X\((\w+), (\d+), \"(\w+)\"")
+DOC_OP_ROW_RE = re.compile(r"^\| (\d+) \| `BP_OP_(\w+)` \| `(\w+)` \|")
+
+
+def check_ops(source):
+    """docs/plugins.md's op table lists exactly the ops of abi.h's BP_OP_TABLE,
+    in order, with their values and names."""
+    table = [(int(v), n, s) for n, v, s in OP_ROW_RE.findall(read(source, "include/backplane/abi.h"))]
+    if not table:
+        return ["include/backplane/abi.h: no BP_OP_TABLE rows found (X(NAME, value, \"name\", ...))"]
+    doc_rel = "docs/plugins.md"
+    rows = []
+    for number, line in enumerate(read(source, doc_rel).splitlines(), 1):
+        m = DOC_OP_ROW_RE.match(line)
+        if m:
+            rows.append((number, (int(m.group(1)), m.group(2), m.group(3))))
+    findings = []
+    documented = {row for _, row in rows}
+    for op in table:
+        if op not in documented:
+            findings.append(f"{doc_rel}: the op table has no row for {op[0]} BP_OP_{op[1]} `{op[2]}` "
+                            "(abi.h's BP_OP_TABLE has it)")
+    known = set(table)
+    for number, row in rows:
+        if row not in known:
+            findings.append(f"{doc_rel}:{number}: op row {row[0]} BP_OP_{row[1]} `{row[2]}` is not in abi.h's "
+                            "BP_OP_TABLE (value, name and plugin-op name must match a row)")
+    if not findings and [row for _, row in rows] != table:
+        findings.append(f"{doc_rel}: the op table's rows are not in BP_OP_TABLE's order (by value)")
+    return findings
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--source", required=True, help="the repository root")
     parser.add_argument("--cli", help="the backplane executable (for the options check)")
-    parser.add_argument("check", choices=["paths", "options", "env"])
+    parser.add_argument("check", choices=["paths", "options", "env", "ops"])
     args = parser.parse_args()
     source = os.path.abspath(args.source)
     if args.check == "paths":
@@ -400,6 +435,8 @@ def main():
         if not args.cli:
             parser.error("options needs --cli")
         findings = check_options(source, args.cli)
+    elif args.check == "ops":
+        findings = check_ops(source)
     else:
         findings = check_env(source)
     for f in findings:

@@ -106,65 +106,27 @@ constexpr bool contains(int32_t dtype) noexcept {
   return Set::contains(dtype);
 }
 
-// The families abi.h's ops fall into when a plugin says which dtypes an op
-// takes: a plugin keeps one dtype set per family and answers supports_op with
+// The dtype families of abi.h's ops (BP_OP_TABLE's dtype class): a plugin
+// keeps one dtype set per family and answers supports_op with
 // `op_family(op)`, so no plugin repeats the op lists.
-//   arithmetic  add sub mul div pow maximum minimum, neg abs relu clamp, arange,
-//               sum max min argmax argmin
-//   floating    exp log sqrt tanh sigmoid sin cos, rand_uniform randn, mean,
-//               softmax log_softmax, matmul
-//   numeric     comparisons (their inputs), cast (each side), fill
-//   moving      copy, where, index_select, gather (elements only move)
+//   arithmetic  numbers (add, neg, relu, sum, argmax, arange, ...)
+//   floating    floating point only (exp, sqrt, sigmoid, mean, softmax,
+//               rand_uniform, matmul, ...)
+//   numeric     numbers and bool: comparisons (their inputs), cast (each
+//               side), fill
+//   moving      any dtype: copy, where, index_select, gather
 //   none        an op this header does not know
 enum class OpFamily { none, arithmetic, floating, numeric, moving };
 
-constexpr OpFamily op_family(int32_t op) noexcept {
-  switch (op) {
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_POW:
-    case BP_OP_MAXIMUM:
-    case BP_OP_MINIMUM:
-    case BP_OP_NEG:
-    case BP_OP_ABS:
-    case BP_OP_RELU:
-    case BP_OP_CLAMP:
-    case BP_OP_ARANGE:
-    case BP_OP_SUM:
-    case BP_OP_MAX:
-    case BP_OP_MIN:
-    case BP_OP_ARGMAX:
-    case BP_OP_ARGMIN:
+inline OpFamily op_family(int32_t op) noexcept {
+  switch (bp_op_info_of(op)->dtypes) {
+    case BP_OP_DTYPES_ARITHMETIC:
       return OpFamily::arithmetic;
-    case BP_OP_EXP:
-    case BP_OP_LOG:
-    case BP_OP_SQRT:
-    case BP_OP_TANH:
-    case BP_OP_SIGMOID:
-    case BP_OP_SIN:
-    case BP_OP_COS:
-    case BP_OP_RAND_UNIFORM:
-    case BP_OP_RANDN:
-    case BP_OP_MEAN:
-    case BP_OP_SOFTMAX:
-    case BP_OP_LOG_SOFTMAX:
-    case BP_OP_MATMUL:
+    case BP_OP_DTYPES_FLOATING:
       return OpFamily::floating;
-    case BP_OP_EQ:
-    case BP_OP_NE:
-    case BP_OP_LT:
-    case BP_OP_LE:
-    case BP_OP_GT:
-    case BP_OP_GE:
-    case BP_OP_CAST:
-    case BP_OP_FILL:
+    case BP_OP_DTYPES_NUMERIC:
       return OpFamily::numeric;
-    case BP_OP_COPY:
-    case BP_OP_WHERE:
-    case BP_OP_INDEX_SELECT:
-    case BP_OP_GATHER:
+    case BP_OP_DTYPES_MOVING:
       return OpFamily::moving;
     default:
       return OpFamily::none;
@@ -173,7 +135,7 @@ constexpr OpFamily op_family(int32_t op) noexcept {
 
 // supports_op's answer for a plugin whose families take these dtype sets.
 template <class Arithmetic, class Floating, class Numeric, class Moving>
-constexpr bool family_supports(int32_t op, int32_t dtype) noexcept {
+inline bool family_supports(int32_t op, int32_t dtype) noexcept {
   switch (op_family(op)) {
     case OpFamily::arithmetic:
       return Arithmetic::contains(dtype);

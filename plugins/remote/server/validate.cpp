@@ -228,30 +228,25 @@ void validate_execute(int32_t op, std::span<const bp_tensor> in, std::span<const
       out.size() > static_cast<std::size_t>(kMaxOperands))
     refuse(std::string(name) + ": too many operands");
 
-  switch (op) {
-    case BP_OP_ADD:
-    case BP_OP_SUB:
-    case BP_OP_MUL:
-    case BP_OP_DIV:
-    case BP_OP_POW:
-    case BP_OP_MAXIMUM:
-    case BP_OP_MINIMUM:
-    case BP_OP_EQ:
-    case BP_OP_NE:
-    case BP_OP_LT:
-    case BP_OP_LE:
-    case BP_OP_GT:
-    case BP_OP_GE: {
-      require_operands(name, in, out, 2, 1);
-      const bool comparison = op >= BP_OP_EQ && op <= BP_OP_GE;
+  const bp_op_info& info = *bp_op_info_of(op);
+  require_operands(name, in, out, static_cast<std::size_t>(info.inputs), 1);
+  // The dtype the op computes on must be in its class (abi.h's op table).
+  if (info.dtypes == BP_OP_DTYPES_FLOATING) {
+    const bp_tensor& data = in.empty() ? out[0] : in[0];
+    if (!is_float_dtype(data.dtype))
+      refuse(std::string(name) + ": " + (in.empty() ? "the output" : "the input") + " is " +
+             dtype_text(data.dtype) + "; " + name + " is for float dtypes");
+  }
+  switch (info.kind) {
+    case BP_OP_KIND_BINARY:
+    case BP_OP_KIND_COMPARE:
       require_dtype(name, "inputs[1]", in[1], in[0].dtype);
-      require_dtype(name, "the output", out[0], comparison ? BP_DTYPE_BOOL : in[0].dtype);
+      require_dtype(name, "the output", out[0],
+                    info.kind == BP_OP_KIND_COMPARE ? BP_DTYPE_BOOL : in[0].dtype);
       require_shape(name, "inputs[0]", in[0], out[0], "the output");
       require_shape(name, "inputs[1]", in[1], out[0], "the output");
       break;
-    }
-    case BP_OP_WHERE:
-      require_operands(name, in, out, 3, 1);
+    case BP_OP_KIND_SELECT:
       require_dtype(name, "the condition (inputs[0])", in[0], BP_DTYPE_BOOL);
       require_dtype(name, "inputs[2]", in[2], in[1].dtype);
       require_dtype(name, "the output", out[0], in[1].dtype);
@@ -259,99 +254,72 @@ void validate_execute(int32_t op, std::span<const bp_tensor> in, std::span<const
         require_shape(name, ("inputs[" + std::to_string(i) + "]").c_str(), in[static_cast<std::size_t>(i)],
                       out[0], "the output");
       break;
-    case BP_OP_NEG:
-    case BP_OP_ABS:
-    case BP_OP_EXP:
-    case BP_OP_LOG:
-    case BP_OP_SQRT:
-    case BP_OP_TANH:
-    case BP_OP_SIGMOID:
-    case BP_OP_RELU:
-    case BP_OP_SIN:
-    case BP_OP_COS:
-    case BP_OP_CLAMP:
-    case BP_OP_COPY:
-      require_operands(name, in, out, 1, 1);
+    case BP_OP_KIND_UNARY:
+    case BP_OP_KIND_COPY:
       require_dtype(name, "the output", out[0], in[0].dtype);
       require_shape(name, "the input", in[0], out[0], "the output");
       break;
-    case BP_OP_CAST:
-      require_operands(name, in, out, 1, 1);
+    case BP_OP_KIND_CAST:
       require_shape(name, "the input", in[0], out[0], "the output");
       if (attrs.dtype != out[0].dtype)
-        refuse("cast: the target dtype attribute is " + dtype_text(attrs.dtype) + " but the output is " +
-               dtype_text(out[0].dtype));
+        refuse(std::string(name) + ": the target dtype attribute is " + dtype_text(attrs.dtype) +
+               " but the output is " + dtype_text(out[0].dtype));
       break;
-    case BP_OP_MATMUL: {
-      require_operands(name, in, out, 2, 1);
+    case BP_OP_KIND_MATMUL: {
       require_dtype(name, "inputs[1]", in[1], in[0].dtype);
       require_dtype(name, "the output", out[0], in[0].dtype);
       const bp_tensor &a = in[0], &b = in[1], &c = out[0];
       if (a.ndim < 2 || b.ndim != a.ndim || c.ndim != a.ndim)
-        refuse("matmul: operands of shapes " + shape_of(a) + " x " + shape_of(b) + " -> " + shape_of(c) +
-               " must all have the same rank, at least 2 (batch dims arrive broadcast)");
+        refuse(std::string(name) + ": operands of shapes " + shape_of(a) + " x " + shape_of(b) + " -> " +
+               shape_of(c) + " must all have the same rank, at least 2 (batch dims arrive broadcast)");
       const int32_t n = a.ndim;
       bool ok = a.shape[n - 1] == b.shape[n - 2] && c.shape[n - 2] == a.shape[n - 2] &&
                 c.shape[n - 1] == b.shape[n - 1];
       for (int32_t d = 0; ok && d < n - 2; ++d) ok = a.shape[d] == c.shape[d] && b.shape[d] == c.shape[d];
       if (!ok)
-        refuse("matmul: shapes " + shape_of(a) + " x " + shape_of(b) + " -> " + shape_of(c) +
+        refuse(std::string(name) + ": shapes " + shape_of(a) + " x " + shape_of(b) + " -> " + shape_of(c) +
                " do not fit [...,M,K] x [...,K,N] -> [...,M,N]");
       break;
     }
-    case BP_OP_FILL:
-    case BP_OP_RAND_UNIFORM:
-    case BP_OP_RANDN:
-      require_operands(name, in, out, 0, 1);
+    case BP_OP_KIND_CREATE:
       break;
-    case BP_OP_ARANGE:
-      require_operands(name, in, out, 0, 1);
-      if (out[0].ndim != 1) refuse("arange: the output has shape " + shape_of(out[0]) + "; it must be 1-D");
+    case BP_OP_KIND_RANGE:
+      if (out[0].ndim != 1)
+        refuse(std::string(name) + ": the output has shape " + shape_of(out[0]) + "; it must be 1-D");
       break;
-    case BP_OP_SUM:
-    case BP_OP_MEAN:
-    case BP_OP_MAX:
-    case BP_OP_MIN:
-    case BP_OP_ARGMAX:
-    case BP_OP_ARGMIN: {
-      require_operands(name, in, out, 1, 1);
+    case BP_OP_KIND_REDUCE:
+    case BP_OP_KIND_ARG_REDUCE: {
       const int32_t axis = require_axis(name, attrs, in[0]);
-      const bool arg = op == BP_OP_ARGMAX || op == BP_OP_ARGMIN;
+      const bool arg = info.kind == BP_OP_KIND_ARG_REDUCE;
       require_dtype(name, "the output", out[0], arg ? BP_DTYPE_I64 : in[0].dtype);
-      if (op == BP_OP_MEAN && !is_float_dtype(in[0].dtype))
-        refuse("mean: the input is " + dtype_text(in[0].dtype) + "; mean is for float dtypes");
       if (op != BP_OP_SUM && op != BP_OP_MEAN && in[0].shape[axis] == 0)
         refuse(std::string(name) + ": axis " + std::to_string(axis) + " of the input " + shape_of(in[0]) +
                " is empty; " + name + " of nothing is undefined");
       require_shape_except(name, in[0], out[0], axis, 1);
       break;
     }
-    case BP_OP_SOFTMAX:
-    case BP_OP_LOG_SOFTMAX:
-      require_operands(name, in, out, 1, 1);
+    case BP_OP_KIND_SOFTMAX:
       require_axis(name, attrs, in[0]);
       require_dtype(name, "the output", out[0], in[0].dtype);
       require_shape(name, "the input", in[0], out[0], "the output");
       break;
-    case BP_OP_INDEX_SELECT: {
-      require_operands(name, in, out, 2, 1);
+    case BP_OP_KIND_INDEX_SELECT: {
       const int32_t axis = require_axis(name, attrs, in[0]);
       require_dtype(name, "the index (inputs[1])", in[1], BP_DTYPE_I64);
       if (in[1].ndim != 1)
-        refuse("index_select: the index has shape " + shape_of(in[1]) + "; it must be 1-D");
+        refuse(std::string(name) + ": the index has shape " + shape_of(in[1]) + "; it must be 1-D");
       require_dtype(name, "the output", out[0], in[0].dtype);
       require_shape_except(name, in[0], out[0], axis, in[1].shape[0]);
       break;
     }
-    case BP_OP_GATHER: {
-      require_operands(name, in, out, 2, 1);
+    case BP_OP_KIND_GATHER: {
       const int32_t axis = require_axis(name, attrs, in[0]);
       require_dtype(name, "the index (inputs[1])", in[1], BP_DTYPE_I64);
       require_dtype(name, "the output", out[0], in[0].dtype);
       bool ok = in[1].ndim == in[0].ndim;
       for (int32_t d = 0; ok && d < in[0].ndim; ++d) ok = d == axis || in[1].shape[d] <= in[0].shape[d];
       if (!ok)
-        refuse("gather: the index has shape " + shape_of(in[1]) + " for an input of shape " +
+        refuse(std::string(name) + ": the index has shape " + shape_of(in[1]) + " for an input of shape " +
                shape_of(in[0]) +
                "; it needs the input's rank and extents no larger than the input's off the axis");
       require_shape(name, "the output", out[0], in[1], "the index");
@@ -366,9 +334,9 @@ void validate_execute(int32_t op, std::span<const bp_tensor> in, std::span<const
   // another output.
   for (std::size_t o = 0; o < out.size(); ++o) {
     const bp_tensor& t = out[o];
-    if (op == BP_OP_COPY ? !self_disjoint(t) : !is_contiguous(t))
+    if (info.kind == BP_OP_KIND_COPY ? !self_disjoint(t) : !is_contiguous(t))
       refuse(std::string(name) + ": outputs[" + std::to_string(o) + "] (shape " + shape_of(t) + ") must be " +
-             (op == BP_OP_COPY ? "a view that never addresses one element twice" : "contiguous"));
+             (info.kind == BP_OP_KIND_COPY ? "a view that never addresses one element twice" : "contiguous"));
     const ByteRange r = byte_range(t);
     auto overlaps = [&](const bp_tensor& u) {
       const ByteRange s = byte_range(u);

@@ -169,6 +169,10 @@ TEST_CASE("validate_execute refuses malformed ops with a message naming the prob
   CHECK(contains(execute(BP_OP_MAX, {&empty_axis}, {&r1}, attrs), "is empty"));
   const View ints(1, BP_DTYPE_I64, {4}), ints_out(2, BP_DTYPE_I64, {1});
   CHECK(contains(execute(BP_OP_MEAN, {&ints}, {&ints_out}, attrs), "mean is for float dtypes"));
+  // Every op of the table's floating class, not only mean: the input, or a creation's output.
+  const View ints4(2, BP_DTYPE_I64, {4});
+  CHECK(contains(execute(BP_OP_EXP, {&ints}, {&ints4}), "exp: the input is i64; exp is for float dtypes"));
+  CHECK(contains(execute(BP_OP_RANDN, {}, {&ints4}), "randn: the output is i64; randn is for float dtypes"));
   attrs.dtype = BP_DTYPE_I32;
   CHECK(contains(execute(BP_OP_CAST, {&a}, {&c}, attrs),
                  "target dtype attribute is i32 but the output is f32"));
