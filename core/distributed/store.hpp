@@ -84,12 +84,13 @@ class Server {
   using WaiterPtr = std::shared_ptr<Waiter>;
 
   // A stored value: bytes[offset..] of the set request's payload, kept as it
-  // arrived, so that neither storing nor serving it copies the bytes. Its
-  // bytes count against the setter's account while it lives.
+  // arrived, so that neither storing nor serving it copies the bytes. It
+  // counts against the setter's account while it lives.
   struct Value {
     std::vector<uint8_t> bytes;
     std::size_t offset = 0;
     std::shared_ptr<Account> account;
+    std::size_t charged = 0;  // what it counts: the payload, its key and the entry
     ~Value();
     const uint8_t* data() const { return bytes.data() + offset; }
     std::size_t size() const { return bytes.size() - offset; }
@@ -120,6 +121,8 @@ class Server {
   void on_request(const SessionPtr& s, store_wire::Op op, uint64_t id);
   void dispatch(const SessionPtr& s, store_wire::Op op, uint64_t id);
   void bad_frame(const SessionPtr& s, const std::string& why);
+  std::optional<std::string> over_limit(const Session& s, std::size_t more, const std::string& what) const;
+  void refuse(const SessionPtr& s, uint64_t id, const std::string& why);
   void log_drop(LogLevel level, std::string line);
   void arm_drop_log();
   void close(const SessionPtr& s, LogLevel level, const std::string& why);
@@ -132,6 +135,7 @@ class Server {
   void park(const SessionPtr& s, uint64_t id, bool is_get, std::vector<std::string> keys,
             uint64_t timeout_ms);
   void unpark(const WaiterPtr& w);
+  void release(const WaiterPtr& w);
   void on_key_set(const std::string& key);
   void complete(const WaiterPtr& w);
   void expire(const WaiterPtr& w);
@@ -155,6 +159,10 @@ class Server {
   std::unordered_map<std::string, std::list<WaiterPtr>> parked_;
   std::set<SessionPtr> sessions_;
   std::set<int32_t> ranks_;
+  // Per rank, kept across its reconnections (Limits::max_client_bytes), and
+  // the store's total (Limits::max_total_bytes), which each of them feeds.
+  std::map<int32_t, std::shared_ptr<Account>> accounts_;
+  std::shared_ptr<Account> total_account_;
   std::size_t unauthenticated_ = 0;
   DropLog drop_log_;                        // connections dropped before they authenticated
   asio::steady_timer drop_log_timer_{io_};  // armed while drop_log_ has a summary pending

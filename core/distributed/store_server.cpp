@@ -43,6 +43,13 @@ constexpr milliseconds kMaxAcceptBackoff{1000};
 constexpr milliseconds kDropLogInterval{10'000};
 constexpr std::size_t kDropLogBurst = 5;
 
+// What the store's own structures cost beyond the bytes of keys and values,
+// roughly, so that many small entries count too: a stored key (map node,
+// Value, shared pointer), a parked request, and each key it waits on.
+constexpr std::size_t kEntryBytes = 128;
+constexpr std::size_t kWaiterBytes = 256;
+constexpr std::size_t kWaiterKeyBytes = 64;
+
 }  // namespace
 
 bool is_loopback(const asio::ip::address& address) {
@@ -53,13 +60,25 @@ bool is_loopback(const asio::ip::address& address) {
   return false;
 }
 
-// Per connection: the bytes of the values it set that the store still holds.
+// What a rank holds in the store: the values it set that the store still
+// holds (Value::charged) and its parked get/wait requests (Waiter::charged).
+// One per rank, kept across its reconnections, so that reconnecting does not
+// start a fresh budget; each charge also feeds the store's total account.
 struct Server::Account {
   std::size_t bytes = 0;
+  std::shared_ptr<Account> total;  // the store's; null for that one itself
+  void charge(std::size_t n) {
+    bytes += n;
+    if (total) total->bytes += n;
+  }
+  void credit(std::size_t n) {
+    bytes -= n;
+    if (total) total->bytes -= n;
+  }
 };
 
 Server::Value::~Value() {
-  if (account) account->bytes -= size();
+  if (account) account->credit(charged);
 }
 
 struct Server::Session {
@@ -81,8 +100,8 @@ struct Server::Session {
   std::vector<uint8_t> payload;
   std::deque<Outgoing> out;
   bool writing = false;
-  std::set<WaiterPtr> waiters;  // parked get/wait requests
-  std::shared_ptr<Account> account = std::make_shared<Account>();
+  std::set<WaiterPtr> waiters;       // parked get/wait requests
+  std::shared_ptr<Account> account;  // its rank's, once greeted
 
   std::string who() const { return greeted ? "rank " + std::to_string(rank) + " (" + peer + ")" : peer; }
 };
@@ -97,12 +116,15 @@ struct Server::Waiter {
   std::string parked_on;
   asio::steady_timer timer;
   bool finished = false;
+  std::shared_ptr<Account> account;  // charged while parked; null once released
+  std::size_t charged = 0;
 };
 
 Server::Server(ServerOptions options)
     : world_size_(options.world_size),
       secret_(std::move(options.secret)),
       limits_(options.limits),
+      total_account_(std::make_shared<Account>()),
       drop_log_(kDropLogInterval, kDropLogBurst) {
   listen(options.host, options.port);
   where_ = "the store on " + bound_;
@@ -391,6 +413,12 @@ void Server::on_proof(const SessionPtr& s) {
   s->greeted = true;
   s->rank = rank;
   ranks_.insert(rank);
+  std::shared_ptr<Account>& account = accounts_[rank];
+  if (!account) {
+    account = std::make_shared<Account>();
+    account->total = total_account_;
+  }
+  s->account = account;
   log(LogLevel::debug, where_ + ": " + s->who() + " authenticated and connected");
   const auto verdict = make_verdict(Verdict::accepted, world_size_);
   send_raw(s, verdict.data(), verdict.size());
@@ -461,14 +489,14 @@ void Server::on_header(const SessionPtr& s) {
   }
   const Op op = *to_op(d.header->kind);
   const std::size_t bytes = d.header->payload_bytes;
-  // Checked before a byte of the payload is allocated.
-  if (s->account->bytes + bytes > limits_.max_client_bytes) {
-    close(s, LogLevel::error,
-          std::string("sent a ") + op_name(op) + " of " + std::to_string(bytes) + " bytes while holding " +
-              std::to_string(s->account->bytes) + " bytes in the store; the limit per client is " +
-              std::to_string(limits_.max_client_bytes) +
-              " bytes (BACKPLANE_STORE_MAX_CLIENT_BYTES raises it); closed");
-    return;
+  // A set's payload is what the store will hold: checked before a byte of it
+  // is allocated. Other requests are bounded by their frame limits and
+  // checked once decoded (a parked get or wait is charged in park()).
+  if (op == Op::set) {
+    if (auto why = over_limit(*s, bytes, "a set of " + std::to_string(bytes) + " bytes")) {
+      close(s, LogLevel::error, *why + "; closed");
+      return;
+    }
   }
   s->payload.clear();
   read_payload(s, op, d.header->id, bytes);
@@ -515,7 +543,8 @@ void Server::dispatch(const SessionPtr& s, Op op, uint64_t id) {
       value->offset = r.value_offset;
       value->bytes = std::move(s->payload);
       value->account = s->account;
-      s->account->bytes += value->size();
+      value->charged = value->bytes.size() + r.keys.front().size() + kEntryBytes;
+      s->account->charge(value->charged);
       data_[r.keys.front()] = std::move(value);
       reply(s, Reply::ok, id);
       on_key_set(r.keys.front());
@@ -557,10 +586,16 @@ void Server::dispatch(const SessionPtr& s, Op op, uint64_t id) {
         return;
       }
       const std::string text = std::to_string(next);
+      const std::size_t charge = text.size() + key.size() + kEntryBytes;
+      if (auto why = over_limit(*s, charge, "an add to " + quote(key))) {
+        refuse(s, id, *why);
+        return;
+      }
       auto value = std::make_shared<Value>();
       value->bytes.assign(text.begin(), text.end());
       value->account = s->account;
-      s->account->bytes += value->size();
+      value->charged = charge;
+      s->account->charge(charge);
       data_[key] = std::move(value);
       PayloadWriter out(8);
       out.u64(static_cast<uint64_t>(next));
@@ -575,6 +610,38 @@ void Server::dispatch(const SessionPtr& s, Op op, uint64_t id) {
       reply(s, Reply::ok, id, {static_cast<uint8_t>(data_.erase(r.keys.front()) != 0 ? 1 : 0)});
       return;
   }
+}
+
+// Why `more` bytes for `what` would take s's rank or the whole store past
+// its limit, with the remedy; nothing when they fit.
+std::optional<std::string> Server::over_limit(const Session& s, std::size_t more,
+                                              const std::string& what) const {
+  if (s.account->bytes + more > limits_.max_client_bytes) {
+    return "would hold " + std::to_string(s.account->bytes + more) + " bytes in the store with " + what +
+           " (it holds " + std::to_string(s.account->bytes) +
+           ": the values it set and its parked get/wait requests, across its connections); the limit "
+           "per rank is " +
+           std::to_string(limits_.max_client_bytes) +
+           " bytes: remove keys no longer needed, wait on fewer keys at once, or raise "
+           "BACKPLANE_STORE_MAX_CLIENT_BYTES where the store is hosted (rank 0)";
+  }
+  if (total_account_->bytes + more > limits_.max_total_bytes) {
+    return "would take the store to " + std::to_string(total_account_->bytes + more) + " bytes with " + what +
+           " (it holds " + std::to_string(total_account_->bytes) +
+           " for all ranks); the limit of the store is " + std::to_string(limits_.max_total_bytes) +
+           " bytes: remove keys no longer needed, or raise BACKPLANE_STORE_MAX_TOTAL_BYTES where the "
+           "store is hosted (rank 0)";
+  }
+  return std::nullopt;
+}
+
+// Answers request `id` with a refusal (the client throws invalid_argument
+// with `why`); the connection stays open.
+void Server::refuse(const SessionPtr& s, uint64_t id, const std::string& why) {
+  log(LogLevel::warning, where_ + ": refused a request of " + s->who() + ": it " + why);
+  std::string text = "the store refused: this rank " + why;
+  if (text.size() > kMaxReplyTextBytes) text.resize(kMaxReplyTextBytes);
+  reply(s, Reply::refused, id, std::vector<uint8_t>(text.begin(), text.end()));
 }
 
 void Server::bad_frame(const SessionPtr& s, const std::string& why) {
@@ -680,7 +747,18 @@ std::optional<std::string> Server::first_missing(const std::vector<std::string>&
 
 void Server::park(const SessionPtr& s, uint64_t id, bool is_get, std::vector<std::string> keys,
                   uint64_t timeout_ms) {
+  std::size_t charge = kWaiterBytes;
+  for (const auto& k : keys) charge += k.size() + kWaiterKeyBytes;
+  if (auto why = over_limit(*s, charge,
+                            std::string("a parked ") + (is_get ? "get" : "wait") + " on " +
+                                std::to_string(keys.size()) + (keys.size() == 1 ? " key" : " keys"))) {
+    refuse(s, id, *why);
+    return;
+  }
   auto w = std::make_shared<Waiter>(io_);
+  w->account = s->account;
+  w->charged = charge;
+  s->account->charge(charge);
   w->session = s;
   w->id = id;
   w->is_get = is_get;
@@ -706,6 +784,14 @@ void Server::unpark(const WaiterPtr& w) {
     if (it->second.empty()) parked_.erase(it);
   }
   if (auto s = w->session.lock()) s->waiters.erase(w);
+  release(w);
+}
+
+// Gives back what a parked request was charged; once, however it ends.
+void Server::release(const WaiterPtr& w) {
+  if (!w->account) return;
+  w->account->credit(w->charged);
+  w->account.reset();
 }
 
 // Wakes the waiters parked on `key`; those still missing another key park on it.
@@ -728,6 +814,7 @@ void Server::on_key_set(const std::string& key) {
 void Server::complete(const WaiterPtr& w) {
   w->finished = true;
   w->timer.cancel();
+  release(w);
   auto s = w->session.lock();
   if (!s) return;
   s->waiters.erase(w);

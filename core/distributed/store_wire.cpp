@@ -93,6 +93,8 @@ Limits Limits::from_env() {
   l.max_value_bytes = env_limit("BACKPLANE_STORE_MAX_VALUE_BYTES", l.max_value_bytes, 0, kMaxValueBytes);
   l.max_client_bytes =
       env_limit("BACKPLANE_STORE_MAX_CLIENT_BYTES", l.max_client_bytes, 1 << 16, uint64_t{1} << 40);
+  l.max_total_bytes =
+      env_limit("BACKPLANE_STORE_MAX_TOTAL_BYTES", l.max_total_bytes, 1 << 16, uint64_t{1} << 40);
   l.max_unauthenticated = env_limit("BACKPLANE_STORE_MAX_UNAUTHENTICATED", l.max_unauthenticated, 1, 65536);
   l.handshake_timeout =
       milliseconds(env_limit("BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS", l.handshake_timeout.count(), 1, kDay));

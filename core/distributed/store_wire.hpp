@@ -92,10 +92,14 @@ uint64_t get_u64(const uint8_t* p);
 
 // What one server accepts. Each has a default and an environment variable
 // (docs/security.md lists them); from_env throws Errc::invalid_argument
-// naming a malformed variable.
+// naming a malformed variable. max_client_bytes bounds what one rank holds,
+// across its reconnections: the values it set (with their keys) and its
+// parked get/wait requests (with their key lists); max_total_bytes bounds
+// the same for all ranks together.
 struct Limits {
   std::size_t max_value_bytes = kMaxValueBytes;          // BACKPLANE_STORE_MAX_VALUE_BYTES
   std::size_t max_client_bytes = std::size_t{2} << 30;   // BACKPLANE_STORE_MAX_CLIENT_BYTES
+  std::size_t max_total_bytes = std::size_t{8} << 30;    // BACKPLANE_STORE_MAX_TOTAL_BYTES
   std::size_t max_unauthenticated = 64;                  // BACKPLANE_STORE_MAX_UNAUTHENTICATED
   std::chrono::milliseconds handshake_timeout{5000};     // BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS
   std::chrono::milliseconds frame_idle_timeout{30'000};  // BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS

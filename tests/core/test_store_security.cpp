@@ -322,7 +322,7 @@ TEST_CASE(
     CHECK(resident_bytes() - before < (32L << 20));
   }
   BP_CHECK_CONTAINS(logs.at(bp::LogLevel::error, "BACKPLANE_STORE_MAX_CLIENT_BYTES").at(0),
-                    "limit per client");
+                    "the limit per rank is 262144 bytes");
   auto rank2 = join(2, 3, port);
   REQUIRE(rank2);
   // Within the cap values are stored; past it the connection is closed.
@@ -331,6 +331,149 @@ TEST_CASE(
         bp::Errc::io_error);
   CHECK(server->get("small", 1s).size() == (100 << 10));
   CHECK_FALSE(server->check({"big"}));
+}
+
+namespace {
+
+// A frame as the server sends it: header fields and payload.
+struct RawReply {
+  uint8_t kind = 0;
+  uint64_t id = 0;
+  std::string payload;
+};
+
+std::optional<RawReply> read_reply(Raw& c) {
+  const std::vector<uint8_t> h = c.read(w::kHeaderBytes);
+  if (h.size() != w::kHeaderBytes) return std::nullopt;
+  RawReply r{h[4], w::get_u64(h.data() + 8), {}};
+  r.payload = text(c.read(w::get_u32(h.data())));
+  return r;
+}
+
+void send_request(Raw& c, w::Op op, uint64_t id, const std::vector<uint8_t>& payload) {
+  const w::Header h = w::make_header(payload.size(), static_cast<uint8_t>(op), id);
+  c.send(h.data(), h.size());
+  c.send(payload);
+}
+
+}  // namespace
+
+TEST_CASE("store security: parked waits and their key lists count against the rank's limit") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  ScopedEnv client_cap("BACKPLANE_STORE_MAX_CLIENT_BYTES", std::to_string(256 << 10));
+  auto server = host(2);
+  const uint16_t port = port_of(*server);
+  Raw c(port);
+  REQUIRE(c.authenticate(1, 2, kSecret) == 0);
+  // 40 waits on 16 keys each: 15 present keys of 1 KiB, the same for all, and one missing key of
+  // its own, so each holds about 16 KiB of key list while it is parked.
+  constexpr int kWaits = 40;
+  std::vector<std::string> present;
+  for (int k = 0; k < 15; ++k) {
+    present.push_back("present/" + std::to_string(k) + "/");
+    present.back().resize(1024, 'k');
+    server->set(present.back(), bytes("v"));
+  }
+  auto missing = [](int wait) { return "missing/" + std::to_string(wait); };
+  auto keys_of = [&](int wait) {
+    std::vector<std::string> keys = present;
+    keys.push_back(missing(wait));
+    return keys;
+  };
+  for (int i = 0; i < kWaits; ++i)
+    send_request(c, w::Op::wait, 1 + i, w::encode_wait(keys_of(i), w::kNoTimeout));
+  // Requests are served in order: once the check is answered, every refusal has been sent.
+  send_request(c, w::Op::check, 1000, w::encode_check({"anything"}));
+  int refused = 0;
+  std::string refusal;
+  for (;;) {
+    const std::optional<RawReply> r = read_reply(c);
+    REQUIRE_MESSAGE(r, "the store stopped answering");
+    if (r->id == 1000) break;
+    CHECK(r->kind == static_cast<uint8_t>(w::Reply::refused));
+    ++refused;
+    refusal = r->payload;
+  }
+  const int parked = kWaits - refused;
+  CAPTURE(parked);
+  CHECK(parked >= 10);   // 256 KiB holds about 15 of them
+  CHECK(refused >= 20);  // the rest are refused, not parked
+  BP_CHECK_CONTAINS(refusal, "the store refused: this rank would hold ");
+  BP_CHECK_CONTAINS(refusal, "a parked wait on 16 keys");
+  BP_CHECK_CONTAINS(refusal, "the limit per rank is 262144 bytes");
+  BP_CHECK_CONTAINS(refusal, "BACKPLANE_STORE_MAX_CLIENT_BYTES");
+  CHECK(logs.at(bp::LogLevel::warning, "refused a request of rank 1").size() ==
+        static_cast<std::size_t>(refused));
+  // The parked ones still complete, and give back what they held: a new wait parks again.
+  for (int i = 0; i < parked; ++i) server->set(missing(i), bytes("v"));
+  for (int i = 0; i < parked; ++i) {
+    const std::optional<RawReply> r = read_reply(c);
+    REQUIRE(r);
+    CHECK(r->kind == static_cast<uint8_t>(w::Reply::ok));
+  }
+  send_request(c, w::Op::wait, 2000, w::encode_wait(keys_of(kWaits), w::kNoTimeout));
+  send_request(c, w::Op::check, 2001, w::encode_check({"anything"}));
+  const std::optional<RawReply> after = read_reply(c);
+  REQUIRE(after);
+  CHECK(after->id == 2001);  // the wait parked instead of being refused
+}
+
+TEST_CASE("store security: a rank that reconnects keeps its account while another rank has its own") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  ScopedEnv client_cap("BACKPLANE_STORE_MAX_CLIENT_BYTES", std::to_string(256 << 10));
+  auto server = host(3);
+  const uint16_t port = port_of(*server);
+  {
+    auto rank1 = join(1, 3, port);
+    REQUIRE(rank1);
+    rank1->set("first", std::vector<uint8_t>(200 << 10, 1));
+  }  // disconnected; its value stays in the store
+  {
+    auto rank1 = join(1, 3, port);
+    REQUIRE(rank1);
+    // 200 + 100 KiB are over 256 KiB whichever connection sent them.
+    CHECK(bptest::error_from([&] { rank1->set("second", std::vector<uint8_t>(100 << 10, 2)); }).code() ==
+          bp::Errc::io_error);
+  }
+  CHECK_FALSE(server->check({"second"}));
+  BP_CHECK_CONTAINS(logs.at(bp::LogLevel::error, "BACKPLANE_STORE_MAX_CLIENT_BYTES").at(0), "rank 1 (");
+  {
+    auto rank2 = join(2, 3, port);  // another rank: a budget of its own
+    REQUIRE(rank2);
+    rank2->set("other", std::vector<uint8_t>(100 << 10, 3));
+  }
+  // Once its first value is removed, rank 1 has room again.
+  CHECK(server->remove("first"));
+  auto rank1 = join(1, 3, port);
+  REQUIRE(rank1);
+  rank1->set("second", std::vector<uint8_t>(100 << 10, 2));
+  CHECK(server->get("second", 1s).size() == (100 << 10));
+}
+
+TEST_CASE("store security: the store's total memory is capped, naming the limit and the remedy") {
+  bptest::LogCapture logs(bp::LogLevel::warning);
+  ScopedEnv total_cap("BACKPLANE_STORE_MAX_TOTAL_BYTES", std::to_string(256 << 10));
+  auto server = host(3);
+  const uint16_t port = port_of(*server);
+  auto rank1 = join(1, 3, port);
+  REQUIRE(rank1);
+  rank1->set("a", std::vector<uint8_t>(200 << 10, 1));
+  auto rank2 = join(2, 3, port);
+  REQUIRE(rank2);
+  // Each rank is far below its own limit (2 GiB); together they are over the store's.
+  std::vector<std::string> keys;
+  for (int k = 0; k < 64; ++k) keys.push_back(std::string(1000, 'a' + k % 26) + std::to_string(k));
+  const bp::Error refused = bptest::error_from([&] { rank2->wait(keys, 2s); });
+  CHECK(refused.code() == bp::Errc::invalid_argument);
+  BP_CHECK_CONTAINS(refused.message(), "the limit of the store is 262144 bytes");
+  BP_CHECK_CONTAINS(refused.message(),
+                    "remove keys no longer needed, or raise BACKPLANE_STORE_MAX_TOTAL_BYTES");
+  CHECK(bptest::error_from([&] { rank2->set("b", std::vector<uint8_t>(100 << 10, 2)); }).code() ==
+        bp::Errc::io_error);
+  BP_CHECK_CONTAINS(logs.at(bp::LogLevel::error, "BACKPLANE_STORE_MAX_TOTAL_BYTES").at(0), "rank 2 (");
+  CHECK_FALSE(server->check({"b"}));
+  rank1->set("small", bytes("fits"));
+  CHECK(text(server->get("small", 1s)) == "fits");
 }
 
 TEST_CASE("store security: a huge announced frame with 1 byte sent does not pin its announced size") {
