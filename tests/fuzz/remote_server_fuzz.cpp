@@ -6,8 +6,8 @@
 // or sanitizer report, every frame the session sends is well-formed, and a
 // released session leaves no buffer or communicator behind.
 #include "fake_backend.hpp"
-#include "frame.hpp"
-#include "session.hpp"
+#include "remote/server/session.hpp"
+#include "remote/wire/frame.hpp"
 
 #include <cstdint>
 #include <cstdio>

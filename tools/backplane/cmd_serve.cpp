@@ -1,6 +1,6 @@
 // `backplane serve`: hosts the devices of one backend of its own config for
 // remote clients (the `remote` plugin), until SIGINT or SIGTERM. The server
-// itself is plugins/remote/server (server.hpp); this file is the command line.
+// itself is remote/server (server.hpp); this file is the command line.
 #include "cli.hpp"
 
 #include <backplane/error.hpp>
@@ -18,8 +18,8 @@
 
 #include <pthread.h>
 
-#include "server.hpp"
-#include "token.hpp"
+#include "remote/server/server.hpp"
+#include "remote/server/token.hpp"
 
 namespace backplane::cli {
 namespace {

@@ -12,7 +12,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "auth.hpp"
+#include "remote/wire/auth.hpp"
 
 namespace backplane::remote::test {
 

@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "frame.hpp"
-#include "stream.hpp"
+#include "remote/wire/frame.hpp"
+#include "remote/wire/stream.hpp"
 
 namespace backplane::remote::test {
 

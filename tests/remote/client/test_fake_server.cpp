@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "client_support.hpp"
-#include "connection.hpp"
 #include "fake_server.hpp"
+#include "plugins/remote/connection.hpp"
 
 namespace bp = backplane;
 namespace bprc = backplane::remote::client;

@@ -9,8 +9,8 @@
 #include <fstream>
 
 #include "client_support.hpp"
-#include "messages.hpp"
-#include "options.hpp"
+#include "plugins/remote/messages.hpp"
+#include "plugins/remote/options.hpp"
 
 namespace bprc = backplane::remote::client;
 namespace wire = backplane::remote::wire;

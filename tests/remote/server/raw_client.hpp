@@ -4,8 +4,8 @@
 #ifndef BACKPLANE_TESTS_REMOTE_SERVER_RAW_CLIENT_HPP_
 #define BACKPLANE_TESTS_REMOTE_SERVER_RAW_CLIENT_HPP_
 
-#include "auth.hpp"
-#include "frame.hpp"
+#include "remote/wire/auth.hpp"
+#include "remote/wire/frame.hpp"
 
 #include <backplane/abi.h>
 

@@ -5,7 +5,7 @@
 #define BACKPLANE_TESTS_REMOTE_SERVER_SERVER_SUPPORT_HPP_
 
 #include "raw_client.hpp"
-#include "server.hpp"
+#include "remote/server/server.hpp"
 
 #include <backplane/hosting.hpp>
 #include <backplane/registry.hpp>

@@ -1,8 +1,8 @@
 // The session without sockets: where each message goes, what a released
 // session leaves behind, and how its replies and key-value calls reach the
 // Sender. Driven directly, as the fuzzer drives it.
+#include "remote/server/session.hpp"
 #include "server_support.hpp"
-#include "session.hpp"
 
 #include <doctest/doctest.h>
 

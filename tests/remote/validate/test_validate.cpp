@@ -1,7 +1,7 @@
 // The server's validation of descriptors, ops and collectives: every kind of
 // bad field a client can send is refused with a message that names it, and
 // every request the core itself would make passes.
-#include "validate.hpp"
+#include "remote/server/validate.hpp"
 
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // The hosted backend's devices, described once at server start.
-#include "hosted.hpp"
+#include "remote/server/hosted.hpp"
 
 #include <stdexcept>
 

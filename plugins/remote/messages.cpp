@@ -1,6 +1,6 @@
 // Encoding tensor descriptors, decoding the Welcome, and the wording of
 // failures for the remote plugin.
-#include "messages.hpp"
+#include "plugins/remote/messages.hpp"
 
 #include <backplane/plugin/status.hpp>
 

@@ -8,7 +8,7 @@
 #ifndef BACKPLANE_REMOTE_WIRE_AUTH_HPP_
 #define BACKPLANE_REMOTE_WIRE_AUTH_HPP_
 
-#include "frame.hpp"
+#include "remote/wire/frame.hpp"
 
 #include <array>
 #include <cstdint>

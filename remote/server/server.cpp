@@ -2,12 +2,12 @@
 // a buffered frame reader, a gathering writer and the session's worker
 // thread. Every connection's socket work runs on its own strand; the hosted
 // backend is called only from the worker (and comm_abort from the strand).
-#include "server.hpp"
+#include "remote/server/server.hpp"
 
-#include "auth.hpp"
-#include "messages.hpp"
-#include "session.hpp"
-#include "stream.hpp"
+#include "remote/server/messages.hpp"
+#include "remote/server/session.hpp"
+#include "remote/wire/auth.hpp"
+#include "remote/wire/stream.hpp"
 
 #include <backplane/log.hpp>
 

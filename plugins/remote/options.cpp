@@ -1,5 +1,5 @@
 // Parsing of the remote plugin's options object, and reading its token.
-#include "options.hpp"
+#include "plugins/remote/options.hpp"
 
 #include <backplane/plugin/status.hpp>
 #include <backplane_common/edit_distance.hpp>
@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "stream.hpp"
+#include "remote/wire/stream.hpp"
 
 namespace backplane::remote::client {
 namespace {

@@ -1,5 +1,5 @@
 // Encoders of the frames the server sends.
-#include "messages.hpp"
+#include "remote/server/messages.hpp"
 
 namespace backplane::remote::server {
 

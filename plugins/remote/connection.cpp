@@ -3,7 +3,7 @@
 // a mutex (small ones coalesce into one gathered write) and wait, bounded,
 // for the replies of synchronising requests. A dead connection fails every
 // waiting and later call at once.
-#include "connection.hpp"
+#include "plugins/remote/connection.hpp"
 
 #include <openssl/ssl.h>
 #include <sys/socket.h>
@@ -15,7 +15,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "auth.hpp"
+#include "remote/wire/auth.hpp"
 
 namespace backplane::remote::client {
 

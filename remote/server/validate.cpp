@@ -1,7 +1,7 @@
 // The server's validation of tensor descriptors, ops and collectives: the
 // checks the core makes before a call crosses the ABI, made again here for
 // requests that come from the network (abi.h, "Trust contract").
-#include "validate.hpp"
+#include "remote/server/validate.hpp"
 
 #include <algorithm>
 #include <limits>

@@ -6,7 +6,7 @@
 #ifndef BACKPLANE_REMOTE_SERVER_SENDER_HPP_
 #define BACKPLANE_REMOTE_SERVER_SENDER_HPP_
 
-#include "frame.hpp"
+#include "remote/wire/frame.hpp"
 
 #include <chrono>
 #include <cstdint>

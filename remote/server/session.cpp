@@ -1,10 +1,10 @@
 // A client's session: its requests run on the hosted backend after every field
 // was validated; pipelined failures are kept (sticky) for the next
 // synchronising request; everything the client held is freed at the end.
-#include "session.hpp"
+#include "remote/server/session.hpp"
 
-#include "messages.hpp"
-#include "validate.hpp"
+#include "remote/server/messages.hpp"
+#include "remote/server/validate.hpp"
 
 #include <array>
 #include <new>

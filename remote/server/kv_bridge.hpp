@@ -5,7 +5,7 @@
 #ifndef BACKPLANE_REMOTE_SERVER_KV_BRIDGE_HPP_
 #define BACKPLANE_REMOTE_SERVER_KV_BRIDGE_HPP_
 
-#include "sender.hpp"
+#include "remote/server/sender.hpp"
 
 #include <backplane/abi.h>
 

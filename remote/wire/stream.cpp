@@ -1,5 +1,5 @@
 // TLS contexts and endpoint parsing for the remote protocol.
-#include "stream.hpp"
+#include "remote/wire/stream.hpp"
 
 #include <charconv>
 #include <stdexcept>

@@ -9,8 +9,8 @@
 #ifndef BACKPLANE_REMOTE_SERVER_SERVER_HPP_
 #define BACKPLANE_REMOTE_SERVER_SERVER_HPP_
 
-#include "hosted.hpp"
-#include "limits.hpp"
+#include "remote/server/hosted.hpp"
+#include "remote/server/limits.hpp"
 
 #include <cstdint>
 #include <memory>

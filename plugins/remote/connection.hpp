@@ -25,9 +25,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "frame.hpp"
-#include "messages.hpp"
-#include "stream.hpp"
+#include "plugins/remote/messages.hpp"
+#include "remote/wire/frame.hpp"
+#include "remote/wire/stream.hpp"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>

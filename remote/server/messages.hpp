@@ -5,9 +5,9 @@
 #ifndef BACKPLANE_REMOTE_SERVER_MESSAGES_HPP_
 #define BACKPLANE_REMOTE_SERVER_MESSAGES_HPP_
 
-#include "frame.hpp"
-#include "hosted.hpp"
-#include "limits.hpp"
+#include "remote/server/hosted.hpp"
+#include "remote/server/limits.hpp"
+#include "remote/wire/frame.hpp"
 
 #include <cstdint>
 #include <span>

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "connection.hpp"
-#include "options.hpp"
+#include "plugins/remote/connection.hpp"
+#include "plugins/remote/options.hpp"
 
 namespace backplane::remote::client {
 namespace {

@@ -1,4 +1,4 @@
-// The remote plugin's side of the schema (wire/remote.fbs): tensor
+// The remote plugin's side of the schema (remote/wire/remote.fbs): tensor
 // descriptors as the client encodes them, the Welcome as it decodes and checks
 // it, and the wording of failures. Pure functions, unit-tested without a
 // network.
@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "frame.hpp"
+#include "remote/wire/frame.hpp"
 
 namespace backplane::remote::client {
 

@@ -1,5 +1,5 @@
 // Reading the server's token from a private file or the environment.
-#include "token.hpp"
+#include "remote/server/token.hpp"
 
 #include <backplane_common/secret_file.hpp>
 

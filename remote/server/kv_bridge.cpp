@@ -1,7 +1,7 @@
 // A hosted communicator's key-value store, carried back to the client.
-#include "kv_bridge.hpp"
+#include "remote/server/kv_bridge.hpp"
 
-#include "limits.hpp"
+#include "remote/server/limits.hpp"
 
 #include <algorithm>
 #include <cstring>

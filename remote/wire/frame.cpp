@@ -1,5 +1,5 @@
 // Frame headers and message verification for the remote protocol.
-#include "frame.hpp"
+#include "remote/wire/frame.hpp"
 
 #include <cstring>
 

@@ -1,5 +1,5 @@
 // HMAC-SHA256 proofs and nonces for the remote handshake (backplane_common_crypto).
-#include "auth.hpp"
+#include "remote/wire/auth.hpp"
 
 #include <backplane_common/crypto.hpp>
 

@@ -12,11 +12,11 @@
 #ifndef BACKPLANE_REMOTE_SERVER_SESSION_HPP_
 #define BACKPLANE_REMOTE_SERVER_SESSION_HPP_
 
-#include "hosted.hpp"
-#include "kv_bridge.hpp"
-#include "limits.hpp"
+#include "remote/server/hosted.hpp"
+#include "remote/server/kv_bridge.hpp"
+#include "remote/server/limits.hpp"
+#include "remote/server/sender.hpp"
 #include "remote_generated.h"
-#include "sender.hpp"
 
 #include <atomic>
 #include <condition_variable>
