@@ -1,6 +1,9 @@
-// Autodiff internals: the graph node, and the recording entry points the op
-// front-end (core/ops_*.cpp) calls after running an op. The formulas live in
-// core/autograd_ops.cpp; the backward sweep in core/autograd.cpp.
+// Autodiff internals: the graph node, and the recording entry points each
+// differentiable op of the front-end (core/tensor/ops_*.cpp) calls after it
+// ran, when an input requires grad (the op pays only that test otherwise;
+// include/backplane/autograd.hpp). The formulas live in
+// core/autograd/autograd_ops.cpp; the backward sweep in
+// core/autograd/autograd.cpp.
 //
 // Ownership: a tensor's impl owns its node (TensorImpl::grad_node); a node
 // owns the nodes of its inputs (GradEdge::node) and what its formula saved.
@@ -9,7 +12,7 @@
 #ifndef BACKPLANE_CORE_AUTOGRAD_HPP_
 #define BACKPLANE_CORE_AUTOGRAD_HPP_
 
-#include "common/internal.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <backplane/autograd.hpp>
 #include <backplane/tensor.hpp>

@@ -2,7 +2,8 @@
 // runtime lookup of the device's `collective` capability, then the backend's
 // collective_fallback from backends.json. ProcessGroup::create uses the same
 // resolution, so registration and groups can never disagree.
-#include "common/internal.hpp"
+#include "distributed/collective_route.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <backplane/distributed.hpp>
 #include <backplane/log.hpp>

@@ -4,7 +4,8 @@
 // (add_backward_hooks in <backplane/autograd.hpp>).
 #include "distributed/grad_sync.hpp"
 
-#include "common/internal.hpp"
+#include "distributed/collective_route.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <backplane/distributed.hpp>
 #include <backplane/ops.hpp>

@@ -2,9 +2,10 @@
 // capability and collective_fallback (direct, staged through a host backend,
 // or local), and calls the plugin's collective entries with the job's store
 // exposed as bp_kv_store callbacks.
-#include "common/internal.hpp"
+#include "distributed/collective_route.hpp"
 #include "tensor/op_common.hpp"
 #include "tensor/placement.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/process_group.hpp>

@@ -2,8 +2,8 @@
 #ifndef BACKPLANE_CORE_LOADER_HPP_
 #define BACKPLANE_CORE_LOADER_HPP_
 
-#include "common/internal.hpp"
 #include "config/config.hpp"
+#include "registry/backend_impl.hpp"
 
 namespace backplane::detail {
 
@@ -18,7 +18,7 @@ std::filesystem::path resolve_library(const std::string& spec, const Config& con
 // then holds whatever was learnt before it (e.g. the ABI version).
 void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& config);
 
-// call_entry, which guards every plugin entry call, is in common/internal.hpp.
+// call_entry, which guards every plugin entry call, is in registry/backend_impl.hpp.
 
 }  // namespace backplane::detail
 

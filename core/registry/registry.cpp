@@ -1,10 +1,11 @@
 // Registry, Backend and Device: building the registry from a config and the
 // read-only views over what was loaded.
-#include "common/internal.hpp"
 #include "common/suggest.hpp"
 #include "config/config.hpp"
+#include "distributed/collective_route.hpp"
 #include "registry/loader.hpp"
 #include "tensor/placement.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <backplane/hosting.hpp>
 #include <backplane/log.hpp>

@@ -7,8 +7,8 @@
 
 #include <dlpack/dlpack.h>
 
-#include "common/internal.hpp"
 #include "tensor/placement.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <algorithm>
 #include <cstdint>

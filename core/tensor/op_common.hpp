@@ -4,7 +4,7 @@
 #ifndef BACKPLANE_CORE_OP_COMMON_HPP_
 #define BACKPLANE_CORE_OP_COMMON_HPP_
 
-#include "common/internal.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <backplane/ops.hpp>
 #include <backplane/tensor.hpp>

@@ -1,7 +1,7 @@
 // Tensor handles: allocation through the plugin, host transfer, metadata.
-#include "common/internal.hpp"
 #include "tensor/op_common.hpp"
 #include "tensor/placement.hpp"
+#include "tensor/tensor_impl.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/ops.hpp>

@@ -1,11 +1,13 @@
 // Reverse-mode automatic differentiation, in the core, over any backend.
 //
-// Autodiff decorates the ops of ops.hpp (as burn's Autodiff<B> wraps a
-// backend): an op whose input requires grad, run while grad mode is on,
-// records a node holding its gradient formula; Tensor::backward() walks the
-// recorded graph from a scalar (a loss) back to the leaves. The formulas are
-// built from the public ops, so gradients run on the device of the tensors,
-// whatever its backend; the plugins know nothing of autodiff.
+// Autodiff is part of every differentiable op of ops.hpp, not a wrapper
+// around a backend (burn's Autodiff<B> is a decorator type): the op runs,
+// then, only when an input requires grad and grad mode is on, records a node
+// holding its gradient formula; Tensor::backward() walks the recorded graph
+// from a scalar (a loss) back to the leaves. An op on tensors that need no
+// gradient pays one test for it, which keeps a tiny op's cost down. The
+// formulas are built from the public ops, so gradients run on the device of
+// the tensors, whatever its backend; the plugins know nothing of autodiff.
 //
 //   Tensor w = randn(dev, {4, 3}, 1).require_grad();
 //   Tensor loss = mean(relu(matmul(x, w)));

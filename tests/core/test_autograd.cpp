@@ -4,7 +4,7 @@
 // graph's memory, and independent graphs on several threads.
 #include "test_support.hpp"
 
-#include "../../core/common/internal.hpp"  // weak references into the graph, storage identity
+#include "../../core/tensor/tensor_impl.hpp"  // weak references into the graph, storage identity
 
 #include <backplane/backplane.hpp>
 

@@ -5,7 +5,7 @@
 // The math of each kernel is the conformance suite's business.
 #include "test_support.hpp"
 
-#include "../../core/common/internal.hpp"  // storage identity of views
+#include "../../core/tensor/tensor_impl.hpp"  // storage identity of views
 
 #include <cmath>
 #include <limits>

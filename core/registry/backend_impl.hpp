@@ -1,15 +1,15 @@
-// Private types shared by the core's translation units: the loaded backend,
-// the registry, tensor storage, and status-to-Error conversion.
-// Never installed; plugins and host applications cannot see it.
-#ifndef BACKPLANE_CORE_INTERNAL_HPP_
-#define BACKPLANE_CORE_INTERNAL_HPP_
+// The registry's private types: a loaded backend (its plugin, devices,
+// capabilities, fallbacks and caches), the registry, and the one way into a
+// plugin entry (call_entry) with status-to-Error conversion. Never
+// installed; plugins and host applications cannot see it.
+#ifndef BACKPLANE_CORE_REGISTRY_BACKEND_IMPL_HPP_
+#define BACKPLANE_CORE_REGISTRY_BACKEND_IMPL_HPP_
+
+#include "common/access.hpp"
 
 #include <backplane/abi.h>
-#include <backplane/distributed.hpp>
 #include <backplane/error.hpp>
 #include <backplane/registry.hpp>
-#include <backplane/shape.hpp>
-#include <backplane/tensor.hpp>
 
 #include <atomic>
 #include <cstddef>
@@ -28,22 +28,6 @@ class shared_library;
 }
 
 namespace backplane::detail {
-
-struct GradNode;  // core/autograd.hpp
-
-// The core's way to the private plumbing of the public handles (each names it
-// a friend): the impl behind a Device, Backend or Tensor, and a handle made
-// from one. Host code cannot reach it: this header is never installed.
-struct Access {
-  static const std::shared_ptr<BackendImpl>& impl(const Device& d) noexcept { return d.impl(); }
-  static const std::shared_ptr<BackendImpl>& impl(const Backend& b) noexcept { return b.impl(); }
-  static const std::shared_ptr<TensorImpl>& impl(const Tensor& t) noexcept { return t.impl(); }
-  static Device make_device(std::shared_ptr<BackendImpl> backend, int32_t index) {
-    return Device(std::move(backend), index);
-  }
-  static Backend make_backend(std::shared_ptr<BackendImpl> backend) { return Backend(std::move(backend)); }
-  static Tensor make_tensor(std::shared_ptr<TensorImpl> impl) { return Tensor(std::move(impl)); }
-};
 
 struct DeviceRecord {
   std::string name;
@@ -170,124 +154,11 @@ struct BackendImpl {
   bp_buffer_copy_args copy_args(bp_buffer* buffer, uint64_t offset, uint64_t size) const noexcept;
 };
 
-// Where collectives for a device run, per its capability and its backend's
-// collective_fallback.
-struct CollectiveRoute {
-  enum class Kind { direct, local, staged };
-  Kind kind;
-  std::shared_ptr<BackendImpl> backend;  // direct/local: the device's own; staged: the host backend
-  int32_t device;
-};
-// Throws Errc::capability_missing (fallback "error", or a host backend that
-// lacks 'collective') or Errc::backend_unavailable; warns once per backend for
-// "local". `caller` starts every message ("set_distributed_params(param 3)").
-CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, int32_t device,
-                                   const std::string& caller);
-
 struct RegistryImpl {
   std::filesystem::path config_path;
   std::string default_backend;
   std::vector<std::shared_ptr<BackendImpl>> backends;
 };
-
-// A plugin buffer; freed through its plugin when the last view goes away.
-// (backend, device) is where the bytes are. A tensor's device (the one the
-// user asked for, Tensor::device()) is `home` when set: op_fallback put the
-// bytes on the fallback host's device (placement.hpp). All of this is fixed
-// at creation, except `replica`.
-struct Storage {
-  std::shared_ptr<BackendImpl> backend;
-  bp_buffer* buffer = nullptr;
-  uint64_t nbytes = 0;
-  int32_t device = 0;
-  int32_t home_device = 0;
-  std::shared_ptr<BackendImpl> home;  // null: the bytes are on the tensor's own device
-  // For bytes a placed op produced: that op and dtype, so that copying them
-  // back to `home` is charged to it in the fallback report.
-  int16_t made_by_op = 0;
-  int16_t made_by_dtype = 0;
-  // The same bytes on the other device of the pair (home and its fallback
-  // host): a copy, or a zero-copy import between host_visible devices.
-  // Made on demand by placement (the slot too, so a tensor that never
-  // meets placement pays one null pointer), dropped by every in-place write
-  // (invalidate_replica).
-  struct ReplicaSlot {
-    std::mutex mutex;
-    std::shared_ptr<TensorImpl> replica;  // guarded by mutex
-    bool alias = false;                   // the replica imports these very bytes
-  };
-  mutable std::atomic<ReplicaSlot*> replica_slot{nullptr};
-
-  BackendImpl* home_backend() const noexcept { return home ? home.get() : backend.get(); }
-  int32_t home_index() const noexcept { return home ? home_device : device; }
-  // Called after the bytes were written in place (copy_, collectives).
-  void invalidate_replica() const noexcept;
-
-  Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size);
-  // Takes ownership of `adopted`, a buffer the plugin already made (e.g. by
-  // buffer_import for DLPack import); never allocates, never throws.
-  Storage(std::shared_ptr<BackendImpl> b, int32_t dev, bp_buffer* adopted, uint64_t size) noexcept;
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-  ~Storage();
-};
-
-// One allocation per fresh tensor: the storage lives inside the impl that
-// created it, and `storage` points at it. A view (reshape, permute,
-// transpose, slice) has no `owned`; `base` keeps the root owner alive (a view
-// of a view points at the root, never at the intermediate view) and
-// `storage` points at the root's storage.
-struct TensorImpl {
-  // User-provided, so make_shared does not zero the whole object first.
-  TensorImpl() noexcept {}
-  // A fresh owner: allocates `bytes` on (backend, device), contiguous strides.
-  TensorImpl(const std::shared_ptr<BackendImpl>& backend, int32_t device, uint64_t bytes, const Shape& shape_,
-             DType dtype_);
-
-  std::optional<Storage> owned;
-  std::shared_ptr<const TensorImpl> base;  // the root owner of *storage; null for an owner
-  Storage* storage = nullptr;              // &*owned, or &*base->owned
-  Shape shape;
-  Shape strides;  // in elements
-  uint64_t byte_offset = 0;
-  DType dtype = DType::f32;
-  std::optional<DistributedParams> distributed;
-  // Autodiff: the leaf node (require_grad) or the node of the op that made
-  // this tensor; null when it does not require grad. Never copied to views.
-  std::shared_ptr<GradNode> grad_node;
-};
-
-// Row-major strides for `shape`.
-Shape contiguous_strides(const Shape& shape);
-// Validates a user-given shape (non-negative extents, no overflow of the
-// byte size) and returns its element count.
-int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what);
-// Allocates an uninitialised contiguous tensor on (backend, device). Every
-// tensor the core creates on a device (ops, to(), copy-in import) passes
-// here, so this is where the dtype flag is enforced: Errc::capability_missing
-// when the device lacks the dtype's flag. `api` names the caller in errors.
-std::shared_ptr<TensorImpl> allocate_tensor(const std::shared_ptr<BackendImpl>& backend, int32_t device,
-                                            const Shape& shape, DType dtype,
-                                            std::string_view api = "allocate");
-// A bp_tensor describing `t` (borrows t's shape and strides).
-inline bp_tensor describe(const TensorImpl& t) noexcept {
-  bp_tensor d;
-  d.buffer = t.storage->buffer;
-  d.byte_offset = t.byte_offset;
-  d.device = t.storage->device;
-  d.dtype = static_cast<int32_t>(t.dtype);
-  d.ndim = t.shape.rank();
-  d.reserved_ = 0;
-  d.shape = t.shape.data();
-  d.strides = t.strides.data();
-  return d;
-}
-// True when t's elements lie densely in row-major order from byte_offset
-// (strides of extent-1 dims are ignored; an empty tensor is contiguous).
-bool is_contiguous(const TensorImpl& t) noexcept;
-// A view of `t`'s storage with the given layout, keeping the root owner alive.
-std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape,
-                                      const Shape& strides, uint64_t byte_offset);
 
 // The Error for an exception that escaped plugin entry `entry` of `b` (to be
 // called inside a catch): `code`, naming the backend, its library, the entry
@@ -329,4 +200,4 @@ const bp_host_api* host_api() noexcept;
 
 }  // namespace backplane::detail
 
-#endif  // BACKPLANE_CORE_INTERNAL_HPP_
+#endif  // BACKPLANE_CORE_REGISTRY_BACKEND_IMPL_HPP_

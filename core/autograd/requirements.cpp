@@ -4,7 +4,7 @@
 // core/autograd/autograd_ops.cpp. The rule for "the device runs it" is
 // placement's (core/tensor/placement.cpp): the 'matmul' flag for matmul,
 // the flags of every dtype the op touches, and supports_op.
-#include "common/internal.hpp"
+#include "registry/backend_impl.hpp"
 #include "tensor/op_common.hpp"
 #include "tensor/placement.hpp"
 
