@@ -91,7 +91,7 @@ std::shared_ptr<BackendImpl> fallback_target(const BackendImpl& b, OpFallback& c
       if (k.get() == h) target = k;
   }
   if (detail::op_fallback_disabled()) return nullptr;
-  if (!target || target->status != Backend::Status::loaded || target->devices.empty()) return nullptr;
+  if (!target || !target->is_loaded() || target->devices.empty()) return nullptr;
   return target;
 }
 
@@ -112,8 +112,7 @@ std::string lacks(BackendImpl& b, int32_t d, const OpRequirement& r) {
 }
 
 bool has_flag(const BackendImpl& b, int32_t d, Capability c) {
-  return b.status == Backend::Status::loaded && d >= 0 && static_cast<std::size_t>(d) < b.devices.size() &&
-         b.has(d, c);
+  return b.is_loaded() && d >= 0 && static_cast<std::size_t>(d) < b.devices.size() && b.has(d, c);
 }
 
 // "add/f32", as Backend::op_fallback_stats() files it: a cast under its
@@ -176,7 +175,7 @@ TrainingSupport training_support(const Device& device, const TrainingSetup& setu
         break;
       case CollectiveFallback::Kind::host: {
         const std::shared_ptr<BackendImpl>& h = b.fallback_host;
-        if (!h || h->status != Backend::Status::loaded)
+        if (!h || !h->is_loaded())
           collective_note = "its collective_fallback \"" + b.fallback.to_string() + "\" names backend \"" +
                             (h ? h->name : b.fallback.host_backend) + "\", which " +
                             (h ? "failed to load: " + h->error : std::string("was not resolved"));

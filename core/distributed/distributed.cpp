@@ -32,7 +32,7 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
       const std::string via = "collective_fallback \"" + backend->fallback.to_string() + "\" (" + at + ")";
       if (!host)
         throw Error(Errc::internal, caller + ": " + via + " was not resolved when the registry was built");
-      if (host->status != Backend::Status::loaded)
+      if (!host->is_loaded())
         throw Error(Errc::backend_unavailable, caller + ": " + where + " lacks 'collective' and " + via +
                                                    " names backend \"" + host->name +
                                                    "\", which failed to load: " + host->error);

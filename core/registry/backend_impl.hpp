@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstddef>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -51,6 +52,22 @@ struct BackendImpl {
   // For a host:<backend> fallback: that backend (set when the registry is
   // built; the config forbids chains, so there are no ownership cycles).
   std::shared_ptr<BackendImpl> fallback_host;
+
+  // Loading. Required backends load while the registry is built, optional
+  // ones on first use (ensure_loaded), so a job never maps, and cannot be
+  // killed or hung by, a plugin it does not use. Every reader of the fields
+  // below calls ensure_loaded() first; a Device exists only for a loaded
+  // backend, so everything reached through one is loaded already.
+  mutable std::once_flag load_once;
+  mutable std::function<void(BackendImpl&)> loader;  // set by the registry; dropped once run
+  // Loads the backend unless that happened (or was tried) already; never
+  // throws: a failure is the status. Thread-safe.
+  void ensure_loaded() const;
+  // ensure_loaded(), then whether the backend loaded.
+  bool is_loaded() const {
+    ensure_loaded();
+    return status == Backend::Status::loaded;
+  }
 
   // Outcome of loading.
   Backend::Status status = Backend::Status::failed;

@@ -72,7 +72,16 @@ void BackendImpl::check(bp_status* status, std::string_view what) const {
   throw Error(errc_from_status(code), "backend \"" + name + "\": " + std::string(what) + ": " + message);
 }
 
+void BackendImpl::ensure_loaded() const {
+  std::call_once(load_once, [this] {
+    // Never a const object: every BackendImpl is made by make_shared.
+    auto& self = const_cast<BackendImpl&>(*this);
+    if (auto load = std::exchange(self.loader, nullptr)) load(self);
+  });
+}
+
 void BackendImpl::require_loaded() const {
+  ensure_loaded();
   if (status == Backend::Status::loaded) return;
   const char* state = status == Backend::Status::unavailable ? "unavailable" : "not available";
   throw Error(Errc::backend_unavailable, "backend \"" + name + "\" is " + state + ": " + error +
@@ -184,10 +193,46 @@ bp_buffer_copy_args BackendImpl::copy_args(bp_buffer* buffer, uint64_t offset, u
 
 namespace {
 
+// Loads one backend; a failure of any kind fails only this backend, and is
+// its status and error.
+void load_now(BackendImpl& b, const BackendConfig& entry, const Config& cfg) {
+  std::optional<Error> failure;
+  try {
+    load_backend(b, entry, cfg);
+  } catch (const Error& e) {
+    failure = e;
+  } catch (const std::exception& e) {  // e.g. bad_alloc, filesystem_error: still only this backend fails
+    failure = Error(Errc::plugin_load_failed, "backend \"" + b.name + "\": " + e.what());
+  } catch (...) {  // plugin calls are wrapped (call_entry); this keeps any other escape to this backend
+    rethrow_if_forced_unwind();
+    failure =
+        Error(Errc::plugin_load_failed, "backend \"" + b.name + "\": loading threw a non-standard exception");
+  }
+  if (!failure) return;
+  const Error& e = *failure;
+  b.status = Backend::Status::failed;
+  b.error = e.message();
+  b.error_code = e.code();
+  // Nothing of a failed plugin is used: release it now.
+  if (bp_plugin* instance = std::exchange(b.plugin, nullptr)) {
+    try {
+      call_entry(b, "destroy", Errc::plugin_load_failed, b.api.destroy, instance);
+    } catch (const Error& d) {  // the backend has failed already; the instance is abandoned
+      log(LogLevel::debug, d.message());
+    }
+  }
+  b.devices.clear();
+  b.capabilities = Capabilities();
+  b.library_handle.reset();
+  log(LogLevel::debug, "backend \"" + b.name + "\" failed to load: " + e.message());
+}
+
 std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
   auto reg = std::make_shared<RegistryImpl>();
   reg->default_backend = cfg.default_backend;
-  for (const BackendConfig& entry : cfg.backends) {
+  const auto shared_cfg = std::make_shared<const Config>(cfg);  // the optional backends' loaders keep it
+  for (std::size_t i = 0; i < cfg.backends.size(); ++i) {
+    const BackendConfig& entry = cfg.backends[i];
     auto b = std::make_shared<BackendImpl>();
     b->name = entry.name;
     b->config_entry = entry.path;
@@ -196,36 +241,8 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
     b->required = entry.required;
     b->fallback = entry.fallback;
     b->op_fallback = entry.op_fallback;
-    std::optional<Error> failure;
-    try {
-      load_backend(*b, entry, cfg);
-    } catch (const Error& e) {
-      failure = e;
-    } catch (const std::exception& e) {  // e.g. bad_alloc, filesystem_error: still only this backend fails
-      failure = Error(Errc::plugin_load_failed, "backend \"" + b->name + "\": " + e.what());
-    } catch (...) {  // plugin calls are wrapped (call_entry); this keeps any other escape to this backend
-      rethrow_if_forced_unwind();
-      failure = Error(Errc::plugin_load_failed,
-                      "backend \"" + b->name + "\": loading threw a non-standard exception");
-    }
-    if (failure) {
-      const Error& e = *failure;
-      b->status = Backend::Status::failed;
-      b->error = e.message();
-      b->error_code = e.code();
-      // Nothing of a failed plugin is used: release it now.
-      if (bp_plugin* instance = std::exchange(b->plugin, nullptr)) {
-        try {
-          call_entry(*b, "destroy", Errc::plugin_load_failed, b->api.destroy, instance);
-        } catch (const Error& d) {  // the backend has failed already; the instance is abandoned
-          log(LogLevel::debug, d.message());
-        }
-      }
-      b->devices.clear();
-      b->capabilities = Capabilities();
-      b->library_handle.reset();
-      log(LogLevel::debug, "backend \"" + b->name + "\" failed to load: " + e.message());
-    }
+    b->loader = [shared_cfg, i](BackendImpl& self) { load_now(self, shared_cfg->backends[i], *shared_cfg); };
+    if (b->required) b->ensure_loaded();  // fail fast; optional ones wait for their first use
     reg->backends.push_back(std::move(b));
   }
   for (const auto& b : reg->backends) {
@@ -235,8 +252,8 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
       if (o != b && o->name == b->op_fallback.host_backend) set_op_host(*b, b->op_fallback, o);
   }
   for (const auto& b : reg->backends) {
-    // A failed entry stages nothing, and never itself (no ownership cycle).
-    if (b->fallback.kind != CollectiveFallback::Kind::host || b->status != Backend::Status::loaded) continue;
+    // Never itself (no ownership cycle); a backend that fails to load stages nothing.
+    if (b->fallback.kind != CollectiveFallback::Kind::host) continue;
     for (const auto& o : reg->backends)
       if (o != b && o->name == b->fallback.host_backend) b->fallback_host = o;
   }
@@ -364,7 +381,7 @@ Backend Registry::backend(std::string_view name) const {
 Backend Registry::default_backend() const {
   if (!impl_->default_backend.empty()) return backend(impl_->default_backend);
   for (const auto& b : impl_->backends)
-    if (b->status == Backend::Status::loaded) return detail::Access::make_backend(b);
+    if (b->is_loaded()) return detail::Access::make_backend(b);
   throw Error(Errc::backend_unavailable, "no backend loaded, so there is no default backend");
 }
 
@@ -373,20 +390,42 @@ const fs::path& Registry::config_path() const { return impl_->config_path; }
 // ---- Backend ---------------------------------------------------------------
 
 const std::string& Backend::name() const { return impl_->name; }
-Backend::Status Backend::status() const { return impl_->status; }
-const std::string& Backend::error() const { return impl_->error; }
-std::optional<Errc> Backend::error_code() const { return impl_->error_code; }
+Backend::Status Backend::status() const {
+  impl_->ensure_loaded();
+  return impl_->status;
+}
+const std::string& Backend::error() const {
+  impl_->ensure_loaded();
+  return impl_->error;
+}
+std::optional<Errc> Backend::error_code() const {
+  impl_->ensure_loaded();
+  return impl_->error_code;
+}
 bool Backend::required() const { return impl_->required; }
 const std::string& Backend::library() const { return impl_->library; }
-const std::string& Backend::library_path() const { return impl_->library_path; }
-const std::string& Backend::version() const { return impl_->plugin_version; }
+const std::string& Backend::library_path() const {
+  impl_->ensure_loaded();
+  return impl_->library_path;
+}
+const std::string& Backend::version() const {
+  impl_->ensure_loaded();
+  return impl_->plugin_version;
+}
 std::string Backend::abi_version() const {
+  impl_->ensure_loaded();
   if (!impl_->abi) return "";
   return std::to_string(impl_->abi->first) + "." + std::to_string(impl_->abi->second);
 }
 CollectiveFallback Backend::collective_fallback() const { return impl_->fallback; }
-Capabilities Backend::capabilities() const { return impl_->capabilities; }
-int32_t Backend::device_count() const { return static_cast<int32_t>(impl_->devices.size()); }
+Capabilities Backend::capabilities() const {
+  impl_->ensure_loaded();
+  return impl_->capabilities;
+}
+int32_t Backend::device_count() const {
+  impl_->ensure_loaded();
+  return static_cast<int32_t>(impl_->devices.size());
+}
 
 HostedPlugin hosted_plugin(const Backend& backend) {
   const auto& impl = detail::Access::impl(backend);
@@ -405,7 +444,7 @@ Device Backend::device(int32_t index) const {
 
 std::vector<Device> Backend::devices() const {
   std::vector<Device> out;
-  if (impl_->status != Status::loaded) return out;
+  if (!impl_->is_loaded()) return out;
   for (int32_t i = 0; i < device_count(); ++i) out.push_back(detail::Access::make_device(impl_, i));
   return out;
 }

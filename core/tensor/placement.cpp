@@ -55,8 +55,11 @@ std::shared_ptr<BackendImpl> fallback_host(const BackendImpl& b) {
   if (b.op_host.load(std::memory_order_acquire) == nullptr || op_fallback_disabled() || off_in_this_thread)
     return nullptr;
   std::lock_guard lock(b.op_mutex);
-  for (const auto& h : b.op_host_keep)
-    if (h.get() == b.op_host.load(std::memory_order_relaxed)) return h;
+  for (const auto& h : b.op_host_keep) {
+    if (h.get() != b.op_host.load(std::memory_order_relaxed)) continue;
+    h->ensure_loaded();  // an optional host loads on its first use
+    return h;
+  }
   return nullptr;
 }
 
@@ -321,7 +324,7 @@ std::shared_ptr<TensorImpl> allocate_on(const std::shared_ptr<BackendImpl>& back
   if (backend->holds(device, dtype)) [[likely]]
     return allocate_tensor(backend, device, shape, dtype, api);
   std::shared_ptr<BackendImpl> host = fallback_host(*backend);
-  if (!host || host->status != Backend::Status::loaded || host->devices.empty() || !host->holds(0, dtype))
+  if (!host || !host->is_loaded() || host->devices.empty() || !host->holds(0, dtype))
     backend->require_dtype_capability(device, dtype, api);  // throws: the device lacks the flag
   auto out = allocate_tensor(host, 0, shape, dtype, api);
   out->storage->home = backend;
@@ -450,7 +453,7 @@ void Registry::set_op_fallback(std::string_view name, const OpFallback& fallback
                                                                     : impl_->config_path.string()));
   if (target == b)
     throw Error(Errc::config_error, what + ": a backend cannot fall back to itself; name another backend");
-  if (target->status != Backend::Status::loaded)
+  if (!target->is_loaded())
     throw Error(Errc::backend_unavailable,
                 what + ": backend \"" + target->name + "\" is not loaded: " + target->error);
   {

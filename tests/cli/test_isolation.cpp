@@ -187,3 +187,19 @@ TEST_CASE("isolation: --timeout must be a positive number of seconds") {
   CHECK(r.code == kExitUsage);
   BP_CHECK_CONTAINS(r.err, "--timeout");
 }
+
+TEST_CASE(
+    "isolation: train --backend cpu runs to the end beside optional backends that would segfault or hang") {
+  // They are never loaded: a job loads only the backends it uses (and the required ones).
+  TempDir tmp;
+  const fs::path config =
+      tmp.write("backends.json",
+                config_json({backend_json("cpu", "backplane_cpu", true), backend_json("segv", "crash_segv"),
+                             backend_json("hangs", "hang_create"), backend_json("exits", "crash_exit")}));
+  const std::string digits = std::string(BP_TEST_SOURCE_DIR) + "/data/digits.csv.gz";
+  const Result r = cli(tmp, {"train", "--backend", "cpu", "--nproc", "1", "--epochs", "1", "--config",
+                             config.string(), "--data", digits});
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "test accuracy");
+}

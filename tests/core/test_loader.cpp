@@ -8,7 +8,9 @@
 #include <backplane/abi.h>  // the plugin-side names these tests check against
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
+#include <thread>
 
 using namespace backplane;
 using namespace bptest;
@@ -656,4 +658,58 @@ TEST_CASE("loader: a plugin library others can write is refused with the fix, an
   BP_CHECK_CONTAINS(msg, "writable by its group");
   BP_CHECK_CONTAINS(msg, "chmod go-w " + (tmp / "open").string());
   fs::permissions(tmp / "open", fs::perms(0755));
+}
+
+namespace {
+// True when this process has mapped the shared object at `library`.
+bool mapped(const fs::path& library) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string path = fs::canonical(library).string();
+  for (std::string line; std::getline(maps, line);)
+    if (line.size() >= path.size() && line.compare(line.size() - path.size(), path.size(), path) == 0)
+      return true;
+  return false;
+}
+}  // namespace
+
+TEST_CASE("loader: required backends load at once, optional ones on first use, unused ones never") {
+  TempDir tmp;
+  // Copies, so that no other test's load of good_c shows in this process's maps.
+  const fs::path eager = tmp.copy_fixture("good_c", "eager/libgood_c.so");
+  const fs::path lazy = tmp.copy_fixture("good_c", "lazy/libgood_c.so");
+  // Loading either of the last two would kill (segv) or hang this test.
+  Registry r =
+      load(config_json({backend_json("eager", eager.string(), true), backend_json("lazy", lazy.string()),
+                        backend_json("segv", "crash_segv"), backend_json("hangs", "hang_create")}),
+           RequiredPolicy::throw_on_failure);
+  CHECK(mapped(eager));
+  CHECK_FALSE(mapped(lazy));
+  expect_adds(r.backend("eager").device(0));
+  // What the config says needs no load.
+  CHECK(r.backend("lazy").name() == "lazy");
+  CHECK_FALSE(r.backend("lazy").required());
+  CHECK(r.backend("lazy").library() == lazy.string());
+  CHECK(r.backends().size() == 4);
+  CHECK_FALSE(mapped(lazy));
+  // The first question that needs the plugin loads it, once.
+  expect_loaded(r.backend("lazy"));
+  CHECK(mapped(lazy));
+  expect_adds(r.backend("lazy").device(0));
+  CHECK(r.default_backend().name() == "eager");
+}
+
+TEST_CASE("loader: an optional backend loaded on first use from many threads at once loads once") {
+  TempDir tmp;
+  const fs::path lazy = tmp.copy_fixture("good_c", "threads/libgood_c.so");
+  Registry r = load(config_json({backend_json("lazy", lazy.string())}));
+  std::vector<std::thread> threads;
+  std::atomic<int> loaded{0};
+  for (int i = 0; i < 8; ++i)
+    threads.emplace_back([&] {
+      if (r.backend("lazy").status() == Backend::Status::loaded && r.backend("lazy").device_count() == 1)
+        ++loaded;
+    });
+  for (auto& t : threads) t.join();
+  CHECK(loaded == 8);
+  expect_adds(r.backend("lazy").device(0));
 }
