@@ -13,8 +13,14 @@ namespace backplane::remote::server {
 struct ServerLimits {
   // Time from accept to the end of the handshake (TLS, Hello, Proof).
   std::chrono::milliseconds handshake_timeout{5000};
-  // Connections still in their handshake; over it a new connection is closed at once.
+  // Connections still in their handshake. At the limit the server stops
+  // accepting (new connections wait in the kernel's listen queue) until one
+  // finishes or times out, so a flood delays clients instead of refusing them.
   int32_t max_handshakes = 128;
+  // Connections in their handshake from one source address; over it a new
+  // one from that address is closed at once, so one address can never hold
+  // every handshake slot.
+  int32_t max_handshakes_per_address = 16;
   // Authenticated sessions; over it a new one gets a Fatal and is closed.
   int32_t max_sessions = 64;
   // Bytes of hosted buffers one session may hold, and how many buffers.

@@ -150,6 +150,11 @@ struct Server::Impl {
   void remove(const std::shared_ptr<Connection>& c);
   void stop();
   void log_unauthenticated(LogLevel level, const std::string& line);
+  // Counts a new connection from `address` into the handshake limits; false
+  // (nothing counted) when that address is at --max-handshakes-per-address.
+  bool admit(const asio::ip::address& address);
+  // A connection from `address` left its handshake; resumes a paused accept.
+  void handshake_ended(const asio::ip::address& address);
 
   std::shared_ptr<const Hosted> hosted;
   ServerOptions options;
@@ -159,13 +164,18 @@ struct Server::Impl {
   tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
   milliseconds accept_backoff{0};
-  std::chrono::steady_clock::time_point last_refusal_log{};
-  uint64_t refused_since_log = 0;
+  std::chrono::steady_clock::time_point last_refusal_log{};  // accept_strand
+  uint64_t refused_since_log = 0;                            // accept_strand
+  // At --max-handshakes the acceptor waits: set on accept_strand, cleared
+  // there by the first handshake that ends.
+  std::atomic<bool> accept_paused{false};
   std::unique_ptr<asio::ssl::context> tls;
   std::vector<std::thread> threads;
 
   Counters counters;
   std::atomic<int64_t> handshakes{0};
+  std::mutex handshake_mutex;  // guards handshakes_by_address
+  std::map<asio::ip::address, int32_t> handshakes_by_address;
   std::atomic<uint64_t> next_session{1};
   std::string bound;
   uint16_t port = 0;
@@ -190,8 +200,10 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   // `socket` comes from the acceptor with a strand of its own as its
   // executor: every handler of this connection (socket, timers, posts) runs
   // on that one strand.
-  Connection(Server::Impl& server, tcp::socket socket)
+  // The server has counted it into the handshake limits (admit) already.
+  Connection(Server::Impl& server, tcp::socket socket, asio::ip::address address)
       : server_(server),
+        address_(std::move(address)),
         strand_(socket.get_executor()),
         stream_(std::move(socket), server.tls.get()),
         handshake_timer_(strand_),
@@ -202,10 +214,10 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     const tcp::endpoint ep = stream_.socket().remote_endpoint(ec);
     peer_ = ec ? std::string("an unknown peer") : join_host_port(ep.address().to_string(), ep.port());
     inbuf_.resize(kReadChunk);
-    ++server_.handshakes;
   }
 
   ~Connection() override {
+    if (in_handshake_) server_.handshake_ended(address_);
     if (worker_.joinable()) {
       if (worker_.get_id() == std::this_thread::get_id()) {
         worker_.detach();
@@ -385,7 +397,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   void end_handshake() {
     if (in_handshake_) {
       in_handshake_ = false;
-      --server_.handshakes;
+      server_.handshake_ended(address_);
     }
     handshake_timer_.cancel();
   }
@@ -929,6 +941,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   }
 
   Server::Impl& server_;
+  const asio::ip::address address_;  // the peer's, for the per-address handshake limit
   asio::any_io_executor strand_;
   wire::Stream stream_;
   asio::steady_timer handshake_timer_;
@@ -1007,7 +1020,8 @@ Server::Impl::Impl(std::shared_ptr<const Hosted> h, ServerOptions o)
   if (options.tls_cert.empty() != options.tls_key.empty())
     throw std::runtime_error("TLS needs both a certificate (--tls-cert) and its private key (--tls-key)");
   if (l.handshake_timeout.count() <= 0 || l.idle_timeout.count() <= 0 || l.max_handshakes < 1 ||
-      l.max_sessions < 1 || l.max_buffers < 1 || l.max_inflight < 1 || l.max_frame_bytes < 1)
+      l.max_handshakes_per_address < 1 || l.max_sessions < 1 || l.max_buffers < 1 || l.max_inflight < 1 ||
+      l.max_frame_bytes < 1)
     throw std::runtime_error("every server limit must be positive");
   if (options.io_threads < 1) options.io_threads = 1;
   if (!options.tls_cert.empty()) tls = wire::server_tls_context(options.tls_cert, options.tls_key);
@@ -1099,32 +1113,82 @@ void Server::Impl::accept() {
       log_line(LogLevel::warning, "accepting connections again");
       accept_backoff = milliseconds(0);
     }
-    if (handshakes.load() >= options.limits.max_handshakes) {
-      // Closed at once: a flood of silent connections costs a file descriptor
-      // for a moment, never a session's resources.
-      error_code ignored;
+    error_code ignored;
+    const tcp::endpoint peer = socket.remote_endpoint(ignored);
+    asio::ip::address address = peer.address();
+    if (address.is_v6() && address.to_v6().is_v4_mapped())
+      address = asio::ip::make_address_v4(asio::ip::v4_mapped, address.to_v6());
+    if (!admit(address)) {
+      // One address at its share of the handshake slots: closed at once, so
+      // a flood from one host costs that host, never the others.
       socket.close(ignored);
       ++refused_since_log;
       const auto now = std::chrono::steady_clock::now();
       if (now - last_refusal_log >= std::chrono::seconds(1)) {
-        log_line(LogLevel::warning, "closed " + std::to_string(refused_since_log) +
-                                        " new connection(s): " + std::to_string(handshakes.load()) +
-                                        " connections are in their handshake, the limit (--max-handshakes)");
+        log_line(LogLevel::warning,
+                 "closed " + std::to_string(refused_since_log) + " new connection(s) from addresses with " +
+                     std::to_string(options.limits.max_handshakes_per_address) +
+                     " connections in their handshake, the limit per address (--max-handshakes-per-address); "
+                     "last from " +
+                     address.to_string());
         refused_since_log = 0;
         last_refusal_log = now;
       }
       accept();
       return;
     }
-    error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
     socket.set_option(asio::socket_base::keep_alive(true), ignored);
-    auto c = std::make_shared<Connection>(*this, std::move(socket));
+    auto c = std::make_shared<Connection>(*this, std::move(socket), address);
     {
       std::lock_guard lock(mutex);
       connections.insert(c);
     }
     c->start();
+    if (handshakes.load() >= options.limits.max_handshakes) {
+      // Every slot is taken: stop accepting until a handshake ends (new
+      // connections wait in the listen queue; nothing is closed).
+      accept_paused = true;
+      if (handshakes.load() >= options.limits.max_handshakes) {
+        log_line(LogLevel::warning, "paused accepting: " + std::to_string(handshakes.load()) +
+                                        " connections are in their handshake, the limit (--max-handshakes); "
+                                        "new ones wait until one finishes or times out");
+        return;
+      }
+      accept_paused = false;  // one ended meanwhile and saw no pause
+    }
+    accept();
+  });
+}
+
+bool Server::Impl::admit(const asio::ip::address& address) {
+  std::lock_guard lock(handshake_mutex);
+  int32_t& n = handshakes_by_address[address];
+  if (n >= options.limits.max_handshakes_per_address) {
+    if (n == 0) handshakes_by_address.erase(address);
+    return false;
+  }
+  ++n;
+  ++handshakes;
+  return true;
+}
+
+void Server::Impl::handshake_ended(const asio::ip::address& address) {
+  {
+    std::lock_guard lock(handshake_mutex);
+    const auto it = handshakes_by_address.find(address);
+    if (it != handshakes_by_address.end() && --it->second <= 0) handshakes_by_address.erase(it);
+    --handshakes;
+  }
+  if (!accept_paused.load()) return;
+  asio::post(accept_strand, [this] {
+    if (!accept_paused.load() || handshakes.load() >= options.limits.max_handshakes) return;
+    accept_paused = false;
+    {
+      std::lock_guard lock(mutex);
+      if (stopping) return;
+    }
+    log_line(LogLevel::info, "accepting connections again (a handshake slot is free)");
     accept();
   });
 }

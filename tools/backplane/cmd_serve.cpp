@@ -143,9 +143,16 @@ Command add_serve_command(CLI::App& parent) {
                   "Authenticated sessions at once (default " + std::to_string(defaults.max_sessions) + ")")
       ->type_name("N")
       ->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--max-handshakes", options->limits.max_handshakes,
-                  "Connections still in their handshake; more are closed at once (default " +
-                      std::to_string(defaults.max_handshakes) + ")")
+  sub->add_option(
+         "--max-handshakes", options->limits.max_handshakes,
+         "Connections still in their handshake; at the limit new ones wait to be accepted (default " +
+             std::to_string(defaults.max_handshakes) + ")")
+      ->type_name("N")
+      ->check(CLI::Range(1, 1 << 20));
+  sub->add_option("--max-handshakes-per-address", options->limits.max_handshakes_per_address,
+                  "Connections in their handshake from one source address; more from it are closed at once "
+                  "(default " +
+                      std::to_string(defaults.max_handshakes_per_address) + ")")
       ->type_name("N")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--handshake-timeout-ms", options->handshake_timeout_ms,

@@ -166,11 +166,23 @@ struct TlsFiles {
 
 class RawClient {
  public:
-  // Connects to 127.0.0.1:port; with `tls`, runs the TLS handshake first
-  // (tls_ok() says whether it succeeded).
-  explicit RawClient(uint16_t port, SSL_CTX* tls = nullptr) {
+  // Connects to 127.0.0.1:port, from the IPv4 address `source` when given
+  // (any of 127.0.0.0/8 is loopback); with `tls`, runs the TLS handshake
+  // first (tls_ok() says whether it succeeded).
+  explicit RawClient(uint16_t port, SSL_CTX* tls = nullptr, const char* source = nullptr) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw std::runtime_error(std::string("socket: ") + std::strerror(errno));
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      if (::inet_pton(AF_INET, source, &from.sin_addr) != 1 ||
+          ::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof from) != 0) {
+        const int e = errno;
+        ::close(fd_);
+        fd_ = -1;
+        throw std::runtime_error(std::string("bind to ") + source + ": " + std::strerror(e));
+      }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(port);

@@ -219,7 +219,9 @@ TEST_CASE("remote server: backplane serve out of file descriptors backs off and 
   TempDir dir;
   const fs::path config = write_config(dir.path());
   ServeProcess serve(
-      {"--config", config.string(), "--listen", "127.0.0.1:0", "--handshake-timeout-ms", "60000"}, {}, 48);
+      {"--config", config.string(), "--listen", "127.0.0.1:0", "--handshake-timeout-ms", "60000",
+       "--max-handshakes-per-address", "1000"},  // every connection here comes from 127.0.0.1
+      {}, 48);
   REQUIRE_MESSAGE(serve.wait_for_line("ready"), serve.out_text);
   const uint16_t port = port_from(serve.out_text);
   // More silent connections than the server has descriptors: accepting fails with EMFILE.

@@ -599,12 +599,62 @@ TEST_CASE("remote server: thousands of connections at once and then a well-behav
   std::vector<std::unique_ptr<RawClient>> flood;
   flood.reserve(kFlood);
   for (int i = 0; i < kFlood; ++i) flood.push_back(std::make_unique<RawClient>(server->port()));
-  // Over --max-handshakes (128) the server closes new connections at once;
+  // Over --max-handshakes-per-address (16) the server closes new connections at once;
   // the rest are closed at the handshake timeout. None is left open.
   int closed = 0;
   for (auto& c : flood) closed += c->closed_by_peer(30s) ? 1 : 0;
   CHECK(closed == kFlood);
   flood.clear();
+  CHECK(server_is_empty(*server));
+  check_round_trip(server->port());
+}
+
+TEST_CASE("remote server: 200 silent connections from one address leave clients from others a way in") {
+  rs::ServerOptions o = test_options();
+  o.limits.handshake_timeout = std::chrono::milliseconds(3000);
+  auto server = serve(o);
+  // The flood's own address: 127.0.0.2 is loopback too. It gets its 16
+  // handshake slots (--max-handshakes-per-address); the rest is closed at once.
+  std::vector<std::unique_ptr<RawClient>> flood;
+  for (int i = 0; i < 200; ++i)
+    flood.push_back(std::make_unique<RawClient>(server->port(), nullptr, "127.0.0.2"));
+  REQUIRE(wait_until([&] { return server->stats().handshakes == 16; }));
+  int served = 0;
+  for (int i = 0; i < 10; ++i) {
+    RawClient c(server->port());
+    const auto welcome = c.handshake();
+    if (welcome && welcome->type() == wire::Body::Welcome) ++served;
+  }
+  CHECK(served == 10);
+  CHECK(server->stats().handshakes <= 16);
+  flood.clear();
+  CHECK(server_is_empty(*server));
+}
+
+TEST_CASE(
+    "remote server: at --max-handshakes accepting pauses, and a waiting client gets in once a slot frees") {
+  rs::ServerOptions o = test_options();
+  o.limits.max_handshakes = 8;
+  o.limits.max_handshakes_per_address = 4;
+  o.limits.handshake_timeout = std::chrono::milliseconds(1000);
+  auto server = serve(o);
+  // Two silent addresses fill every slot.
+  std::vector<std::unique_ptr<RawClient>> silent;
+  for (const char* from : {"127.0.0.2", "127.0.0.3"})
+    for (int i = 0; i < 4; ++i) silent.push_back(std::make_unique<RawClient>(server->port(), nullptr, from));
+  REQUIRE(wait_until([&] { return server->stats().handshakes == 8; }));
+  // A client now waits in the listen queue instead of being closed, and is
+  // served once the silent ones time out.
+  RawClient late(server->port());
+  const auto welcome = late.handshake();
+  REQUIRE(welcome);
+  CHECK(welcome->type() == wire::Body::Welcome);
+  int closed = 0;
+  for (auto& c : silent) closed += c->closed_by_peer(30s) ? 1 : 0;
+  CHECK(closed == 8);
+  CHECK(late.send(msg::goodbye(1)));
+  CHECK(late.closed_by_peer());
+  silent.clear();
   CHECK(server_is_empty(*server));
   check_round_trip(server->port());
 }
