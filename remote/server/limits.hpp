@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 namespace backplane::remote::server {
 
@@ -23,6 +24,12 @@ struct ServerLimits {
   int32_t max_handshakes_per_address = 16;
   // Authenticated sessions; over it a new one gets a Fatal and is closed.
   int32_t max_sessions = 64;
+  // Bytes of hosted buffers all sessions together may hold: past it an
+  // Alloc is out_of_memory to the session that asked, and the server and
+  // every other session go on. No cap here; `backplane serve` defaults it to
+  // 90% of what the process may take (its memory cgroup's room and
+  // MemAvailable, whichever is lower).
+  uint64_t max_total_bytes = std::numeric_limits<uint64_t>::max();
   // Bytes of hosted buffers one session may hold, and how many buffers.
   uint64_t max_session_bytes = uint64_t{16} << 30;
   uint32_t max_buffers = 65536;

@@ -334,6 +334,26 @@ void Session::alloc(const wire::Alloc& r) {
                " more would pass the server's limit of " + std::to_string(limits_.max_session_bytes) +
                " bytes per session (backplane serve --max-session-bytes)",
            BP_STATUS_OUT_OF_MEMORY);
+  // The server-wide cap, reserved before the backend allocates so that
+  // concurrent sessions can never pass it together.
+  const auto size = static_cast<int64_t>(r.size());
+  if (r.size() > limits_.max_total_bytes ||
+      static_cast<uint64_t>(counters_.bytes.fetch_add(size)) > limits_.max_total_bytes - r.size()) {
+    const int64_t others = counters_.bytes.fetch_sub(size) - size;
+    refuse(
+        "the server's sessions hold " + std::to_string(others) + " bytes; " + std::to_string(r.size()) +
+            " more would pass its limit of " + std::to_string(limits_.max_total_bytes) +
+            " bytes for all sessions together (backplane serve --max-total-bytes); free buffers or try later",
+        BP_STATUS_OUT_OF_MEMORY);
+  }
+  struct Reservation {  // given back unless the allocation is kept
+    std::atomic<int64_t>& total;
+    int64_t size;
+    bool kept = false;
+    ~Reservation() {
+      if (!kept) total -= size;
+    }
+  } reserved{counters_.bytes, size};
   // The slot first, so that a failure to record it cannot leak the allocation.
   auto [slot, inserted] = buffers_.try_emplace(id);
   bp_buffer_alloc_args a{};
@@ -347,8 +367,8 @@ void Session::alloc(const wire::Alloc& r) {
     check(s);
   }
   slot->second = Buffer{a.buffer, r.size(), r.device()};
+  reserved.kept = true;
   bytes_ += r.size();
-  counters_.bytes += static_cast<int64_t>(r.size());
   ++counters_.buffers;
 }
 

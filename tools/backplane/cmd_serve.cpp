@@ -7,9 +7,11 @@
 #include <backplane/hosting.hpp>
 #include <backplane/registry.hpp>
 #include <backplane/version.hpp>
+#include <backplane_common/memory_room.hpp>
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdint>
 #include <iostream>
@@ -35,14 +37,38 @@ struct ServeOptions {
   std::string tls_key;
   int64_t handshake_timeout_ms = 0;
   int64_t idle_timeout_ms = 0;
+  uint64_t max_total_bytes = 0;  // 0: 90% of what this process may take
+  bool max_session_bytes_given = false;
   rs::ServerLimits limits;
 };
+
+// --max-total-bytes when not given: 90% of what the process may still take
+// (the lower of its memory cgroup's room and MemAvailable), so that the last
+// allocations are refused before the kernel kills the server. `why` says
+// where the figure came from.
+uint64_t default_total_bytes(std::string& why) {
+  const common::MemoryRoom room = common::memory_room();
+  if (room.bytes == common::kUnknownBytes) {
+    why = "no limit: the memory this process may take is unknown";
+    return UINT64_MAX;
+  }
+  why = "90% of " + room.describe();
+  return room.bytes / 10 * 9;
+}
 
 int run_serve(ServeOptions& options) {
   if (options.handshake_timeout_ms > 0)
     options.limits.handshake_timeout = std::chrono::milliseconds(options.handshake_timeout_ms);
   if (options.idle_timeout_ms > 0)
     options.limits.idle_timeout = std::chrono::milliseconds(options.idle_timeout_ms);
+  std::string total_why = "--max-total-bytes";
+  options.limits.max_total_bytes =
+      options.max_total_bytes != 0 ? options.max_total_bytes : default_total_bytes(total_why);
+  // A session's default share never exceeds the whole; a given one is kept
+  // (the total still holds).
+  if (!options.max_session_bytes_given)
+    options.limits.max_session_bytes =
+        std::min(options.limits.max_session_bytes, options.limits.max_total_bytes);
 
   const std::filesystem::path config = choose_config(options.config);
   const Registry registry = load_for_report(config);
@@ -95,6 +121,12 @@ int run_serve(ServeOptions& options) {
     std::cout << "  device " << d << ": " << device.name() << " [" << device.capabilities().to_string()
               << "]\n";
   }
+  std::cout << "  memory: buffers of all sessions up to "
+            << (options.limits.max_total_bytes == UINT64_MAX
+                    ? std::string("any size")
+                    : common::byte_size_text(options.limits.max_total_bytes))
+            << " (" << total_why << "), " << common::byte_size_text(options.limits.max_session_bytes)
+            << " per session\n";
   if (server_options.token.empty())
     std::cout
         << "  (loopback only, no token: any local user can use these devices; give --token-file to require "
@@ -165,11 +197,17 @@ Command add_serve_command(CLI::App& parent) {
                       std::to_string(defaults.idle_timeout.count()) + ")")
       ->type_name("MS")
       ->check(CLI::Range(int64_t{1}, int64_t{365} * 24 * 3600 * 1000));
-  sub->add_option(
-         "--max-session-bytes", options->limits.max_session_bytes,
-         "Bytes of buffers one session may hold (default " + std::to_string(defaults.max_session_bytes) + ")")
+  sub->add_option("--max-total-bytes", options->max_total_bytes,
+                  "Bytes of buffers all sessions together may hold (default: 90% of what this process may "
+                  "take, the lower of its memory cgroup's room and MemAvailable)")
       ->type_name("BYTES")
       ->check(CLI::Range(uint64_t{1}, UINT64_MAX));
+  sub->add_option("--max-session-bytes", options->limits.max_session_bytes,
+                  "Bytes of buffers one session may hold (default " +
+                      std::to_string(defaults.max_session_bytes) + ", at most --max-total-bytes)")
+      ->type_name("BYTES")
+      ->check(CLI::Range(uint64_t{1}, UINT64_MAX))
+      ->each([options](const std::string&) { options->max_session_bytes_given = true; });
   sub->add_option("--max-buffers", options->limits.max_buffers,
                   "Buffers one session may hold (default " + std::to_string(defaults.max_buffers) + ")")
       ->type_name("N")

@@ -153,3 +153,41 @@ TEST_CASE(
   run(s, frame_of(b, 4, wire::CreateCollective(b, 6, wire::CollectiveKind::Barrier)));
   CHECK(out.last().message.find("communicator 6 is not a communicator of this session") != std::string::npos);
 }
+
+TEST_CASE(
+    "remote session: --max-total-bytes holds across sessions and a refused Alloc leaves the others going") {
+  rs::Counters counters;
+  Recorder out_a, out_b;
+  rs::ServerLimits limits;
+  limits.max_total_bytes = 100;
+  rs::Session a(1, cpu_backend(), limits, counters, out_a);
+  rs::Session b(2, cpu_backend(), limits, counters, out_b);
+  run(a, msg::alloc(1, 1, 0, 60));
+  run(b, msg::alloc(1, 1, 0, 40));
+  CHECK(counters.bytes == 100);
+  run(b, msg::alloc(2, 2, 0, 1));  // one byte past the whole
+  run(b, msg::synchronize(3));
+  REQUIRE(out_b.sent.size() == 1);
+  const Answer refused = out_b.last();
+  CHECK(refused.status == BP_STATUS_OUT_OF_MEMORY);
+  CHECK_MESSAGE(
+      refused.message.find("the server's sessions hold 100 bytes; 1 more would pass its limit of 100 "
+                           "bytes for all sessions together (backplane serve --max-total-bytes)") !=
+          std::string::npos,
+      refused.message);
+  CHECK(counters.bytes == 100);  // the refused reservation was given back
+  // A size that overflows any sum is refused the same way.
+  run(b, msg::alloc(4, 4, 0, UINT64_MAX));
+  run(b, msg::synchronize(5));
+  CHECK(out_b.last().status == BP_STATUS_OUT_OF_MEMORY);
+  CHECK(counters.bytes == 100);
+  // The other session goes on, and what one frees another may take.
+  run(a, msg::free(6, 1));
+  run(b, msg::alloc(7, 2, 0, 50));
+  run(b, msg::synchronize(8));
+  CHECK(out_b.last().status == BP_STATUS_OK);
+  CHECK(counters.bytes == 90);
+  a.release();
+  b.release();
+  CHECK(counters.bytes == 0);
+}
