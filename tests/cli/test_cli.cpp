@@ -196,7 +196,7 @@ std::string unavailable_config(bool gpu_required) {
 }
 }  // namespace
 
-TEST_CASE("list: an unavailable backend shows 0 devices and the reason; devices show their memory") {
+TEST_CASE("list: an unavailable backend shows 0 devices and the reason, devices show their memory") {
   TempDir tmp;
   const fs::path config = tmp.write("backends.json", unavailable_config(/*gpu_required=*/false));
   SUBCASE("text") {

@@ -132,7 +132,7 @@ TEST_CASE("crypto: HMAC-SHA256 matches RFC 4231, over parts as over their concat
   CHECK(*empty != *whole);
 }
 
-TEST_CASE("crypto: equal_constant_time compares bytes and lengths; random_bytes fills") {
+TEST_CASE("crypto: equal_constant_time compares bytes and lengths, random_bytes fills") {
   const std::vector<uint8_t> a{1, 2, 3};
   const std::vector<uint8_t> b{1, 2, 3};
   const std::vector<uint8_t> c{1, 2, 4};

@@ -93,7 +93,7 @@ TEST_CASE("secret file: a private one-line file is read, one trailing newline dr
         kMaxSecretFileBytes);
 }
 
-TEST_CASE("secret file: only one trailing newline is dropped; other line breaks are refused") {
+TEST_CASE("secret file: only one trailing newline is dropped, other line breaks are refused") {
   TempDir dir;
   for (const char* text : {"s3cret\n\n", "s3cret\r\n\r\n", "two\nlines\n", "s3cret\r", "a\rb\n", "\n\n"}) {
     CAPTURE(text);

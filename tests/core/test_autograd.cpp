@@ -905,7 +905,7 @@ TEST_CASE("autograd: a leaf with no handle left gets no gradient and no call") {
 
 // ---- memory ------------------------------------------------------------------------------
 
-TEST_CASE("autograd: backward frees what nodes saved; retain_graph keeps it") {
+TEST_CASE("autograd: backward frees what nodes saved, retain_graph keeps it") {
   const bp::Tensor x = f64({3}, {1, 2, 3}).require_grad();
   for (const bool retain : {false, true}) {
     std::weak_ptr<bp::detail::TensorImpl> saved;

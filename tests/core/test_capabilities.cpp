@@ -69,7 +69,7 @@ void expect_dtype_refusal(const Error& e, std::string_view flag, std::string_vie
 
 }  // namespace
 
-TEST_CASE("capabilities: names are abi.h's; one flag per dtype") {
+TEST_CASE("capabilities: names are abi.h's, one flag per dtype") {
   CHECK(to_string(Capability::collective) == "collective");
   CHECK(to_string(Capability::matmul) == "matmul");
   CHECK(to_string(Capability::bool_) == "bool");

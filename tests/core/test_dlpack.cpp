@@ -127,7 +127,7 @@ TEST_CASE("dlpack: every dtype round-trips through to_dlpack and from_dlpack wit
   }
 }
 
-TEST_CASE("dlpack: foreign u8 imports as u8; DLPack 0.8's kDLBool (code 6) imports as bool") {
+TEST_CASE("dlpack: foreign u8 imports as u8, DLPack 0.8's kDLBool (code 6) imports as bool") {
   std::vector<uint8_t> data{0, 1, 1, 0};
   auto u8 = produce(data.data(), {4}, {kDLUInt, 8, 1});
   CHECK(from_dlpack(&u8->managed, cpu()).dtype() == DType::u8);
@@ -158,7 +158,7 @@ TEST_CASE("dlpack: to_dlpack on a host_visible device shares the tensor's memory
   CHECK(e.data<float>()[4] == 42.0f);
 }
 
-TEST_CASE("dlpack: from_dlpack adopts producer memory; the deleter runs once, after the last tensor") {
+TEST_CASE("dlpack: from_dlpack adopts producer memory, the deleter runs once, after the last tensor") {
   std::vector<float> data{1, 2, 3, 4, 5, 6};
   auto p = produce(data.data(), {2, 3}, kF32);
   Tensor t = from_dlpack(&p->managed, cpu());
@@ -210,7 +210,7 @@ TEST_CASE("dlpack: views (slice, transpose) of an adopted tensor keep the produc
   CHECK(p->deletes == 1);
 }
 
-TEST_CASE("dlpack: a strided import is a view; the deleter waits for the view and its copies") {
+TEST_CASE("dlpack: a strided import is a view, the deleter waits for the view and its copies") {
   // A 2x3 row-major block read as its 3x2 transpose: shape [3, 2], strides [1, 3].
   std::vector<float> data{1, 2, 3, 4, 5, 6};
   auto p = produce(data.data(), {3, 2}, kF32, {1, 3});

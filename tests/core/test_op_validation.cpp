@@ -90,7 +90,7 @@ TEST_CASE("ops: where needs a bool cond and operands of one dtype, and broadcast
   CHECK(w.to_vector<float>() == std::vector<float>{1, 2, 3, -1, -1, -1});
 }
 
-TEST_CASE("ops: unary math takes floats only; neg/abs/relu/clamp take integers too") {
+TEST_CASE("ops: unary math takes floats only, neg/abs/relu/clamp take integers too") {
   Env env;
   Tensor i = Tensor::from_vector<int32_t>(env.cpu, {3}, {-2, 0, 5});
   Tensor b = Tensor::from_vector<bool>(env.cpu, {1}, {true});
@@ -114,7 +114,7 @@ TEST_CASE("ops: clamp refuses lo > hi and NaN bounds") {
   CHECK(clamp(t, 1, 1).to_vector<float>() == std::vector<float>{1, 1, 1, 1});
 }
 
-TEST_CASE("ops: cast to an unknown dtype is invalid_argument; to its own dtype is the same tensor") {
+TEST_CASE("ops: cast to an unknown dtype is invalid_argument, to its own dtype is the same tensor") {
   Env env;
   Tensor t = f32(env.cpu, {2, 2});
   EXPECT_ERROR(cast(t, static_cast<DType>(77)), Errc::invalid_argument, "cast", "77");
@@ -273,7 +273,7 @@ TEST_CASE("ops: reshape validates the element count and -1") {
   EXPECT_ERROR(reshape(t, {}), Errc::invalid_argument, "reshape", "into []");
 }
 
-TEST_CASE("ops: reshape of a contiguous tensor is a view; of a strided one, a copy") {
+TEST_CASE("ops: reshape of a contiguous tensor is a view, of a strided one, a copy") {
   Env env;
   Tensor t = f32(env.cpu, {2, 3});
   Tensor v = reshape(t, {3, -1});
@@ -289,7 +289,7 @@ TEST_CASE("ops: reshape of a contiguous tensor is a view; of a strided one, a co
   CHECK(r.to_vector<float>() == std::vector<float>{0, 3, 1, 4, 2, 5});
 }
 
-TEST_CASE("ops: permute and transpose are views; contiguous gives the permuted values") {
+TEST_CASE("ops: permute and transpose are views, contiguous gives the permuted values") {
   Env env;
   Tensor t = f32(env.cpu, {2, 3, 4});
   Tensor p = permute(t, {2, 0, -2});

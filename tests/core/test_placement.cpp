@@ -220,7 +220,7 @@ TEST_CASE("placement: a non-host_visible device moves bytes only when an op or a
   CHECK(bp::relu(bp::neg(x)).to_vector<float>() == std::vector<float>{1, 2, 3, 4});
 }
 
-TEST_CASE("placement: backward of placed ops is placed; gradients equal cpu's and arrive on the device") {
+TEST_CASE("placement: backward of placed ops is placed, gradients equal cpu's and arrive on the device") {
   const bp::Registry r = placement_registry();
   auto grads_on = [](const bp::Device& d) {
     const bp::Tensor w =

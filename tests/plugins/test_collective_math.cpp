@@ -84,7 +84,7 @@ TEST_CASE("collective_math: combine covers every reduce op and dtype it accepts"
   CHECK(static_cast<bool>(divide_for(BP_DTYPE_BOOL)) == false);
 }
 
-TEST_CASE("collective_math: integer sums and products wrap; mean truncates toward zero") {
+TEST_CASE("collective_math: integer sums and products wrap, mean truncates toward zero") {
   const std::vector<int8_t> a{127, -128, 100, -7};
   const std::vector<int8_t> b{1, -1, 3, 2};
   std::vector<int8_t> out(4);

@@ -157,7 +157,7 @@ bp_tensor dense(bp_buffer* b, int32_t dtype, const std::vector<int64_t>& shape,
 
 }  // namespace
 
-TEST_CASE("cpu: loading, creating and describing the device start no kernel library; the first buffer does") {
+TEST_CASE("cpu: loading, creating and describing the device start no kernel library, the first buffer does") {
   Plugin p;
   bp_device_count_args count{BP_DEVICE_COUNT_ARGS_STRUCT_SIZE, p.plugin, 0};
   REQUIRE(p.take(p.api->device_count(&count)).code == BP_STATUS_OK);
