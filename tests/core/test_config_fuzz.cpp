@@ -4,6 +4,8 @@
 // allowed are a registry or a backplane::Error with Errc::config_error: no
 // other exception, no crash, no hang. The seed is fixed, so a failure repeats;
 // BP_FUZZ_SEED=<n> tries another one, and every failure prints its seed.
+// BP_FUZZ_SECONDS=<n> runs for n seconds instead of 3 (a long run; no
+// iteration cap then).
 #include "test_support.hpp"
 
 #include <chrono>
@@ -19,6 +21,16 @@ namespace {
 constexpr uint64_t kDefaultSeed = 0x6261636b706c616eULL;  // "backplan"
 constexpr auto kTimeBudget = std::chrono::seconds(3);
 constexpr int kMaxIterations = 200000;
+
+// The time budget, and whether BP_FUZZ_SECONDS asked for a long run.
+std::chrono::seconds fuzz_budget(bool& long_run) {
+  long_run = false;
+  if (const char* env = std::getenv("BP_FUZZ_SECONDS"); env != nullptr && *env != '\0') {
+    long_run = true;
+    return std::chrono::seconds(std::strtoll(env, nullptr, 10));
+  }
+  return kTimeBudget;
+}
 
 uint64_t fuzz_seed() {
   if (const char* env = std::getenv("BP_FUZZ_SEED"); env != nullptr && *env != '\0')
@@ -211,9 +223,11 @@ TEST_CASE("config_fuzz: mutated configs and random bytes yield a registry or con
   // Shown with any failure, a crash included (doctest prints the context then).
   INFO("seed ", seed, " (rerun with BP_FUZZ_SEED=", seed, "), iteration ", iteration,
        ", input: ", printable(input));
-  const auto deadline = std::chrono::steady_clock::now() + kTimeBudget;
+  bool long_run = false;
+  const auto deadline = std::chrono::steady_clock::now() + fuzz_budget(long_run);
   int failures = 0;
-  for (; iteration < kMaxIterations && std::chrono::steady_clock::now() < deadline && failures < 5;
+  for (; (long_run || iteration < kMaxIterations) && std::chrono::steady_clock::now() < deadline &&
+         failures < 5;
        ++iteration) {
     switch (rng() % 8) {
       case 0:

@@ -557,8 +557,18 @@ TEST_CASE("store security: failure paths on a hung store host are bounded and sa
   ::close(listener);
 }
 
+// BP_FUZZ_SEED=<n> and BP_FUZZ_ITERATIONS=<n> (default 20000) make the
+// decoder half below a long run.
 TEST_CASE("store security: fuzzed frames neither crash the decoder nor stop the server") {
-  std::mt19937_64 rng(0x5eed5u);
+  const char* seed_env = std::getenv("BP_FUZZ_SEED");
+  const char* iterations_env = std::getenv("BP_FUZZ_ITERATIONS");
+  const uint64_t seed =
+      seed_env != nullptr && *seed_env != '\0' ? std::strtoull(seed_env, nullptr, 0) : 0x5eed5u;
+  const long long iterations = iterations_env != nullptr && *iterations_env != '\0'
+                                   ? std::strtoll(iterations_env, nullptr, 10)
+                                   : 20000;
+  INFO("seed ", seed, " (rerun with BP_FUZZ_SEED=", seed, ")");
+  std::mt19937_64 rng(seed);
   const w::Limits limits;
   auto random_bytes = [&](std::size_t n) {
     std::vector<uint8_t> v(n);
@@ -593,8 +603,8 @@ TEST_CASE("store security: fuzzed frames neither crash the decoder nor stop the 
     }
     return v;
   };
-  int decoded = 0;
-  for (int i = 0; i < 20000; ++i) {
+  long long decoded = 0;
+  for (long long i = 0; i < iterations; ++i) {
     const auto& [op, payload] = seeds[rng() % seeds.size()];
     const std::vector<uint8_t> m = i % 5 == 0 ? random_bytes(rng() % 64) : mutate(payload);
     const w::DecodedRequest d = w::decode_request(op, m);
@@ -609,6 +619,8 @@ TEST_CASE("store security: fuzzed frames neither crash the decoder nor stop the 
     if (h.header) CHECK(h.header->payload_bytes <= limits.max_payload(*w::to_op(h.header->kind)));
   }
   CHECK(decoded > 0);
+  MESSAGE("store frame fuzz: " << iterations << " frames and headers, " << decoded << " decoded, seed "
+                               << seed);
 
   // Against a live server: authenticated connections sending mutated frames.
   bptest::LogCapture quiet(bp::LogLevel::error);
