@@ -16,65 +16,14 @@
 #include <fstream>
 #include <string>
 
+#include "memory_cgroup.hpp"
+
 namespace {
 
 constexpr uint64_t kLimit = uint64_t{256} << 20;
 
 const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
                          [](void*, int32_t, const char*) {}};
-
-bool write_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.flush();
-  return static_cast<bool>(out);
-}
-
-// This process's cgroup path for the v1 memory controller ("4:memory:/x") or v2 ("0::/x").
-std::string own_path(bool v2) {
-  std::ifstream in("/proc/self/cgroup");
-  for (std::string line; std::getline(in, line);) {
-    if (v2 && line.rfind("0::", 0) == 0) return line.substr(3);
-    if (!v2 && line.find(":memory:") != std::string::npos) return line.substr(line.find(":memory:") + 8);
-  }
-  return "";
-}
-
-// A fresh memory cgroup with kLimit, beside this process's own; "" with `why` set when none can be made.
-std::string make_cgroup(bool& v2, std::string& why) {
-  const std::string name = "/backplane-test-" + std::to_string(::getpid());
-  const std::string v1_root = "/sys/fs/cgroup/memory";
-  std::string path = own_path(false);
-  if (!path.empty() && ::access((v1_root + "/memory.limit_in_bytes").c_str(), F_OK) == 0) {
-    const std::string dir = v1_root + (path == "/" ? "" : path) + name;
-    if (::mkdir(dir.c_str(), 0755) == 0) {
-      if (write_file(dir + "/memory.limit_in_bytes", std::to_string(kLimit))) {
-        v2 = false;
-        return dir;
-      }
-      ::rmdir(dir.c_str());
-    }
-    why = "cannot make a v1 memory cgroup under " + v1_root + path + " (" + std::strerror(errno) + ")";
-  }
-  path = own_path(true);
-  for (const std::string root : {"/sys/fs/cgroup", "/sys/fs/cgroup/unified"}) {
-    if (path.empty() || ::access((root + "/cgroup.controllers").c_str(), F_OK) != 0) continue;
-    const std::string parent = root + (path == "/" ? "" : path);
-    const std::string dir = parent + name;
-    if (::mkdir(dir.c_str(), 0755) != 0) {
-      why = "cannot make a v2 cgroup under " + parent + " (" + std::strerror(errno) + ")";
-      continue;
-    }
-    if (write_file(dir + "/memory.max", std::to_string(kLimit))) {
-      v2 = true;
-      return dir;
-    }
-    why = "the memory controller is not enabled for " + parent;
-    ::rmdir(dir.c_str());
-  }
-  if (why.empty()) why = "no memory cgroup file system is mounted";
-  return "";
-}
 
 int fail(const std::string& what) {
   std::fprintf(stderr, "FAIL: %s\n", what.c_str());
@@ -134,21 +83,15 @@ int child() {
 }  // namespace
 
 int main() {
-  if (::geteuid() != 0) {
-    std::printf("skipped: not root, so no memory cgroup can be made\n");
-    return 77;
-  }
-  bool v2 = false;
-  std::string why;
-  const std::string dir = make_cgroup(v2, why);
-  if (dir.empty()) {
-    std::printf("skipped: %s\n", why.c_str());
+  bptest::MemoryCgroup cgroup(kLimit);
+  if (!cgroup.ok()) {
+    std::printf("skipped: %s\n", cgroup.why().c_str());
     return 77;
   }
   std::fflush(stdout);
   const pid_t pid = ::fork();
   if (pid == 0) {
-    if (!write_file(dir + "/cgroup.procs", "0")) _exit(fail("cannot join " + dir));
+    if (!bptest::MemoryCgroup::write_file(cgroup.procs(), "0")) _exit(fail("cannot join " + cgroup.dir()));
     const int rc = child();
     std::fflush(stdout);
     std::fflush(stderr);
@@ -156,9 +99,8 @@ int main() {
   }
   int status = 0;
   ::waitpid(pid, &status, 0);
-  ::rmdir(dir.c_str());
   if (WIFSIGNALED(status))
     return fail(std::string("the plugin's process was killed by signal ") + std::to_string(WTERMSIG(status)) +
-                " (" + strsignal(WTERMSIG(status)) + ") in a " + (v2 ? "v2" : "v1") + " memory cgroup");
+                " (" + strsignal(WTERMSIG(status)) + ") in the memory cgroup " + cgroup.dir());
   return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }

@@ -1,5 +1,6 @@
 // `backplane serve` as a process: what it prints, serving a client, stopping
 // cleanly on SIGTERM, and refusing to start where it must.
+#include "memory_cgroup.hpp"
 #include "server_support.hpp"
 
 #include <doctest/doctest.h>
@@ -36,16 +37,19 @@ fs::path write_config(const fs::path& dir) {
 // `backplane serve ARGS...` with stdout and stderr captured; killed at the end if still running.
 class ServeProcess {
  public:
-  // `max_files`, when not 0, is the serve process's RLIMIT_NOFILE (set by sh's ulimit).
+  // `max_files`, when not 0, is the serve process's RLIMIT_NOFILE (set by sh's
+  // ulimit); `cgroup_procs`, when given, is the cgroup.procs file of a cgroup
+  // it joins before it starts.
   ServeProcess(const std::vector<std::string>& args, const std::map<std::string, std::string>& env = {},
-               int max_files = 0) {
+               int max_files = 0, const std::string& cgroup_procs = "") {
     int out[2], err[2];
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
     std::vector<std::string> argv_s{BP_TEST_CLI, "serve"};
-    if (max_files != 0)
-      argv_s.insert(argv_s.begin(),
-                    {"/bin/sh", "-c", "ulimit -n " + std::to_string(max_files) + " && exec \"$0\" \"$@\""});
+    std::string setup;
+    if (max_files != 0) setup += "ulimit -n " + std::to_string(max_files) + " && ";
+    if (!cgroup_procs.empty()) setup += "echo $$ > '" + cgroup_procs + "' && ";
+    if (!setup.empty()) argv_s.insert(argv_s.begin(), {"/bin/sh", "-c", setup + "exec \"$0\" \"$@\""});
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (std::string& a : argv_s) argv.push_back(a.data());
@@ -239,4 +243,50 @@ TEST_CASE("remote server: backplane serve out of file descriptors backs off and 
                     std::string::npos,
                 serve.err_text);
   CHECK(serve.err_text.find("accepting connections again") != std::string::npos);
+}
+
+// Not under the sanitizers: their runtimes' own memory would crowd the cgroup.
+TEST_CASE(
+    "remote server: serve in a 256 MiB memory cgroup answers a 1 GiB Alloc with out_of_memory and serves on" *
+    doctest::skip(kSanitized)) {
+  bptest::MemoryCgroup cgroup(uint64_t{256} << 20);
+  if (!cgroup.ok()) {
+    MESSAGE("skipped: " << cgroup.why());
+    return;
+  }
+  TempDir dir;
+  const fs::path config = write_config(dir.path());
+  for (const bool default_cap : {true, false}) {
+    CAPTURE(default_cap);
+    // Without --max-total-bytes the caps (90% of the cgroup's room, and the
+    // per-session default within it) refuse; with caps past the limit the
+    // backend's own check does.
+    std::vector<std::string> args{"--config", config.string(), "--listen", "127.0.0.1:0"};
+    if (!default_cap) args.insert(args.end(), {"--max-total-bytes", std::to_string(uint64_t{8} << 30)});
+    ServeProcess serve(args, {}, 0, cgroup.procs());
+    REQUIRE_MESSAGE(serve.wait_for_line("ready"), serve.out_text);
+    if (default_cap) CHECK(serve.out_text.find("memory cgroup " + cgroup.dir()) != std::string::npos);
+    const uint16_t port = port_from(serve.out_text);
+    {
+      RawClient c(port);
+      const auto welcome = c.handshake();
+      REQUIRE(welcome);
+      REQUIRE(welcome->type() == wire::Body::Welcome);
+      REQUIRE(c.send(msg::alloc(1, 1, 0, uint64_t{1} << 30)));
+      const auto r = c.request(msg::synchronize(2));
+      REQUIRE(r);
+      const Answer a = answer_of(*r);
+      CHECK(a.status == BP_STATUS_OUT_OF_MEMORY);
+      CHECK_MESSAGE(
+          a.message.find(default_cap ? "(backplane serve --max-" : "memory cgroup") != std::string::npos,
+          a.message);
+      CHECK(c.send(msg::goodbye(3)));
+    }
+    // The server lives and serves the next session.
+    check_round_trip(port);
+    serve.signal(SIGTERM);
+    const int status = serve.wait_exit();
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
 }
