@@ -11,13 +11,21 @@
 #include <backplane/log.hpp>
 #include <backplane/registry.hpp>
 
+#include <backplane_common/unique_fd.hpp>
+
 #include <boost/dll/runtime_symbol_info.hpp>
 #include <boost/dll/shared_library.hpp>
 
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace backplane {
 namespace detail {
@@ -318,18 +326,33 @@ Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
   }
   // It names the code this process will load: only its owner (or root) may change it.
   check_config_permissions(path);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error(Errc::config_error,
-                "config file " + path.string() + " cannot be read (check its permissions)");
+  // Opened without blocking (a FIFO swapped in after the check above must not
+  // stall the process), and checked again on the descriptor itself: what is
+  // read is the regular file that was checked.
+  const common::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  struct stat opened {};
+  if (!fd || ::fstat(fd.get(), &opened) != 0) {
+    throw Error(Errc::config_error, "config file " + path.string() + " cannot be read (" +
+                                        std::strerror(errno) + "; check its permissions)");
+  }
+  if (!S_ISREG(opened.st_mode)) {
+    throw Error(Errc::config_error, "config file " + path.string() +
+                                        " is not a regular file; name the backends.json file itself");
   }
   // Read one byte past the limit, never more: parse_config names the limit.
   std::string text(detail::kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  if (in.bad()) {
-    throw Error(Errc::config_error, "config file " + path.string() + " cannot be read (an I/O error)");
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(Errc::config_error,
+                  "config file " + path.string() + " cannot be read (" + std::strerror(errno) + ")");
+    }
+    got += static_cast<std::size_t>(n);
   }
+  text.resize(got);
   const fs::path abs = fs::absolute(path);
   detail::Config cfg = detail::parse_config(text, abs.parent_path(), path.string());
   Registry r(detail::build(cfg, policy));

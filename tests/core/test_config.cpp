@@ -4,6 +4,8 @@
 // config is looked for.
 #include "test_support.hpp"
 
+#include <sys/stat.h>
+
 #include <sstream>
 #include <typeinfo>
 
@@ -442,6 +444,20 @@ TEST_CASE("config: from_config on a directory throws config_error naming it") {
   CHECK(e.code() == Errc::config_error);
   BP_CHECK_CONTAINS(e.message(), dir.string());
   BP_CHECK_CONTAINS(e.message(), "not a regular file");
+}
+
+TEST_CASE("config: from_config on a FIFO, or a link to one, is config_error at once, never a blocked read") {
+  TempDir tmp;
+  const fs::path fifo = tmp / "backends.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  const fs::path link = tmp / "link.json";
+  fs::create_symlink(fifo, link);
+  for (const fs::path& p : {fifo, link}) {
+    Error e = error_from([&] { Registry::from_config(p); });
+    CHECK(e.code() == Errc::config_error);
+    BP_CHECK_CONTAINS(e.message(), p.string());
+    BP_CHECK_CONTAINS(e.message(), "not a regular file");
+  }
 }
 
 // ---- limits: depth, size, numbers -------------------------------------------
