@@ -15,6 +15,7 @@
 #include <backplane/registry.hpp>
 #include <backplane/rendezvous.hpp>
 #include <backplane/requirements.hpp>
+#include <backplane/safetensors.hpp>
 #include <backplane/shape.hpp>
 #include <backplane/tensor.hpp>
 #include <backplane/version.hpp>

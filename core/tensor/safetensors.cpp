@@ -1,0 +1,379 @@
+// save_safetensors / load_safetensors: the safetensors file format (the layout
+// is in include/backplane/safetensors.hpp). The reader trusts nothing in the
+// file: every length and offset is checked against the file's size before it
+// sizes an allocation or a read.
+#include <backplane/safetensors.hpp>
+
+#include "backplane_common/atomic_file.hpp"
+#include "backplane_common/unique_fd.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+namespace backplane {
+namespace {
+
+// The buffer's bytes are copied as they are: the host must be little-endian.
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian");
+
+using ordered_json = nlohmann::ordered_json;
+
+// The header's upper bound, as the reference implementation's: a real header
+// is a few kilobytes per thousand tensors.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+// A header is an object of objects holding one array: three levels.
+constexpr std::size_t kMaxHeaderDepth = 3;
+constexpr std::string_view kMetadataKey = "__metadata__";
+
+struct DTypeName {
+  DType dtype;
+  const char* name;
+};
+constexpr DTypeName kDTypeNames[] = {
+    {DType::f32, "F32"},   {DType::f64, "F64"},    {DType::i32, "I32"},
+    {DType::i64, "I64"},   {DType::bool_, "BOOL"}, {DType::f16, "F16"},
+    {DType::bf16, "BF16"}, {DType::u8, "U8"},      {DType::i8, "I8"},
+};
+
+const char* safetensors_name(DType dtype) {
+  for (const auto& d : kDTypeNames)
+    if (d.dtype == dtype) return d.name;
+  return nullptr;
+}
+
+// A name or value as shown in messages: JSON-quoted, cut to 80 bytes.
+std::string shown(std::string_view text) {
+  std::string cut(text.substr(0, 80));
+  std::string out = ordered_json(cut).dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  if (text.size() > 80) out += "...";
+  return out;
+}
+
+// ---- save ----------------------------------------------------------------------
+
+[[noreturn]] void save_fail(const std::filesystem::path& path, const std::string& what) {
+  throw Error(Errc::invalid_argument, "save_safetensors: '" + path.string() + "': " + what);
+}
+
+}  // namespace
+
+void save_safetensors(const std::filesystem::path& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  ordered_json header = ordered_json::object();
+  if (!metadata.empty()) {
+    ordered_json meta = ordered_json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;
+    header[std::string(kMetadataKey)] = std::move(meta);
+  }
+  std::set<std::string_view> names;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    if (name == kMetadataKey)
+      save_fail(path,
+                "a tensor may not be named \"__metadata__\": the format reserves that key for metadata");
+    if (!names.insert(name).second)
+      save_fail(path, "the tensor name " + shown(name) + " appears twice; each name may appear once");
+    if (!tensor.defined()) save_fail(path, "the tensor " + shown(name) + " is undefined");
+    const uint64_t bytes = tensor.nbytes();
+    header[name] = {{"dtype", safetensors_name(tensor.dtype())},
+                    {"shape", tensor.shape().to_vector()},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text;
+  try {
+    text = header.dump();  // strict: invalid UTF-8 throws
+  } catch (const ordered_json::type_error& e) {
+    save_fail(path, std::string("a tensor name or metadata string is not valid UTF-8 (") + e.what() + ")");
+  }
+  // Spaces so that the buffer starts at a multiple of 8 (aligned for readers
+  // that map the file).
+  text.append((8 - text.size() % 8) % 8, ' ');
+  if (text.size() > kMaxHeaderBytes)
+    save_fail(path, "the header takes " + std::to_string(text.size()) +
+                        " bytes, over the format's limit of " + std::to_string(kMaxHeaderBytes) +
+                        "; save fewer tensors or less metadata per file");
+
+  try {
+    common::AtomicFileWriter out(path.string());
+    unsigned char length[8];
+    for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(uint64_t{text.size()} >> (8 * i));
+    out.write(length, sizeof length);
+    out.write(text);
+    std::vector<unsigned char> data;
+    for (const auto& [name, tensor] : tensors) {
+      data.resize(tensor.nbytes());
+      tensor.read_into(tensor.dtype(), data.data(), static_cast<std::size_t>(tensor.numel()));
+      out.write(data.data(), data.size());
+    }
+    out.commit();
+  } catch (const common::FileWriteError& e) {
+    throw Error(Errc::io_error, std::string("save_safetensors: ") + e.what());
+  }
+}
+
+// ---- load ----------------------------------------------------------------------
+
+namespace {
+
+// One tensor of the header, validated.
+struct Entry {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t begin;
+  uint64_t end;
+};
+
+class Reader {
+ public:
+  explicit Reader(const std::filesystem::path& path) : path_(path) {}
+
+  SafetensorsFile read(const Device& device) {
+    open();
+    if (size_ < 8)
+      fail("the file is truncated: " + std::to_string(size_) +
+           " bytes, fewer than the 8 that hold the header's length");
+    unsigned char length_bytes[8];
+    read_at(0, length_bytes, 8);
+    uint64_t header_length = 0;
+    for (int i = 0; i < 8; ++i) header_length |= uint64_t{length_bytes[i]} << (8 * i);
+    if (header_length > size_ - 8)
+      fail("the header length " + std::to_string(header_length) + " reaches beyond the end of the file (" +
+           std::to_string(size_) + " bytes: 8 for the length, so at most " + std::to_string(size_ - 8) +
+           " for the header); the file is truncated or not a safetensors file");
+    if (header_length > kMaxHeaderBytes)
+      fail("the header length " + std::to_string(header_length) + " is over the format's limit of " +
+           std::to_string(kMaxHeaderBytes) + " bytes");
+    std::string text(static_cast<std::size_t>(header_length), '\0');
+    read_at(8, text.data(), text.size());
+    buffer_start_ = 8 + header_length;
+    buffer_size_ = size_ - buffer_start_;
+
+    SafetensorsFile file;
+    const std::vector<Entry> entries = parse_header(text, file.metadata);
+    check_coverage(entries);
+
+    std::vector<unsigned char> data;
+    file.tensors.reserve(entries.size());
+    for (const Entry& e : entries) {
+      data.resize(static_cast<std::size_t>(e.end - e.begin));
+      read_at(buffer_start_ + e.begin, data.data(), data.size());
+      if (e.dtype == DType::bool_) {
+        const auto bad = std::find_if(data.begin(), data.end(), [](unsigned char b) { return b > 1; });
+        if (bad != data.end())
+          fail("tensor " + shown(e.name) + ": BOOL element " + std::to_string(bad - data.begin()) +
+               " is the byte " + std::to_string(*bad) + "; a BOOL element is 0 or 1");
+      }
+      file.tensors.emplace_back(e.name, Tensor::from_bytes(device, e.shape, e.dtype, data.data(),
+                                                           static_cast<std::size_t>(e.shape.numel())));
+    }
+    return file;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& what) const {
+    throw Error(Errc::invalid_argument, "load_safetensors: '" + path_.string() + "': " + what);
+  }
+  [[noreturn]] void io_fail(const std::string& step, int error_number) const {
+    throw Error(Errc::io_error,
+                "load_safetensors: '" + path_.string() + "': " + step + ": " + std::strerror(error_number));
+  }
+
+  void open() {
+    fd_.reset(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd_) io_fail("cannot open it", errno);
+    struct stat st {};
+    if (::fstat(fd_.get(), &st) != 0) io_fail("cannot stat it", errno);
+    if (S_ISDIR(st.st_mode)) io_fail("cannot read it", EISDIR);
+    if (!S_ISREG(st.st_mode)) fail("not a regular file; a safetensors file is read from a regular file");
+    size_ = static_cast<uint64_t>(st.st_size);
+  }
+
+  void read_at(uint64_t offset, void* dst, std::size_t count) const {
+    auto* p = static_cast<unsigned char*>(dst);
+    while (count > 0) {
+      const ssize_t n = ::pread(fd_.get(), p, count, static_cast<off_t>(offset));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        io_fail("cannot read it", errno);
+      }
+      if (n == 0) fail("the file shrank while it was read; it is being written by another process");
+      p += n;
+      offset += static_cast<uint64_t>(n);
+      count -= static_cast<std::size_t>(n);
+    }
+  }
+
+  // Parses and validates the header; the entries come in the header's order.
+  std::vector<Entry> parse_header(const std::string& text,
+                                  std::map<std::string, std::string>& metadata) const {
+    // Refused while parsing: a key repeated in one object (nlohmann would keep
+    // one silently) and nesting deeper than a header has.
+    std::vector<std::set<std::string>> keys;  // one set per open object or array
+    ordered_json root;
+    try {
+      root = ordered_json::parse(text, [&](int, ordered_json::parse_event_t event, ordered_json& parsed) {
+        using E = ordered_json::parse_event_t;
+        switch (event) {
+          case E::object_start:
+          case E::array_start:
+            if (keys.size() >= kMaxHeaderDepth)
+              fail("the header nests deeper than " + std::to_string(kMaxHeaderDepth) +
+                   " levels; a header is an object of tensor objects holding arrays of integers");
+            keys.emplace_back();
+            break;
+          case E::key: {
+            const auto& key = parsed.get_ref<const std::string&>();
+            if (!keys.back().insert(key).second)
+              fail(keys.size() == 1 ? "the header names " + shown(key) + " twice; each name may appear once"
+                                    : "the header repeats the key " + shown(key) + " inside one object");
+            break;
+          }
+          case E::object_end:
+          case E::array_end:
+            keys.pop_back();
+            break;
+          case E::value:
+            break;
+        }
+        return true;
+      });
+    } catch (const ordered_json::exception& e) {
+      std::string detail = e.what();  // "[json.exception.parse_error.101] parse error at ..."
+      if (auto pos = detail.find("] "); pos != std::string::npos) detail = detail.substr(pos + 2);
+      fail("the header is not JSON: " + detail);
+    }
+    if (!root.is_object()) fail(std::string("the header is not a JSON object but ") + root.type_name());
+
+    std::vector<Entry> entries;
+    for (const auto& [name, value] : root.items()) {
+      if (name == kMetadataKey) {
+        if (!value.is_object())
+          fail(std::string("\"__metadata__\" is ") + value.type_name() + ", not an object of strings");
+        for (const auto& [key, v] : value.items()) {
+          if (!v.is_string())
+            fail("\"__metadata__\" holds " + std::string(v.type_name()) + " under " + shown(key) +
+                 "; metadata values are strings");
+          metadata.emplace(key, v.get<std::string>());
+        }
+        continue;
+      }
+      entries.push_back(parse_entry(name, value));
+    }
+    return entries;
+  }
+
+  Entry parse_entry(const std::string& name, const ordered_json& value) const {
+    const std::string what = "tensor " + shown(name);
+    if (!value.is_object())
+      fail(what + " is " + value.type_name() + ", not an object of dtype, shape and data_offsets");
+    for (const auto& [key, v] : value.items())
+      if (key != "dtype" && key != "shape" && key != "data_offsets")
+        fail(what + " has the unknown field " + shown(key) + "; a tensor has dtype, shape and data_offsets");
+    for (const char* field : {"dtype", "shape", "data_offsets"})
+      if (!value.contains(field)) fail(what + " has no \"" + field + "\"");
+
+    Entry e;
+    e.name = name;
+    const auto& dtype = value["dtype"];
+    if (!dtype.is_string()) fail(what + ": \"dtype\" is " + dtype.type_name() + ", not a string");
+    const auto& dtype_name = dtype.get_ref<const std::string&>();
+    const auto known = std::find_if(std::begin(kDTypeNames), std::end(kDTypeNames),
+                                    [&](const DTypeName& d) { return dtype_name == d.name; });
+    if (known == std::end(kDTypeNames))
+      fail(what + ": unknown dtype " + shown(dtype_name) +
+           "; backplane reads F32, F64, I32, I64, BOOL, F16, BF16, U8 and I8");
+    e.dtype = known->dtype;
+
+    const auto& shape = value["shape"];
+    if (!shape.is_array()) fail(what + ": \"shape\" is " + shape.type_name() + ", not an array of integers");
+    if (shape.size() > static_cast<std::size_t>(Shape::kMaxRank))
+      fail(what + ": the shape has rank " + std::to_string(shape.size()) + "; backplane holds at most " +
+           std::to_string(Shape::kMaxRank) + " dimensions");
+    std::vector<int64_t> dims;
+    uint64_t bytes = dtype_size(e.dtype);
+    bool overflow = false;
+    for (const auto& d : shape) {
+      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX})
+        fail(what + ": the shape " + shown(shape.dump()) + " holds " + shown(d.dump()) +
+             "; extents are integers from 0 to 2^63-1");
+      dims.push_back(d.get<int64_t>());
+      overflow = overflow || __builtin_mul_overflow(bytes, d.get<uint64_t>(), &bytes);
+    }
+    e.shape = Shape(dims);
+
+    const auto& offsets = value["data_offsets"];
+    if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+        !offsets[1].is_number_unsigned())
+      fail(what + ": \"data_offsets\" is " + shown(offsets.dump()) +
+           ", not [begin, end] of two non-negative integers");
+    e.begin = offsets[0].get<uint64_t>();
+    e.end = offsets[1].get<uint64_t>();
+    const std::string range = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
+    if (e.begin > e.end) fail(what + ": data_offsets " + range + " end before they begin");
+    if (e.end > buffer_size_)
+      fail(what + ": data_offsets " + range + " are out of range: the buffer after the header holds " +
+           std::to_string(buffer_size_) + " bytes");
+    if (overflow || bytes != e.end - e.begin)
+      fail(what + ": the shape " + e.shape.to_string() + " of " + dtype_name + " takes " +
+           (overflow ? std::string("more than 2^64") : std::to_string(bytes)) + " bytes but data_offsets " +
+           range + " hold " + std::to_string(e.end - e.begin));
+    return e;
+  }
+
+  // The tensors' byte ranges tile the buffer: no gap, no overlap, nothing after.
+  void check_coverage(const std::vector<Entry>& entries) const {
+    std::vector<const Entry*> order;
+    for (const Entry& e : entries) order.push_back(&e);
+    std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
+      return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+    });
+    uint64_t covered = 0;  // [0, covered) belongs to the tensors seen so far
+    const Entry* last = nullptr;
+    for (const Entry* e : order) {
+      if (e->begin < covered)
+        fail("tensors " + shown(last->name) + " and " + shown(e->name) + " overlap: bytes [" +
+             std::to_string(e->begin) + ", " + std::to_string(std::min(covered, e->end)) +
+             ") of the buffer are in both");
+      if (e->begin > covered)
+        fail("the tensors do not cover the buffer: bytes [" + std::to_string(covered) + ", " +
+             std::to_string(e->begin) + ") belong to no tensor");
+      if (e->end > covered) {
+        covered = e->end;
+        last = e;
+      }
+    }
+    if (covered != buffer_size_)
+      fail("the tensors do not cover the buffer: bytes [" + std::to_string(covered) + ", " +
+           std::to_string(buffer_size_) + ") at its end belong to no tensor");
+  }
+
+  std::filesystem::path path_;
+  common::UniqueFd fd_;
+  uint64_t size_ = 0;
+  uint64_t buffer_start_ = 0;
+  uint64_t buffer_size_ = 0;
+};
+
+}  // namespace
+
+SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device) {
+  return Reader(path).read(device);
+}
+
+}  // namespace backplane

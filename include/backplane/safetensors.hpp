@@ -1,0 +1,75 @@
+// Saving and loading named tensors in the safetensors format
+// (https://github.com/huggingface/safetensors), the one PyTorch, JAX and
+// NumPy users exchange weights in.
+//
+// Layout of a file:
+//   [0, 8)          N, the header's length in bytes, an unsigned little-endian 64-bit integer
+//   [8, 8 + N)      the header: a JSON object; trailing spaces pad it
+//   [8 + N, end)    the byte buffer: every tensor's elements, little-endian, row-major, packed
+// The header maps each tensor's name to
+//   {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}
+// with offsets relative to the buffer, and may hold "__metadata__", an object
+// of string values. The tensors' byte ranges cover the buffer exactly, with no
+// gap and no overlap.
+//
+// dtypes (backplane <-> safetensors): f32 F32, f64 F64, i32 I32, i64 I64,
+// bool BOOL (each byte 0 or 1), f16 F16, bf16 BF16, u8 U8, i8 I8. A file
+// holding any other safetensors dtype (F8_E4M3, U16, ...) is refused.
+//
+// Thread-safety: both functions may run concurrently on different files;
+// saving the same path from two threads leaves one complete file or the other.
+#ifndef BACKPLANE_SAFETENSORS_HPP_
+#define BACKPLANE_SAFETENSORS_HPP_
+
+#include <backplane/export.hpp>
+
+#include <backplane/registry.hpp>
+#include <backplane/tensor.hpp>
+
+#include <filesystem>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace backplane {
+
+// What a safetensors file holds: the tensors in the header's order, and the
+// "__metadata__" strings.
+struct SafetensorsFile {
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+// Writes `tensors` (each read back from its device, any layout) and
+// `metadata` to `path`, atomically: the file is written beside it and renamed
+// over it only once complete and on disk, so `path` never holds a partial
+// file. The header lists the tensors in the given order and their data
+// follows in that order; the header is padded with spaces so the buffer
+// starts at a multiple of 8 bytes.
+// Throws Errc::invalid_argument for an undefined tensor, a repeated name, the
+// name "__metadata__", or a name or metadata string that is not valid UTF-8;
+// Errc::io_error when the file cannot be
+// written (the message names it and the OS error); whatever reading a tensor
+// from its device throws.
+BACKPLANE_API void save_safetensors(const std::filesystem::path& path,
+                                    const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                    const std::map<std::string, std::string>& metadata = {});
+
+// Reads the file at `path` and makes each tensor on `device`. The whole
+// header is validated before any tensor is made.
+// Throws Errc::io_error when the file cannot be opened or read (naming it and
+// the OS error); Errc::invalid_argument, naming the file and what is wrong,
+// when it is not a valid safetensors file: shorter than 8 bytes, a header
+// length beyond the file (or above 100 MB), a header that is not JSON or not
+// an object, an entry that is not an object of dtype, shape and
+// data_offsets, an unknown dtype, a shape of rank above 8 or negative
+// extents, offsets out of the buffer or disagreeing with shape and dtype,
+// tensors overlapping or not covering the buffer, a repeated name,
+// metadata that is not an object of strings, a BOOL byte other than 0 or 1;
+// Errc::capability_missing when `device` does not hold a dtype of the file.
+BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device);
+
+}  // namespace backplane
+
+#endif  // BACKPLANE_SAFETENSORS_HPP_
