@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "scratch_mount.hpp"
+#include "temp_dir.hpp"
 
 namespace {
 
@@ -29,35 +30,7 @@ using backplane::common::check_file_writable;
 using backplane::common::FileWriteError;
 using backplane::common::write_file_atomically;
 
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<unsigned> counter{0};
-    std::random_device rd;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      const fs::path p =
-          fs::temp_directory_path() / ("backplane-atomic-" + std::to_string(::getpid()) + "-" +
-                                       std::to_string(counter++) + "-" + std::to_string(rd() % 100000));
-      if (fs::create_directory(p)) {
-        path_ = p;
-        return;
-      }
-    }
-    FAIL("could not create a temporary directory");
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ignored);
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-
- private:
-  fs::path path_;
-};
+using bptest::TempDir;
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

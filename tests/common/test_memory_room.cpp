@@ -4,9 +4,10 @@
 
 #include <doctest/doctest.h>
 
+#include "temp_dir.hpp"
+
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -15,29 +16,12 @@ using backplane::common::memory_room;
 
 namespace {
 
-class FakeRoot {
+// A fake /proc and cgroup tree.
+class FakeRoot : public bptest::TempDir {
  public:
-  FakeRoot() {
-    std::random_device rd;
-    path_ = fs::temp_directory_path() / ("bp-memroom-" + std::to_string(rd()) + std::to_string(rd()));
-    fs::create_directories(path_);
-  }
-  ~FakeRoot() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  FakeRoot(const FakeRoot&) = delete;
-  FakeRoot& operator=(const FakeRoot&) = delete;
-  void write(const std::string& rel, const std::string& text) const {
-    const fs::path p = path_ / rel;
-    fs::create_directories(p.parent_path());
-    std::ofstream(p) << text;
-  }
-  std::string proc() const { return (path_ / "proc").string(); }
-  std::string cgroup() const { return (path_ / "cgroup").string(); }
-
- private:
-  fs::path path_;
+  FakeRoot() : TempDir("backplane-memroom") {}
+  std::string proc() const { return (path() / "proc").string(); }
+  std::string cgroup() const { return (path() / "cgroup").string(); }
 };
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include <random>
 #include <string>
 
+#include "temp_dir.hpp"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -24,45 +26,7 @@ using backplane::common::SecretFileError;
 
 constexpr const char* kWhat = "the test secret (TEST_VAR)";
 
-// A private temporary folder, removed with everything in it.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<unsigned> counter{0};
-    std::random_device rd;
-    for (int attempt = 0; attempt < 100; ++attempt) {
-      const fs::path p =
-          fs::temp_directory_path() / ("backplane-secret-" + std::to_string(::getpid()) + "-" +
-                                       std::to_string(counter++) + "-" + std::to_string(rd() % 100000));
-      if (fs::create_directory(p)) {
-        path_ = p;
-        return;
-      }
-    }
-    FAIL("could not create a temporary directory");
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  // Writes `bytes` to `name` with `mode`; returns the path.
-  std::string write(const std::string& name, const std::string& bytes, mode_t mode = 0600) const {
-    const fs::path p = path_ / name;
-    {
-      std::ofstream out(p, std::ios::binary | std::ios::trunc);
-      out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    }
-    REQUIRE(::chmod(p.c_str(), mode) == 0);
-    return p.string();
-  }
-  fs::path path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using bptest::TempDir;
 
 // read_secret_file's refusal message ("" when it accepted the file).
 std::string refusal(const std::string& path) {
