@@ -3,7 +3,7 @@
 # python/tests/test_stubs.py keeps them in step with the module.
 import enum
 import os
-from typing import Any, Callable, Iterator, Optional, Sequence, SupportsIndex, TypeVar, Union, overload
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, SupportsIndex, Tuple, TypeVar, Union, overload
 
 from . import nn as nn
 
@@ -487,6 +487,12 @@ class op_fallback_off:
 
 def from_dlpack(x: Any, device: DeviceLike = None, *, copy: Optional[bool] = None) -> Tensor: ...
 def to_dlpack(t: Tensor) -> Any: ...
+
+# ---- safetensors files ------------------------------------------------------------------------
+
+def save(path: PathLike, tensors: Dict[str, Union[Tensor, ArrayLike]], metadata: Optional[Dict[str, str]] = None) -> None: ...
+def load(path: PathLike, device: DeviceLike = None) -> Dict[str, Tensor]: ...
+def load_with_metadata(path: PathLike, device: DeviceLike = None) -> Tuple[Dict[str, Tensor], Dict[str, str]]: ...
 
 # ---- distributed ------------------------------------------------------------------------------
 

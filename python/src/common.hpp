@@ -94,6 +94,7 @@ void bind_errors(py::module_& m);
 void bind_registry(py::module_& m);
 void bind_tensor(py::module_& m);
 void bind_dlpack(py::module_& m);
+void bind_safetensors(py::module_& m);
 void bind_distributed(py::module_& m);
 void bind_nn(py::module_& m);
 

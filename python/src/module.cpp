@@ -457,6 +457,7 @@ PYBIND11_MODULE(_backplane, m) {
   bpy::bind_registry(m);
   bpy::bind_tensor(m);
   bpy::bind_dlpack(m);
+  bpy::bind_safetensors(m);
   bpy::bind_distributed(m);
   bpy::bind_nn(m);
 }
