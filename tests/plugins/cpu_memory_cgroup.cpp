@@ -83,6 +83,10 @@ int child() {
 }  // namespace
 
 int main() {
+#ifdef BP_TEST_TSAN
+  std::printf("skipped: ThreadSanitizer's runtime alone takes more memory than the 256 MiB cgroup allows\n");
+  return 77;
+#endif
   bptest::MemoryCgroup cgroup(kLimit);
   if (!cgroup.ok()) {
     std::printf("skipped: %s\n", cgroup.why().c_str());

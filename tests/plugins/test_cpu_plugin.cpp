@@ -164,7 +164,9 @@ TEST_CASE("cpu: loading, creating and describing the device start no kernel libr
   CHECK(count.num_devices == 1);
   bp_device_info_args info{BP_DEVICE_INFO_ARGS_STRUCT_SIZE, p.plugin, 0, 0, nullptr, 0, nullptr};
   REQUIRE(p.take(p.api->device_info(&info)).code == BP_STATUS_OK);
-  CHECK(std::string(info.name) == "host (2 threads)");
+  // "host (2 threads)"; a build without OpenMP (ThreadSanitizer's) runs 1.
+  const std::string name = info.name;
+  CHECK_MESSAGE((name == "host (2 threads)" || name == "host (1 threads)"), name);
   bp_device_memory_args mem{BP_DEVICE_MEMORY_ARGS_STRUCT_SIZE, p.plugin, 0, 0, 0, 0};
   REQUIRE(p.take(p.api->device_memory(&mem)).code == BP_STATUS_OK);
   CHECK(mem.total_bytes > 0);
