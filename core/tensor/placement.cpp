@@ -54,13 +54,14 @@ thread_local bool off_in_this_thread = false;
 std::shared_ptr<BackendImpl> fallback_host(const BackendImpl& b) {
   if (b.op_host.load(std::memory_order_acquire) == nullptr || op_fallback_disabled() || off_in_this_thread)
     return nullptr;
-  std::lock_guard lock(b.op_mutex);
-  for (const auto& h : b.op_host_keep) {
-    if (h.get() != b.op_host.load(std::memory_order_relaxed)) continue;
-    h->ensure_loaded();  // an optional host loads on its first use
-    return h;
+  std::shared_ptr<BackendImpl> host;
+  {
+    std::lock_guard lock(b.op_mutex);
+    for (const auto& h : b.op_host_keep)
+      if (h.get() == b.op_host.load(std::memory_order_relaxed)) host = h;
   }
-  return nullptr;
+  if (host) host->ensure_loaded();  // an optional host loads on its first use, outside b's lock
+  return host;
 }
 
 // b's op_fallback as backends.json spells it, read under its lock
