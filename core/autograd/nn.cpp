@@ -3,8 +3,12 @@
 #include <backplane/nn.hpp>
 #include <backplane/ops.hpp>
 
+#include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <string>
+#include <string_view>
+#include <utility>
 
 namespace backplane::nn {
 
@@ -27,6 +31,58 @@ void check_rate(double v, const char* who, const char* what, bool allow_zero = t
   if (!std::isfinite(v) || v < 0 || (!allow_zero && v == 0))
     throw Error(Errc::invalid_argument, std::string(who) + ": " + what + " must be a finite number " +
                                             (allow_zero ? ">= 0" : "> 0") + ", got " + std::to_string(v));
+}
+
+// An optimizer state entry "<kind>.<index>" split into its parts; false for
+// any other form.
+bool split_state_name(std::string_view name, std::string_view& kind, std::size_t& index) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string_view::npos || dot == 0 || dot + 1 == name.size()) return false;
+  kind = name.substr(0, dot);
+  const char* first = name.data() + dot + 1;
+  const char* last = name.data() + name.size();
+  const auto [end, ec] = std::from_chars(first, last, index);
+  return ec == std::errc() && end == last && (*first != '0' || last - first == 1);
+}
+
+[[noreturn]] [[gnu::cold]] void bad_state(const char* who, const std::string& what) {
+  throw Error(Errc::invalid_argument, std::string(who) + "::load_state: " + what);
+}
+
+// The parameter index of state entry `name` when its kind is one of `kinds`;
+// throws naming the entry otherwise.
+std::size_t state_index(const char* who, const std::string& name,
+                        std::initializer_list<std::string_view> kinds, std::size_t n_params,
+                        std::string_view& kind) {
+  std::size_t index = 0;
+  bool known = split_state_name(name, kind, index);
+  if (known) {
+    known = false;
+    for (std::string_view k : kinds) known = known || k == kind;
+  }
+  if (!known) {
+    std::string list;
+    for (std::string_view k : kinds) list += (list.empty() ? "" : ", ") + std::string(k) + ".<i>";
+    bad_state(who, "unknown entry \"" + name + "\" (expected " + list + ")");
+  }
+  if (index >= n_params)
+    bad_state(who, "entry \"" + name + "\" names parameter " + std::to_string(index) + ", but there are " +
+                       std::to_string(n_params));
+  return index;
+}
+
+// A tensor of its own with `t`'s values.
+Tensor copy_of(const Tensor& t) {
+  Tensor c = Tensor::empty(t.device(), t.shape(), t.dtype());
+  c.copy_(t);
+  return c;
+}
+
+// A state entry that must match parameter `p` in shape, dtype and device.
+void check_like(const char* who, const std::string& name, const Tensor& t, const Tensor& p) {
+  if (!t.defined()) bad_state(who, "entry \"" + name + "\" is an undefined tensor");
+  if (t.shape() != p.shape() || t.dtype() != p.dtype() || t.device() != p.device())
+    bad_state(who, "entry \"" + name + "\" is " + t.to_string() + " but its parameter is " + p.to_string());
 }
 
 }  // namespace
@@ -103,6 +159,28 @@ void SGD::step(const Gradients& gradients) {
   }
 }
 
+std::vector<std::pair<std::string, Tensor>> SGD::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (std::size_t i = 0; i < velocity_.size(); ++i)
+    if (velocity_[i].defined()) out.emplace_back("velocity." + std::to_string(i), velocity_[i]);
+  return out;
+}
+
+void SGD::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
+  std::vector<Tensor> velocity(params_.size());
+  for (const auto& [name, t] : state) {
+    std::string_view kind;
+    const std::size_t i = state_index("nn::SGD", name, {"velocity"}, params_.size(), kind);
+    check_like("nn::SGD", name, t, params_[i]);
+    if (velocity[i].defined()) bad_state("nn::SGD", "entry \"" + name + "\" is given twice");
+    velocity[i] = t;
+  }
+  NoGradGuard no_grad;
+  for (Tensor& v : velocity)
+    if (v.defined()) v = copy_of(v);
+  velocity_ = std::move(velocity);
+}
+
 Adam::Adam(std::vector<Tensor> params, double lr, double beta1, double beta2, double eps)
     : Optimizer(std::move(params)), lr_(lr), beta1_(beta1), beta2_(beta2), eps_(eps) {
   check_rate(lr, "nn::Adam", "lr", false);
@@ -135,6 +213,58 @@ void Adam::step(const Gradients& gradients) {
     const Tensor denom = add(sqrt(div(v_[i], scalar(p, c2))), scalar(p, eps_));
     p.copy_(sub(p, mul(div(m_[i], denom), scalar(p, lr_ / c1))));
   }
+}
+
+std::vector<std::pair<std::string, Tensor>> Adam::state() const {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!m_[i].defined()) continue;
+    const std::string index = std::to_string(i);
+    out.emplace_back("m." + index, m_[i]);
+    out.emplace_back("v." + index, v_[i]);
+    out.emplace_back("step." + index, Tensor::from_vector<int64_t>(params_[i].device(), {1}, {t_[i]}));
+  }
+  return out;
+}
+
+void Adam::load_state(const std::vector<std::pair<std::string, Tensor>>& state) {
+  const std::size_t n = params_.size();
+  std::vector<Tensor> m(n), v(n), step(n);
+  for (const auto& [name, t] : state) {
+    std::string_view kind;
+    const std::size_t i = state_index("nn::Adam", name, {"m", "v", "step"}, n, kind);
+    Tensor& slot = kind == "m" ? m[i] : kind == "v" ? v[i] : step[i];
+    if (slot.defined()) bad_state("nn::Adam", "entry \"" + name + "\" is given twice");
+    if (kind == "step") {
+      if (!t.defined() || t.dtype() != DType::i64 || t.numel() != 1)
+        bad_state("nn::Adam", "entry \"" + name + "\" must be one i64 (the step count), got " +
+                                  (t.defined() ? t.to_string() : std::string("an undefined tensor")));
+    } else {
+      check_like("nn::Adam", name, t, params_[i]);
+    }
+    slot = t;
+  }
+  std::vector<int64_t> steps(n, 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    const int present = int{m[i].defined()} + int{v[i].defined()} + int{step[i].defined()};
+    if (present != 0 && present != 3)
+      bad_state("nn::Adam", "parameter " + std::to_string(i) + " has " + std::to_string(present) +
+                                " of its entries m, v and step; give all three or none");
+    if (present == 0) continue;
+    steps[i] = step[i].to_vector<int64_t>()[0];
+    if (steps[i] < 1)
+      bad_state("nn::Adam", "entry \"step." + std::to_string(i) + "\" is " + std::to_string(steps[i]) +
+                                "; a parameter with state has taken at least one step");
+  }
+  NoGradGuard no_grad;
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!m[i].defined()) continue;
+    m[i] = copy_of(m[i]);
+    v[i] = copy_of(v[i]);
+  }
+  m_ = std::move(m);
+  v_ = std::move(v);
+  t_ = std::move(steps);
 }
 
 }  // namespace backplane::nn

@@ -52,6 +52,22 @@ class BACKPLANE_API Optimizer {
   virtual void step(const Gradients& gradients) = 0;
   const std::vector<Tensor>& parameters() const noexcept { return params_; }
 
+  // What a checkpoint must hold to resume this optimizer bit-exactly, as
+  // named tensors on the parameters' devices (the tensors themselves, not
+  // copies: read or save them before the next step()). Names end in the
+  // parameter's index: SGD "velocity.<i>"; Adam "m.<i>", "v.<i>" and
+  // "step.<i>" (the step count, [1] i64). A parameter that has not taken a
+  // step yet has no entries. Like PyTorch's Optimizer.state_dict().
+  virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // Replaces the whole state with `state` (as state() names it; every entry
+  // is copied, so later changes to the given tensors do not reach this
+  // optimizer): a parameter without entries starts afresh. Throws
+  // Errc::invalid_argument, before changing anything, for an unknown name,
+  // an index beyond the parameters, an entry missing its partners (Adam's
+  // m, v and step come together), or a shape, dtype or device that differs
+  // from the parameter's.
+  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
+
  protected:
   explicit Optimizer(std::vector<Tensor> params);
   std::vector<Tensor> params_;
@@ -62,6 +78,8 @@ class BACKPLANE_API SGD final : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, double lr, double momentum = 0.0, double weight_decay = 0.0);
   void step(const Gradients& gradients) override;
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
 
  private:
   double lr_, momentum_, weight_decay_;
@@ -74,6 +92,8 @@ class BACKPLANE_API Adam final : public Optimizer {
   Adam(std::vector<Tensor> params, double lr = 1e-3, double beta1 = 0.9, double beta2 = 0.999,
        double eps = 1e-8);
   void step(const Gradients& gradients) override;
+  std::vector<std::pair<std::string, Tensor>> state() const override;
+  void load_state(const std::vector<std::pair<std::string, Tensor>>& state) override;
 
  private:
   double lr_, beta1_, beta2_, eps_;

@@ -7,6 +7,10 @@
 #include <backplane/nn.hpp>
 
 #include <cmath>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 using namespace backplane;
 using namespace bptest;
@@ -122,6 +126,91 @@ TEST_CASE("nn: Adam's first steps match the bias-corrected formula") {
     CHECK(got[0] == doctest::Approx(x[0]).epsilon(1e-12));
     CHECK(got[1] == doctest::Approx(x[1]).epsilon(1e-12));
   }
+}
+
+namespace {
+
+// Steps `opt` on loss = sum(p^2 * w) / 2 (w fixed, so g = p * w) `n` times.
+void descend(nn::Optimizer& opt, const Tensor& p, const Tensor& w, int n) {
+  for (int i = 0; i < n; ++i)
+    opt.step(mul(sum(mul(mul(p, p), w)), full(p.device(), {}, 0.5, p.dtype())).backward());
+}
+
+// Two optimizers: `a` runs 5 steps; `b` runs 2, hands its state to a fresh
+// optimizer `c` on a copy of its parameter, and `c` runs the other 3. The
+// results must agree bit for bit.
+template <typename Make>
+void check_resume_is_exact(const Device& d, Make make) {
+  const Tensor w = Tensor::from_vector<float>(d, {3}, {1.0f, 0.25f, 3.0f});
+  Tensor pa = Tensor::from_vector<float>(d, {3}, {0.5f, -1.5f, 2.0f}).require_grad();
+  Tensor pb = Tensor::from_vector<float>(d, {3}, {0.5f, -1.5f, 2.0f}).require_grad();
+  auto a = make(pa);
+  auto b = make(pb);
+  descend(*a, pa, w, 5);
+  CHECK(b->state().empty());  // no step taken: nothing to save
+  descend(*b, pb, w, 2);
+  std::vector<std::pair<std::string, Tensor>> saved;
+  // As a checkpoint would: read back and remade.
+  for (const std::pair<std::string, Tensor>& entry : b->state()) {
+    const Tensor& t = entry.second;
+    const std::string& name = entry.first;
+    saved.emplace_back(name, t.dtype() == DType::i64
+                                 ? Tensor::from_vector<int64_t>(d, t.shape(), t.to_vector<int64_t>())
+                                 : Tensor::from_vector<float>(d, t.shape(), t.to_vector<float>()));
+  }
+  Tensor pc = Tensor::from_vector<float>(d, {3}, pb.to_vector<float>()).require_grad();
+  auto c = make(pc);
+  c->load_state(saved);
+  descend(*b, pb, w, 1);  // b's later steps do not reach c's state
+  descend(*c, pc, w, 3);
+  CHECK(pc.to_vector<float>() == pa.to_vector<float>());
+}
+
+}  // namespace
+
+TEST_CASE("nn: an optimizer's state() loaded into a fresh one resumes bit-exactly") {
+  Registry r = cpu_registry();
+  Device d = cpu(r);
+  SUBCASE("SGD with momentum") {
+    check_resume_is_exact(
+        d, [](const Tensor& p) { return std::make_unique<nn::SGD>(std::vector<Tensor>{p}, 0.1, 0.9); });
+  }
+  SUBCASE("Adam") {
+    check_resume_is_exact(
+        d, [](const Tensor& p) { return std::make_unique<nn::Adam>(std::vector<Tensor>{p}, 0.01); });
+  }
+}
+
+TEST_CASE("nn: load_state refuses a state that does not fit, naming the entry, and changes nothing") {
+  Registry r = cpu_registry();
+  Device d = cpu(r);
+  Tensor p = Tensor::from_vector<float>(d, {2}, {1.0f, 2.0f}).require_grad();
+  const Tensor v2 = Tensor::from_vector<float>(d, {2}, {0.5f, 0.5f});
+  nn::SGD sgd({p}, 0.1, 0.9);
+  auto refused = [&](nn::Optimizer& opt, std::vector<std::pair<std::string, Tensor>> state,
+                     const char* says) {
+    const Error e = error_from([&] { opt.load_state(state); });
+    CHECK(e.code() == Errc::invalid_argument);
+    CHECK_MESSAGE(e.message().find(says) != std::string::npos, e.message());
+  };
+  refused(sgd, {{"momentum.0", v2}}, "unknown entry \"momentum.0\"");
+  refused(sgd, {{"velocity.1", v2}}, "names parameter 1, but there are 1");
+  refused(sgd, {{"velocity.01", v2}}, "unknown entry");
+  refused(sgd, {{"velocity.0", Tensor::from_vector<float>(d, {3}, {1, 2, 3})}}, "but its parameter is");
+  refused(sgd, {{"velocity.0", Tensor::from_vector<double>(d, {2}, {1, 2})}}, "but its parameter is");
+  refused(sgd, {{"velocity.0", v2}, {"velocity.0", v2}}, "given twice");
+  CHECK(sgd.state().empty());
+  sgd.load_state({{"velocity.0", v2}});
+  REQUIRE(sgd.state().size() == 1);
+  CHECK(sgd.state()[0].second.to_vector<float>() == std::vector<float>{0.5f, 0.5f});
+
+  nn::Adam adam({p}, 0.01);
+  refused(adam, {{"m.0", v2}, {"v.0", v2}}, "has 2 of its entries m, v and step");
+  refused(adam, {{"m.0", v2}, {"v.0", v2}, {"step.0", Tensor::from_vector<int64_t>(d, {1}, {0})}},
+          "at least one step");
+  refused(adam, {{"m.0", v2}, {"v.0", v2}, {"step.0", Tensor::from_vector<float>(d, {1}, {1})}},
+          "must be one i64");
+  CHECK(adam.state().empty());
 }
 
 TEST_CASE("nn: Tensor::copy_ overwrites in place and checks shape, dtype and layout") {
