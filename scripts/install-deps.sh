@@ -11,6 +11,7 @@ packages=(
   iproute2 clang-format
   libflatbuffers-dev flatbuffers-compiler clang libclang-rt-14-dev
   pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  munge slurmctld slurmd slurm-client
 )
 
 missing=()
@@ -35,5 +36,15 @@ fi
 
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+# munge, slurmctld and slurmd are daemons whose packages start them on
+# install; scripts/local-slurm.sh starts its own, with its own config and key,
+# when asked. A policy-rc.d that denies every start keeps the install from
+# starting them (or failing to, in a container without systemd); one already
+# there (Docker images have one) is left as it is.
+policy=/usr/sbin/policy-rc.d
+if [[ ! -e "$policy" ]]; then
+  "${sudo[@]}" sh -c "printf '#!/bin/sh\n# install-deps.sh: no daemon starts during its install\nexit 101\n' >$policy && chmod 0755 $policy"
+  trap '"${sudo[@]}" rm -f "$policy"' EXIT
+fi
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
