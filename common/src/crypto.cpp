@@ -1,4 +1,5 @@
-// HMAC-SHA256 through OpenSSL's one-shot HMAC(), CRYPTO_memcmp and RAND_bytes.
+// HMAC-SHA256 through OpenSSL's one-shot HMAC(), SHA-256 through its EVP digest
+// interface, CRYPTO_memcmp and RAND_bytes.
 #include "backplane_common/crypto.hpp"
 
 #include <openssl/crypto.h>
@@ -7,6 +8,8 @@
 #include <openssl/rand.h>
 
 #include <climits>
+#include <memory>
+#include <string>
 #include <vector>
 
 namespace backplane::common {
@@ -25,6 +28,43 @@ std::optional<Sha256> hmac_sha256(std::string_view key,
       len != kSha256Bytes)
     return std::nullopt;
   return out;
+}
+
+struct Sha256Hasher::Context {
+  EVP_MD_CTX* ctx = nullptr;
+  bool ok = false;
+};
+
+Sha256Hasher::Sha256Hasher() : context_(std::make_unique<Context>()) {
+  context_->ctx = EVP_MD_CTX_new();
+  context_->ok = context_->ctx != nullptr && EVP_DigestInit_ex(context_->ctx, EVP_sha256(), nullptr) == 1;
+}
+
+Sha256Hasher::~Sha256Hasher() { EVP_MD_CTX_free(context_->ctx); }
+
+bool Sha256Hasher::update(std::span<const uint8_t> bytes) noexcept {
+  if (context_->ok && !bytes.empty())
+    context_->ok = EVP_DigestUpdate(context_->ctx, bytes.data(), bytes.size()) == 1;
+  return context_->ok;
+}
+
+std::optional<Sha256> Sha256Hasher::finish() noexcept {
+  if (!context_->ok) return std::nullopt;
+  context_->ok = false;
+  Sha256 out{};
+  unsigned int len = 0;
+  if (EVP_DigestFinal_ex(context_->ctx, out.data(), &len) != 1 || len != kSha256Bytes) return std::nullopt;
+  return out;
+}
+
+std::string to_hex(const Sha256& digest) {
+  std::string hex;
+  hex.reserve(2 * digest.size());
+  for (const uint8_t b : digest) {
+    hex += "0123456789abcdef"[b >> 4];
+    hex += "0123456789abcdef"[b & 15];
+  }
+  return hex;
 }
 
 bool equal_constant_time(std::span<const uint8_t> a, std::span<const uint8_t> b) noexcept {

@@ -132,6 +132,28 @@ TEST_CASE("crypto: HMAC-SHA256 matches RFC 4231, over parts as over their concat
   CHECK(*empty != *whole);
 }
 
+TEST_CASE("crypto: Sha256Hasher matches FIPS 180-2's digests, over pieces as over the whole") {
+  {
+    bc::Sha256Hasher h;
+    const auto d = h.finish();
+    REQUIRE(d.has_value());
+    CHECK(bc::to_hex(*d) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    CHECK_FALSE(h.finish().has_value());  // spent
+    CHECK_FALSE(h.update(bc::bytes_of("x")));
+  }
+  bc::Sha256Hasher whole, pieces;
+  REQUIRE(whole.update(bc::bytes_of("abc")));
+  REQUIRE(pieces.update(bc::bytes_of("a")));
+  REQUIRE(pieces.update(bc::bytes_of("")));
+  REQUIRE(pieces.update(bc::bytes_of("bc")));
+  const auto a = whole.finish();
+  const auto b = pieces.finish();
+  REQUIRE(a.has_value());
+  REQUIRE(b.has_value());
+  CHECK(bc::to_hex(*a) == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(*a == *b);
+}
+
 TEST_CASE("crypto: equal_constant_time compares bytes and lengths, random_bytes fills") {
   const std::vector<uint8_t> a{1, 2, 3};
   const std::vector<uint8_t> b{1, 2, 3};

@@ -25,6 +25,7 @@ struct LaunchOptions {
   double grace = 5.0;
   bool no_prefix = false;
   bool rank0_passthrough = false;
+  int32_t max_restarts = 0;
   std::vector<std::string> command;
 };
 
@@ -71,12 +72,12 @@ int run_launch(const LaunchOptions& options) {
   spec.argv = options.command;
   spec.nproc = options.nproc;
   spec.master_addr = options.master_addr;
-  spec.master_port =
-      options.master_port != 0 ? static_cast<uint16_t>(options.master_port) : choose_free_port();
+  spec.master_port = static_cast<uint16_t>(options.master_port);  // 0: a free one for each start
   spec.timeout = options.timeout;
   spec.grace = std::chrono::milliseconds(std::llround(options.grace * 1000.0));
   spec.prefix = !options.no_prefix;
   spec.rank0_passthrough = options.rank0_passthrough;
+  spec.max_restarts = options.max_restarts;
   return run_ranks(spec);
 }
 
@@ -109,6 +110,10 @@ Command add_launch_command(CLI::App& parent) {
   sub->add_flag("--rank0-passthrough", options->rank0_passthrough,
                 "Rank 0 writes straight to the launcher's stdout and stderr (a terminal stays a terminal, "
                 "no prefix); the other ranks are relayed");
+  sub->add_option("--max-restarts", options->max_restarts,
+                  "When a rank fails, stop every rank and start them all again, at most K times (default 0)")
+      ->type_name("K")
+      ->check(integer_in(0, 1000, "number of restarts"));
   sub->add_option("command", options->command, "The program to run and its arguments (after --)")
       ->required()
       ->type_name("CMD");
@@ -129,9 +134,16 @@ Command add_launch_command(CLI::App& parent) {
       "SIGHUP sent to the launcher are forwarded the same way; a second one kills at once. The rank\n"
       "processes themselves die with the launcher even when the launcher is SIGKILLed.\n"
       "\n"
-      "Exit code: 0 when every rank exited 0; else the first failing rank's exit code (128 + N for a\n"
-      "rank killed by signal N); 128 + N when the launcher was stopped by signal N; 127 when the\n"
-      "command cannot be found or executed (nothing is started); 64 for a bad command line.");
+      "With --max-restarts K, a failed rank (not a signalled launcher) stops every rank as above, then\n"
+      "all ranks start again, with a fresh rendezvous (a new free port unless --master-port is given,\n"
+      "a new job secret unless the caller set one) and BACKPLANE_RESTART_COUNT=1, 2, ...; after K\n"
+      "restarts the next failure ends the job. A program that checkpoints resumes from its checkpoint\n"
+      "(`backplane train --checkpoint-dir` does).\n"
+      "\n"
+      "Exit code: 0 when every rank of the last start exited 0; else the first failing rank's exit\n"
+      "code (128 + N for a rank killed by signal N); 128 + N when the launcher was stopped by signal\n"
+      "N; 127 when the command cannot be found or executed (nothing is started); 64 for a bad command\n"
+      "line.");
   return {sub, [options] { return run_launch(*options); }};
 }
 

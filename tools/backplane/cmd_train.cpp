@@ -3,15 +3,21 @@
 // --nproc > 1 it starts itself --nproc times through the launcher (rank 0
 // keeps the terminal for its progress bar); each rank trains on its shard of
 // every global batch, and backward all-reduces the gradients of the
-// registered parameters.
+// registered parameters. With --checkpoint-dir, rank 0 saves checkpoints and
+// every rank resumes from the newest valid one (checkpoint.hpp); with
+// --max-restarts, the launcher starts the job again when a rank fails.
+#include "checkpoint.hpp"
 #include "cli.hpp"
 #include "launcher.hpp"
+#include "progress.hpp"
 #include "svg_plot.hpp"
 
 #include "digits.hpp"
 
 #include <backplane/backplane.hpp>
+#include <backplane/safetensors.hpp>
 #include <backplane_common/atomic_file.hpp>
+#include <backplane_common/crypto.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -54,6 +60,12 @@ struct TrainOptions {
   std::string plot_scale = "log";
   double bucket_mb = 25;
   double train_fraction = 0.8;
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 0;  // 0: at the end of every epoch
+  int keep = 2;
+  std::string save_model;
+  int max_restarts = 0;
+  bool keep_given = false;
   bool nproc_given = false;
   std::vector<std::string> raw_args;  // as given, to start the ranks with
 };
@@ -213,6 +225,26 @@ void check_writable(const std::string& path, const char* flag) {
   }
 }
 
+// Whether this process is rank 0 of its job (or not in a job at all): the
+// one that writes the outputs.
+bool is_lead_rank() {
+  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
+    if (const char* value = std::getenv(v); value != nullptr) return std::string_view(value) == "0";
+  return true;
+}
+
+// Makes the checkpoint folder now and checks that a checkpoint can be
+// written in it, so a bad --checkpoint-dir fails before training.
+void check_checkpoint_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw CommandError(kExitFailed, "--checkpoint-dir: cannot make " + dir + ": " + ec.message());
+  if (!fs::is_directory(dir, ec))
+    throw CommandError(kExitFailed, "--checkpoint-dir: " + dir + " is not a folder");
+  check_writable((fs::path(dir) / "step-0000000000.safetensors").string(), "--checkpoint-dir");
+}
+
 // Writes an output file whole or not at all (common::AtomicFileWriter): a
 // failed write leaves no empty or partial file under its name.
 void write_output(const std::string& path, const char* flag, std::string_view contents) {
@@ -221,6 +253,129 @@ void write_output(const std::string& path, const char* flag, std::string_view co
   } catch (const common::FileWriteError& e) {
     throw CommandError(kExitFailed, std::string(flag) + ": " + e.what());
   }
+}
+
+// What a checkpoint must share with the run that resumes from it: the model,
+// the world size and every option that changes the numbers, and the data
+// (the SHA-256 of the training split, so another file or split is refused).
+RunIdentity run_identity(const TrainOptions& o, int world, const digits::Dataset& train) {
+  common::Sha256Hasher hasher;
+  hasher.update({reinterpret_cast<const uint8_t*>(train.x.data()), train.x.size() * sizeof(float)});
+  hasher.update({reinterpret_cast<const uint8_t*>(train.y.data()), train.y.size() * sizeof(int64_t)});
+  const std::optional<common::Sha256> data = hasher.finish();
+  RunIdentity id;
+  id["model"] = "MLP 64-128-10";
+  id["world size"] = std::to_string(world);
+  id["--batch-size"] = std::to_string(o.batch_size);
+  id["--optimizer"] = o.optimizer;
+  id["--lr"] = exact_text(o.lr);
+  if (o.optimizer == "sgd") id["--momentum"] = exact_text(o.momentum);
+  id["--seed"] = std::to_string(o.seed);
+  id["training data"] = data ? "sha256:" + common::to_hex(*data) : std::string("unknown");
+  return id;
+}
+
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::vector<uint8_t> bytes_of(const std::string& text) {
+  return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+// Rank 0 chooses the checkpoint to resume from: the newest that reads back
+// whole and matches its checksum (a damaged one is skipped with a warning
+// naming it); one made for another run is refused. It tells the other ranks
+// through the store, and each of them reads the same file.
+std::optional<Checkpoint> agree_on_checkpoint(const TrainOptions& o, const Rendezvous& rdzv, bool distributed,
+                                              const Device& device, const RunIdentity& identity) {
+  constexpr const char* kKey = "train/checkpoint";
+  const fs::path dir = o.checkpoint_dir;
+  if (rdzv.rank() == 0) {
+    std::optional<Checkpoint> found;
+    try {
+      if (const int removed = remove_interrupted_writes(dir); removed > 0)
+        std::fprintf(stderr, "backplane train: removed %d unfinished checkpoint write%s in %s\n", removed,
+                     removed == 1 ? "" : "s", dir.string().c_str());
+      for (const auto& [step, file] : list_checkpoints(dir)) {
+        std::optional<Checkpoint> c;
+        try {
+          c = load_checkpoint(file, device);
+        } catch (const Error& e) {
+          print_warning("skipping checkpoint " + file.string() + ": " + e.message());
+          continue;
+        }
+        if (const std::string m = identity_mismatch(c->identity, identity); !m.empty())
+          throw CommandError(kExitFailed,
+                             "cannot resume from " + file.string() + ": it was made with " + m +
+                                 "; train with the same options, or pass another --checkpoint-dir");
+        found = std::move(c);
+        break;
+      }
+    } catch (const CommandError& e) {
+      if (distributed) rdzv.store()->set(kKey, bytes_of("!" + std::string(e.what())));
+      throw;
+    }
+    if (distributed)
+      rdzv.store()->set(kKey, bytes_of(found ? found->path.filename().string() : std::string()));
+    return found;
+  }
+  const std::shared_ptr<Store> store = rdzv.store();
+  const std::string chosen = text_of(store->get(kKey, store->timeout()));
+  if (!chosen.empty() && chosen[0] == '!')
+    throw CommandError(kExitFailed, "rank 0 cannot resume (it says why): " + chosen.substr(1));
+  if (chosen.empty()) return std::nullopt;
+  try {
+    return load_checkpoint(dir / chosen, device);
+  } catch (const Error& e) {
+    throw CommandError(kExitFailed, "rank " + std::to_string(rdzv.rank()) + " cannot read checkpoint " +
+                                        chosen + ", which rank 0 chose: " + e.message() +
+                                        "; every rank must see the same --checkpoint-dir (on several nodes, "
+                                        "a shared file system)");
+  }
+}
+
+// Every rank posts the SHA-256 of its model and optimizer state and checks
+// that all agree, so training goes on only from one state everywhere.
+void confirm_same_model(const Rendezvous& rdzv, const NamedTensors& model, const NamedTensors& optimizer,
+                        const std::string& source) {
+  const std::shared_ptr<Store> store = rdzv.store();
+  const std::string prefix = "train/model_sha256/";
+  store->set(prefix + std::to_string(rdzv.rank()), bytes_of(tensors_sha256({&model, &optimizer})));
+  std::vector<std::string> keys;
+  for (int r = 0; r < rdzv.world_size(); ++r) keys.push_back(prefix + std::to_string(r));
+  store->wait(keys, store->timeout());
+  std::vector<std::string> hashes;
+  for (const std::string& key : keys) hashes.push_back(text_of(store->get(key, store->timeout())));
+  std::string differ;
+  for (std::size_t r = 1; r < hashes.size(); ++r)
+    if (hashes[r] != hashes[0])
+      differ += (differ.empty() ? "" : ", ") + std::string("rank ") + std::to_string(r) + " sha256 " +
+                hashes[r].substr(0, 16);
+  if (!differ.empty())
+    throw CommandError(kExitFailed, "the ranks hold different models after " + source + ": rank 0 sha256 " +
+                                        hashes[0].substr(0, 16) + ", " + differ);
+}
+
+// Every rank's partial loss sum of the running epoch, gathered on rank 0
+// (exactly, as text) for a checkpoint taken mid-epoch; empty on the others.
+std::vector<double> gather_loss_sums(const Rendezvous& rdzv, bool distributed, int64_t step, double mine) {
+  if (!distributed) return {mine};
+  const std::shared_ptr<Store> store = rdzv.store();
+  const std::string prefix = "train/loss_sum/" + std::to_string(step) + "/";
+  if (rdzv.rank() != 0) {
+    store->set(prefix + std::to_string(rdzv.rank()), bytes_of(exact_text(mine)));
+    return {};
+  }
+  std::vector<double> sums{mine};
+  for (int r = 1; r < rdzv.world_size(); ++r) {
+    const std::string key = prefix + std::to_string(r);
+    sums.push_back(std::strtod(text_of(store->get(key, store->timeout())).c_str(), nullptr));
+    store->remove(key);
+  }
+  return sums;
+}
+
+NamedTensors model_tensors(const nn::Linear& l1, const nn::Linear& l2) {
+  return {
+      {"l1.weight", l1.weight()}, {"l1.bias", l1.bias()}, {"l2.weight", l2.weight()}, {"l2.bias", l2.bias()}};
 }
 
 // Ends the job's groups on every path out of a rank.
@@ -276,6 +431,36 @@ int train_rank(const TrainOptions& o) {
     opt = std::make_unique<nn::Adam>(params, o.lr);  // --momentum does not apply
   auto forward = [&](const Tensor& x) { return l2(relu(l1(x))); };
 
+  // Where training starts: a checkpoint's position, or the beginning.
+  ProgressReporter board = ProgressReporter::from_env();
+  const RunIdentity identity = run_identity(o, world, train);
+  TrainPosition start;
+  std::optional<Checkpoint> resumed;
+  if (!o.checkpoint_dir.empty()) {
+    resumed = agree_on_checkpoint(o, rdzv, distributed, device, identity);
+    if (resumed) {
+      NoGradGuard no_grad;
+      std::map<std::string, Tensor> saved(resumed->model.begin(), resumed->model.end());
+      for (const auto& [name, p] : model_tensors(l1, l2)) {
+        const auto it = saved.find(name);
+        if (it == saved.end())
+          throw CommandError(kExitFailed, resumed->path.string() + ": the model has no tensor " + name);
+        p.copy_(it->second);
+      }
+      opt->load_state(resumed->optimizer);
+      start = resumed->position;
+      if (!start.loss_sums.empty() && start.loss_sums.size() != static_cast<std::size_t>(world))
+        throw CommandError(kExitFailed, resumed->path.string() + ": it holds the loss sums of " +
+                                            std::to_string(start.loss_sums.size()) + " ranks, this job has " +
+                                            std::to_string(world));
+      board.checkpoint(start.step);
+    }
+    if (distributed)
+      confirm_same_model(
+          rdzv, model_tensors(l1, l2), opt->state(),
+          resumed ? "loading " + resumed->path.filename().string() : std::string("initialisation"));
+  }
+
   const bool tty = lead && ::isatty(STDOUT_FILENO) != 0;
   if (lead)
     std::printf(
@@ -284,23 +469,60 @@ int train_rank(const TrainOptions& o) {
         data_path.string().c_str(), static_cast<long long>(train.rows()), static_cast<long long>(test.rows()),
         world, world == 1 ? "" : "s", device.id().c_str(), o.batch_size, o.optimizer.c_str(), o.lr, o.epochs,
         static_cast<unsigned long long>(o.seed));
+  if (lead && resumed)
+    std::printf("resuming from %s: step %lld, epoch %d%s\n", resumed->path.string().c_str(),
+                static_cast<long long>(start.step), start.completed_epochs + (start.epoch_step > 0 ? 1 : 0),
+                start.epoch_step > 0
+                    ? (" (" + std::to_string(start.epoch_step) + " of its steps done)").c_str()
+                    : " done");
   if (lead && support.falls_back()) {
     std::printf("%s\n", support.fallback_summary().c_str());
     std::fflush(stdout);
   }
 
-  std::vector<double> epoch_loss, step_loss;
-  int64_t steps = 0;
+  std::vector<double> epoch_loss = start.epoch_loss, step_loss = start.step_loss;
+  int64_t steps = start.step;  // over every run of this job
+  int64_t timed_steps = 0;     // this run's
   double train_seconds = 0;
+  int checkpoints = 0;
+  double checkpoint_seconds = 0;
+  // Rank 0 writes a checkpoint of where the run stands; the other ranks send
+  // it their partial loss sums first when it is taken mid-epoch.
+  auto checkpoint = [&](int32_t completed_epochs, int64_t epoch_step, double loss_sum) {
+    const auto t0 = Clock::now();
+    TrainPosition at;
+    at.step = steps;
+    at.completed_epochs = completed_epochs;
+    at.epoch_step = epoch_step;
+    if (epoch_step > 0) at.loss_sums = gather_loss_sums(rdzv, distributed, steps, loss_sum);
+    if (!lead) return;
+    at.epoch_loss = epoch_loss;
+    at.step_loss = step_loss;
+    std::vector<std::string> command{"backplane", "train"};
+    command.insert(command.end(), o.raw_args.begin(), o.raw_args.end());
+    try {
+      save_checkpoint(o.checkpoint_dir, at, identity, command, model_tensors(l1, l2), opt->state(), o.keep);
+    } catch (const Error& e) {
+      throw CommandError(kExitFailed, "cannot write a checkpoint: " + e.message());
+    }
+    board.checkpoint(steps);
+    ++checkpoints;
+    checkpoint_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
+  };
+  const bool checkpointing = !o.checkpoint_dir.empty();
   reset_grad_sync_stats();
   std::optional<ProcessGroup> group;
   if (distributed) group = distributed_group(device);
-  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+  for (int epoch = start.completed_epochs + 1; epoch <= o.epochs; ++epoch) {
     const std::vector<int64_t> rows = shard(train.rows(), rank, world, o.seed, epoch);
     const std::size_t n_steps = (rows.size() + o.batch_size - 1) / static_cast<std::size_t>(o.batch_size);
-    double loss_sum = 0;
+    // A resumed epoch goes on from its checkpoint's step and loss sum.
+    const bool resuming = epoch == start.completed_epochs + 1 && start.epoch_step > 0;
+    const std::size_t first = resuming ? static_cast<std::size_t>(start.epoch_step) : 0;
+    double loss_sum =
+        resuming && !start.loss_sums.empty() ? start.loss_sums[static_cast<std::size_t>(rank)] : 0;
     const auto t_epoch = Clock::now();
-    for (std::size_t s = 0; s < n_steps; ++s) {
+    for (std::size_t s = first; s < n_steps; ++s) {
       const std::size_t b = s * static_cast<std::size_t>(o.batch_size);
       const auto t0 = Clock::now();
       Batch batch = make_batch(device, train, rows, b, std::min(rows.size(), b + o.batch_size));
@@ -310,6 +532,8 @@ int train_rank(const TrainOptions& o) {
       const double l = loss.to_vector<float>()[0];
       train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       ++steps;
+      ++timed_steps;
+      board.step(steps);
       loss_sum += l;
       step_loss.push_back(l);
       const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
@@ -318,6 +542,10 @@ int train_rank(const TrainOptions& o) {
                  static_cast<double>(std::min(rows.size(), (s + 1) * o.batch_size) * world) /
                      std::max(elapsed, 1e-9),
                  false);
+      // Mid-epoch checkpoints; one that falls on the epoch's last step is
+      // taken after the epoch's loss below.
+      if (checkpointing && o.checkpoint_every > 0 && steps % o.checkpoint_every == 0 && s + 1 < n_steps)
+        checkpoint(epoch - 1, static_cast<int64_t>(s + 1), loss_sum);
     }
     // The epoch's loss over every rank's shard.
     const float local_loss = static_cast<float>(loss_sum / static_cast<double>(n_steps));
@@ -331,7 +559,11 @@ int train_rank(const TrainOptions& o) {
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     if (lead)
       progress(tty, epoch, o.epochs, n_steps, n_steps, epoch_loss.back(),
-               static_cast<double>(rows.size() * world) / std::max(elapsed, 1e-9), true);
+               static_cast<double>((rows.size() - first * static_cast<std::size_t>(o.batch_size)) * world) /
+                   std::max(elapsed, 1e-9),
+               true);
+    if (checkpointing && (o.checkpoint_every == 0 || steps % o.checkpoint_every == 0 || epoch == o.epochs))
+      checkpoint(epoch, 0, 0);
   }
   const GradSyncStats stats = grad_sync_stats();
 
@@ -341,7 +573,9 @@ int train_rank(const TrainOptions& o) {
     const Tensor x = Tensor::from_vector<float>(device, {test.rows(), digits::kFeatures}, test.x);
     test_accuracy = nn::accuracy(forward(x), Tensor::from_vector<int64_t>(device, {test.rows()}, test.y));
   }
-  const double per_step = train_seconds / static_cast<double>(std::max<int64_t>(steps, 1));
+  // This run's steps only: a resumed run times what it trained itself.
+  const double per_step = timed_steps > 0 ? train_seconds / static_cast<double>(timed_steps) : 0.0;
+  const double steps_per_second = per_step > 0 ? 1.0 / per_step : 0.0;
   const double sync_fraction = train_seconds > 0 ? stats.seconds / train_seconds : 0;
   // Most time first (Backend::op_fallback_stats), this rank's counts.
   const std::vector<OpFallbackStats> fallbacks = backend.op_fallback_stats();
@@ -349,12 +583,23 @@ int train_rank(const TrainOptions& o) {
     std::printf(
         "test accuracy %.4f | %lld steps | %.1f steps/s | %.3f ms/step | all_reduce %.0f%% of step time "
         "(%lld collectives, %.1f KiB each)\n",
-        test_accuracy, static_cast<long long>(steps), 1.0 / per_step, per_step * 1e3, sync_fraction * 100,
+        test_accuracy, static_cast<long long>(steps), steps_per_second, per_step * 1e3, sync_fraction * 100,
         static_cast<long long>(stats.collectives),
         stats.collectives > 0 ? static_cast<double>(stats.bytes) / stats.collectives / 1024 : 0.0);
     if (const std::string line = fallback_report(backend, device, fallbacks); !line.empty())
       std::printf("%s\n", line.c_str());
+    if (checkpoints > 0)
+      std::printf("checkpoints: %d written to %s (%.1f ms each, not in ms/step), the newest %d kept\n",
+                  checkpoints, o.checkpoint_dir.c_str(), checkpoint_seconds * 1e3 / checkpoints, o.keep);
     std::fflush(stdout);
+    if (!o.save_model.empty()) {
+      try {
+        save_safetensors(o.save_model, model_tensors(l1, l2),
+                         {{"backplane.model", "MLP 64-128-10"}, {"step", std::to_string(steps)}});
+      } catch (const Error& e) {
+        throw CommandError(kExitFailed, "--save-model: " + e.message());
+      }
+    }
     if (!o.metrics_out.empty()) {
       // In this order; op_fallbacks by time, most first.
       nlohmann::ordered_json by_time = nlohmann::ordered_json::object();
@@ -364,7 +609,8 @@ int train_rank(const TrainOptions& o) {
       nlohmann::ordered_json m{{"test_accuracy", test_accuracy},
                                {"steps", steps},
                                {"seconds_per_step", per_step},
-                               {"steps_per_second", 1.0 / per_step},
+                               {"steps_per_second", steps_per_second},
+                               {"resumed_from_step", resumed ? resumed->position.step : int64_t{0}},
                                {"allreduce_fraction", sync_fraction},
                                {"epochs", o.epochs},
                                {"nproc", world},
@@ -412,10 +658,21 @@ int run_train(TrainOptions o) {
   if (!o.plot.empty() && ext != ".svg")
     throw CommandError(kExitUsage, "--plot writes SVG: name the file *.svg (got " + o.plot + ")");
   if (o.lr == 0) o.lr = o.optimizer == "adam" ? 1e-3 : 0.1;
-  if (in_a_job() || o.nproc == 1) {
-    if (!in_a_job() || std::getenv("RANK") == nullptr || std::string(std::getenv("RANK")) == "0") {
+  if (o.checkpoint_dir.empty() && (o.checkpoint_every > 0 || o.keep_given))
+    throw CommandError(kExitUsage, std::string(o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep") +
+                                       " needs --checkpoint-dir, the folder the checkpoints go to");
+  // Under a launcher (or Slurm), each rank is one process: restarts are the
+  // launcher's (or the scheduler's) to make.
+  if (in_a_job() && o.max_restarts > 0 && is_lead_rank())
+    print_warning(
+        "--max-restarts is ignored: this process is a rank of a job started by a launcher or "
+        "scheduler, which restarts it (backplane launch --max-restarts, sbatch --requeue)");
+  if (in_a_job() || (o.nproc == 1 && o.max_restarts == 0)) {
+    if (is_lead_rank()) {
       check_writable(o.metrics_out, "--metrics-out");
       check_writable(o.plot, "--plot");
+      check_writable(o.save_model, "--save-model");
+      check_checkpoint_dir(o.checkpoint_dir);
     }
     return train_rank(o);
   }
@@ -430,6 +687,11 @@ int run_train(TrainOptions o) {
     load_split(o, find_data(o.data));
     check_writable(o.metrics_out, "--metrics-out");
     check_writable(o.plot, "--plot");
+    check_writable(o.save_model, "--save-model");
+    check_checkpoint_dir(o.checkpoint_dir);
+    if (o.max_restarts > 0 && o.checkpoint_dir.empty())
+      print_warning(
+          "--max-restarts without --checkpoint-dir: a restarted job trains again from the first step");
   }
 
   // Start the ranks: this program again, with the same arguments, under the
@@ -444,8 +706,9 @@ int run_train(TrainOptions o) {
   spec.argv.insert(spec.argv.end(), o.raw_args.begin(), o.raw_args.end());
   spec.nproc = o.nproc;
   spec.master_addr = "127.0.0.1";
-  spec.master_port = choose_free_port();
+  spec.master_port = 0;  // a free one, chosen afresh for each start
   spec.rank0_passthrough = true;
+  spec.max_restarts = o.max_restarts;
   return run_ranks(spec);
 }
 
@@ -475,13 +738,27 @@ Command add_train_command(CLI::App& parent) {
       ->check(CLI::IsMember({"log", "linear"}));
   app->add_option("--bucket-mb", o->bucket_mb, "Gradient bucket size in MiB (default 25)")
       ->check(CLI::Range(1.0 / 1024, 1024.0 * 1024));
+  app->add_option("--checkpoint-dir", o->checkpoint_dir,
+                  "Save checkpoints in this folder and resume from the newest valid one in it");
+  app->add_option("--checkpoint-every", o->checkpoint_every,
+                  "Steps between checkpoints (default: one at the end of every epoch)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  app->add_option("--keep", o->keep, "Checkpoints kept, the newest (default 2)")
+      ->check(CLI::Range(1, 1000000));
+  app->add_option("--save-model", o->save_model, "Write the trained model's weights here (safetensors)");
+  app->add_option("--max-restarts", o->max_restarts,
+                  "With --nproc: when a rank fails, start every rank again, at most K times (default 0)")
+      ->check(CLI::Range(0, 1000));
   Command c;
   c.app = app;
   c.run = [o, app] {
     o->nproc_given = app->get_option("--nproc")->count() > 0;
+    o->keep_given = app->get_option("--keep")->count() > 0;
     // The ranks get exactly the options this process was given.
     for (const CLI::Option* opt : app->get_options()) {
-      if (opt->get_name() == "--help" || opt->get_name() == "--nproc" || opt->count() == 0) continue;
+      if (opt->get_name() == "--help" || opt->get_name() == "--nproc" ||
+          opt->get_name() == "--max-restarts" || opt->count() == 0)
+        continue;
       for (const std::string& v : opt->results()) {
         o->raw_args.push_back(opt->get_name());
         o->raw_args.push_back(v);

@@ -6,6 +6,7 @@
 #include "launcher.hpp"
 
 #include "cli.hpp"
+#include "progress.hpp"
 
 #include <backplane_common/unique_fd.hpp>
 
@@ -40,6 +41,8 @@ using Clock = std::chrono::steady_clock;
 constexpr std::array<std::string_view, 6> kRankVariables = {
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"};
 constexpr std::string_view kTimeoutVariable = "BACKPLANE_TIMEOUT";
+// Set for each start of the job; inherited values are dropped.
+constexpr std::array<std::string_view, 2> kStartVariables = {kProgressFdVariable, "BACKPLANE_RESTART_COUNT"};
 
 // Signals the launcher forwards to every rank before stopping the job.
 constexpr std::array<int, 3> kStopSignals = {SIGINT, SIGTERM, SIGHUP};
@@ -312,16 +315,27 @@ class Launcher {
   Launcher& operator=(const Launcher&) = delete;
 
   int run() {
-    start_all();
-    while (running_ > 0) poll_once();
-    finish_streams();
-    return exit_code_;
+    for (int32_t restart = 0;; ++restart) {
+      start_all(restart);
+      while (running_ > 0) poll_once();
+      finish_streams();
+      if (!failure_ || signalled_) return exit_code_;
+      if (restart == spec_.max_restarts) {
+        if (spec_.max_restarts > 0)
+          say("backplane launch: giving up: the job failed again after " +
+              plural(static_cast<std::size_t>(spec_.max_restarts), "restart", "restarts") +
+              " (--max-restarts " + std::to_string(spec_.max_restarts) + ")");
+        return exit_code_;
+      }
+      say(restart_message(restart + 1));
+      reset_for_restart();
+    }
   }
 
  private:
   // ---- starting ----
 
-  void start_all() {
+  void start_all(int32_t restart) {
     argv_storage_ = spec_.argv;
     argv_ = pointers(argv_storage_);
 
@@ -331,19 +345,25 @@ class Launcher {
       const std::string_view name = entry.substr(0, entry.find('='));
       const bool ours =
           std::find(kRankVariables.begin(), kRankVariables.end(), name) != kRankVariables.end() ||
+          std::find(kStartVariables.begin(), kStartVariables.end(), name) != kStartVariables.end() ||
           (spec_.timeout && name == kTimeoutVariable);
       if (!ours) base_env_.emplace_back(entry);
     }
     base_env_.push_back("WORLD_SIZE=" + std::to_string(spec_.nproc));
     base_env_.push_back("LOCAL_WORLD_SIZE=" + std::to_string(spec_.nproc));
     base_env_.push_back("MASTER_ADDR=" + spec_.master_addr);
-    base_env_.push_back("MASTER_PORT=" + std::to_string(spec_.master_port));
+    const uint16_t port = spec_.master_port != 0 ? spec_.master_port : choose_free_port();
+    base_env_.push_back("MASTER_PORT=" + std::to_string(port));
     if (spec_.timeout)
       base_env_.push_back(std::string(kTimeoutVariable) + "=" + std::to_string(*spec_.timeout));
     // Each job gets its own secret for the rendezvous store, unless the
     // launcher's caller gave one (then every rank inherits it).
     if (std::getenv("BACKPLANE_JOB_TOKEN") == nullptr && std::getenv("BACKPLANE_JOB_TOKEN_FILE") == nullptr)
       base_env_.push_back("BACKPLANE_JOB_TOKEN=" + fresh_job_token());
+    board_.reset();
+    board_.emplace(spec_.nproc);
+    base_env_.push_back(std::string(kProgressFdVariable) + "=" + std::to_string(board_->fd()));
+    if (spec_.max_restarts > 0) base_env_.push_back("BACKPLANE_RESTART_COUNT=" + std::to_string(restart));
 
     dev_null_ = UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!dev_null_.valid()) fail_system("cannot open /dev/null", errno);
@@ -553,6 +573,7 @@ class Launcher {
 
   void on_rank_failed(const Rank& rank, int status) {
     exit_code_ = exit_code_of(status);
+    failure_ = Failure{rank.index, status};
     std::string message = "backplane launch: rank " + std::to_string(rank.index) + " (pid " +
                           std::to_string(rank.pid) + ") " + describe_status(status);
     if (running_ > 0) {
@@ -567,6 +588,7 @@ class Launcher {
     if (running_ == 0) return;
     if (!stopping_) {
       exit_code_ = 128 + sig;
+      signalled_ = true;
       say("backplane launch: received " + signal_name(sig) + "; forwarding it to the " +
           plural(running_, "running rank", "running ranks") + " (SIGKILL after " +
           format_seconds(spec_.grace) + ")");
@@ -603,6 +625,34 @@ class Launcher {
 
   void say(const std::string& line) { stderr_.write(line + "\n"); }
 
+  // ---- restarts ----
+
+  // "restart 1/3: rank 1 was killed by signal 9 (SIGKILL) at step 812;
+  // resuming from step 800", with what the ranks posted on the board.
+  std::string restart_message(int32_t restart) const {
+    std::string text = "backplane launch: restart " + std::to_string(restart) + "/" +
+                       std::to_string(spec_.max_restarts) + ": rank " + std::to_string(failure_->rank) + " " +
+                       describe_status(failure_->status);
+    const std::optional<int64_t> step = board_->step(failure_->rank);
+    if (step) text += " at step " + std::to_string(*step);
+    if (const std::optional<int64_t> checkpoint = board_->checkpoint_step(0))
+      text += "; resuming from step " + std::to_string(*checkpoint);
+    else if (step)
+      text += "; no checkpoint yet, so from the start";
+    else
+      text += "; starting every rank again";
+    return text;
+  }
+
+  void reset_for_restart() {
+    ranks_.clear();
+    running_ = 0;
+    stopping_ = false;
+    killed_ = false;
+    exit_code_ = kExitOk;
+    failure_.reset();
+  }
+
   const LaunchSpec& spec_;
   Pipe wake_;
   SignalScope signals_;
@@ -616,6 +666,13 @@ class Launcher {
   std::size_t running_ = 0;
   bool stopping_ = false;
   bool killed_ = false;
+  bool signalled_ = false;  // the launcher itself was told to stop: no restart
+  struct Failure {
+    int32_t rank;
+    int status;
+  };
+  std::optional<Failure> failure_;  // the first rank that failed in this start
+  std::optional<ProgressBoard> board_;
   Clock::time_point kill_deadline_{};
   int exit_code_ = kExitOk;
   std::string buffer_;

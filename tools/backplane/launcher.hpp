@@ -21,7 +21,7 @@ struct LaunchSpec {
   std::vector<std::string> argv;          // argv[0] as the user wrote it, then the arguments
   int32_t nproc = 1;                      // ranks to start: RANK 0 .. nproc-1
   std::string master_addr;                // MASTER_ADDR
-  uint16_t master_port = 0;               // MASTER_PORT
+  uint16_t master_port = 0;               // MASTER_PORT; 0: a free port, chosen afresh for each start
   std::optional<int64_t> timeout;         // BACKPLANE_TIMEOUT (seconds) when set; else inherited
   std::chrono::milliseconds grace{5000};  // between the stop signal and SIGKILL
   bool prefix = true;                     // "[rank K] " before each relayed line
@@ -29,10 +29,17 @@ struct LaunchSpec {
   // being relayed: a terminal stays a terminal (progress bars, colours), no
   // prefix. Its lines may then mix with the other ranks' relayed lines.
   bool rank0_passthrough = false;
+  // Starts of the whole job after a rank failed (exited non-zero or was
+  // killed): every rank is stopped, then all are started again with a fresh
+  // rendezvous (another port unless master_port is fixed, a new job secret
+  // unless the caller gave one) and BACKPLANE_RESTART_COUNT set to the
+  // restart's number. Not after the launcher itself was signalled.
+  int32_t max_restarts = 0;
 };
 
 // Runs the job to its end and returns the launcher's exit code: 0 when every
-// rank exited 0; the first failing rank's exit code (128 + signal for a rank
+// rank of the last start exited 0; else the first failing rank's exit code
+// of the last start (128 + signal for a rank
 // killed by a signal); 128 + signal when the launcher itself was stopped by
 // SIGINT, SIGTERM or SIGHUP. Throws CommandError with kExitNotExecutable (127)
 // when a rank cannot be executed, and kExitFailed when the system refuses a

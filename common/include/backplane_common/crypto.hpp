@@ -9,8 +9,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace backplane::common {
@@ -22,6 +24,27 @@ using Sha256 = std::array<uint8_t, kSha256Bytes>;
 // HMAC defines) of the concatenation of `parts`. nullopt when libcrypto fails.
 std::optional<Sha256> hmac_sha256(std::string_view key,
                                   std::initializer_list<std::span<const uint8_t>> parts);
+
+// SHA-256 of data given in pieces (a checkpoint's tensors, one by one).
+class Sha256Hasher {
+ public:
+  Sha256Hasher();
+  ~Sha256Hasher();
+  Sha256Hasher(const Sha256Hasher&) = delete;
+  Sha256Hasher& operator=(const Sha256Hasher&) = delete;
+  // False once libcrypto failed; the hasher then stays failed.
+  bool update(std::span<const uint8_t> bytes) noexcept;
+  // The digest of everything given; nullopt when libcrypto failed. After it,
+  // the hasher is spent: update() and finish() fail.
+  std::optional<Sha256> finish() noexcept;
+
+ private:
+  struct Context;
+  std::unique_ptr<Context> context_;
+};
+
+// 64 lowercase hex digits.
+std::string to_hex(const Sha256& digest);
 
 // Whether a and b hold the same bytes, in time that depends only on their
 // length; false when the lengths differ.
