@@ -64,9 +64,10 @@ struct Options {
   fs::path cwd;                            // empty: the test's own
 };
 
-// Runs `backplane args...`; `scratch` is a directory for the captured output.
-inline Result run(const std::vector<std::string>& args, const fs::path& scratch,
-                  const Options& options = {}) {
+// Starts `backplane args...` and returns its pid; `scratch` is a directory
+// for the captured output. Collect it with wait_for().
+inline pid_t spawn(const std::vector<std::string>& args, const fs::path& scratch,
+                   const Options& options = {}) {
   const fs::path out_file = scratch / "cli_stdout.txt";
   const fs::path err_file = scratch / "cli_stderr.txt";
 
@@ -105,7 +106,11 @@ inline Result run(const std::vector<std::string>& args, const fs::path& scratch,
   const int rc = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   REQUIRE_MESSAGE(rc == 0, "posix_spawn " << argv[0] << ": " << std::strerror(rc));
+  return pid;
+}
 
+// Waits for a spawn()ed child and collects what it said.
+inline Result wait_for(pid_t pid, const fs::path& scratch) {
   int status = 0;
   pid_t waited;
   do {
@@ -120,9 +125,15 @@ inline Result run(const std::vector<std::string>& args, const fs::path& scratch,
   } else if (WIFSIGNALED(status)) {
     r.signal = WTERMSIG(status);
   }
-  r.out = slurp(out_file);
-  r.err = slurp(err_file);
+  r.out = slurp(scratch / "cli_stdout.txt");
+  r.err = slurp(scratch / "cli_stderr.txt");
   return r;
+}
+
+// Runs `backplane args...`; `scratch` is a directory for the captured output.
+inline Result run(const std::vector<std::string>& args, const fs::path& scratch,
+                  const Options& options = {}) {
+  return wait_for(spawn(args, scratch, options), scratch);
 }
 
 }  // namespace bpcli

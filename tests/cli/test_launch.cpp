@@ -544,6 +544,7 @@ TEST_CASE("launch: bad command lines exit 64 with the reason") {
       {{"launch", "-n", "2", "--grace", "-1", "--", "true"}, "'-1' is not a valid grace period"},
       {{"launch", "-n", "2", "--master-addr", "", "--", "true"}, "--master-addr is empty"},
       {{"launch", "-n", "2", "--", ""}, "the command is an empty string"},
+      {{"launch", "-n", "2", "--max-restarts", "-1", "--", "true"}, "-1 is not a valid number of restarts"},
   };
   for (const auto& [args, message] : cases) {
     std::string shown;
@@ -563,4 +564,57 @@ TEST_CASE("launch: the command's own options need no -- and do not reach the lau
   INFO(r.describe());
   CHECK(r.code == 0);
   CHECK(sorted_lines(r.out) == std::vector<std::string>{"[rank 0] -n 5 0", "[rank 1] -n 5 1"});
+}
+
+TEST_CASE("launch: --max-restarts starts every rank again with a fresh secret, then gives up") {
+  TempDir tmp;
+  // Every start fails: 1 + 2 starts of 2 ranks, then the job ends with the
+  // failing rank's code.
+  const Result r = cli(tmp, launch_sh(2,
+                                      "echo \"start $BACKPLANE_RESTART_COUNT $BACKPLANE_JOB_TOKEN\"; "
+                                      "if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60",
+                                      {"--max-restarts", "2"}));
+  INFO(r.describe());
+  CHECK(r.code == 3);
+  CHECK(contains(r.err,
+                 "backplane launch: restart 1/2: rank 1 exited with code 3; starting every rank again\n"));
+  CHECK(contains(r.err, "backplane launch: restart 2/2: rank 1 exited with code 3"));
+  CHECK(contains(r.err, "giving up: the job failed again after 2 restarts (--max-restarts 2)"));
+  std::set<std::string> tokens;
+  std::map<std::string, int> starts;
+  for (const std::string& line : split_lines(r.out)) {
+    const auto at = line.find("start ");
+    REQUIRE(at != std::string::npos);
+    const auto space = line.find(' ', at + 6);
+    REQUIRE(space != std::string::npos);
+    ++starts[line.substr(at + 6, space - at - 6)];
+    tokens.insert(line.substr(space + 1));
+  }
+  CHECK(starts == std::map<std::string, int>{{"0", 2}, {"1", 2}, {"2", 2}});
+  CHECK(tokens.size() == 3);  // one secret per start
+}
+
+TEST_CASE("launch: a job that fails once completes after one restart and exits 0") {
+  TempDir tmp;
+  const Result r = cli(tmp, launch_sh(2, "if [ \"$BACKPLANE_RESTART_COUNT\" = 0 ]; then kill -9 $$; fi",
+                                      {"--max-restarts", "3"}));
+  INFO(r.describe());
+  CHECK(r.code == 0);
+  CHECK(contains(r.err, "restart 1/3: rank "));
+  CHECK(contains(r.err, "was killed by signal 9 (SIGKILL); starting every rank again"));
+  CHECK_FALSE(contains(r.err, "restart 2/3"));
+}
+
+TEST_CASE("launch: a launcher stopped by a signal does not restart the job") {
+  TempDir tmp;
+  const fs::path pids = tmp / "pids";
+  Background launcher(launch_sh(2, "echo $$ >> " + quoted(pids) + "; exec sleep 60", {"--max-restarts", "5"}),
+                      tmp.path());
+  const std::vector<pid_t> started = wait_for_pids(pids, 2);
+  REQUIRE(::kill(launcher.pid(), SIGTERM) == 0);
+  const Result r = launcher.wait();
+  INFO(r.describe());
+  CHECK(r.code == 128 + SIGTERM);
+  CHECK_FALSE(contains(r.err, "restart 1/5"));
+  CHECK(survivors(started).empty());
 }

@@ -1,0 +1,283 @@
+// Tests of `backplane train`'s checkpoints and restarts, run as a child
+// process: a resumed run (from a checkpoint taken mid-epoch or at an epoch's
+// end, with one or two ranks) ends byte for byte where an uninterrupted one
+// does; a damaged newest checkpoint is skipped with a warning, one made for
+// another run is refused naming the option; --keep and interrupted writes;
+// and `--max-restarts` bringing a job through two ranks killed with SIGKILL.
+// The launcher's own restarts (any command) are in test_launch.cpp.
+#include "cli_runner.hpp"
+#include "test_support.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/types.h>
+#include <unistd.h>
+
+using namespace bptest;
+using bpcli::Result;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 64;
+
+const std::string kDigits = std::string(BP_TEST_SOURCE_DIR) + "/data/digits.csv.gz";
+
+Result cli(const TempDir& tmp, const std::vector<std::string>& args) {
+  Result r = bpcli::run(args, tmp.path());
+  REQUIRE_MESSAGE(r.exited, r.describe());
+  return r;
+}
+
+// `train` on the cpu plugin alone, with the repository's data and seed 0.
+std::vector<std::string> train_args(const TempDir& tmp, const std::string& nproc, const std::string& epochs,
+                                    std::vector<std::string> more = {}) {
+  const fs::path config = tmp / "backends.json";
+  if (!fs::exists(config))
+    tmp.write("backends.json", config_json({backend_json("cpu", "backplane_cpu", true)}));
+  std::vector<std::string> args{"train",  "--nproc", nproc,      "--epochs",      epochs,      "--seed", "0",
+                                "--data", kDigits,   "--config", config.string(), "--backend", "cpu"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+struct Outcome {
+  std::string weights;  // the --save-model file's bytes
+  nlohmann::json metrics;
+};
+
+Outcome outcome(const TempDir& tmp, const std::string& name) {
+  return {bpcli::slurp(tmp / (name + ".safetensors")),
+          nlohmann::json::parse(bpcli::slurp(tmp / (name + ".json")))};
+}
+
+std::vector<std::string> outputs(const TempDir& tmp, const std::string& name) {
+  return {"--save-model", (tmp / (name + ".safetensors")).string(), "--metrics-out",
+          (tmp / (name + ".json")).string()};
+}
+
+// The same final weights (byte for byte), epoch losses and test accuracy.
+void expect_identical(const Outcome& a, const Outcome& b) {
+  REQUIRE(!a.weights.empty());
+  CHECK(a.weights == b.weights);
+  CHECK(a.metrics["epoch_loss"] == b.metrics["epoch_loss"]);
+  CHECK(a.metrics["test_accuracy"] == b.metrics["test_accuracy"]);
+  CHECK(a.metrics["steps"] == b.metrics["steps"]);
+}
+
+Outcome uninterrupted(const TempDir& tmp, const std::string& nproc, const std::string& epochs) {
+  const std::string name = "full_" + nproc + "_" + epochs;
+  std::vector<std::string> args = train_args(tmp, nproc, epochs, outputs(tmp, name));
+  const Result r = cli(tmp, args);
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  return outcome(tmp, name);
+}
+
+std::vector<std::string> checkpoint_files(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("train checkpoints: runs resumed mid-epoch and at an epoch's end end byte for byte as one run") {
+  for (const std::string nproc : {"1", "2"}) {
+    CAPTURE(nproc);
+    TempDir tmp;
+    const Outcome full = uninterrupted(tmp, nproc, "3");
+    const fs::path dir = tmp / "checkpoints";
+    // 1 epoch, a checkpoint every 7 steps and at its end; then drop the
+    // end-of-epoch one, so the run resumes mid-epoch.
+    Result r =
+        cli(tmp, train_args(tmp, nproc, "1", {"--checkpoint-dir", dir.string(), "--checkpoint-every", "7"}));
+    REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+    std::vector<std::string> files = checkpoint_files(dir);
+    REQUIRE(files.size() == 2);  // --keep 2
+    fs::remove(dir / files.back());
+    r = cli(tmp, train_args(tmp, nproc, "2", {"--checkpoint-dir", dir.string(), "--checkpoint-every", "7"}));
+    REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+    BP_CHECK_CONTAINS(r.out, "resuming from " + (dir / files.front()).string());
+    BP_CHECK_CONTAINS(r.out, "of its steps done");
+    // ... and from the end of epoch 2 (the 2-epoch run's last checkpoint)
+    // to the end of epoch 3.
+    std::vector<std::string> more{"--checkpoint-dir", dir.string(), "--checkpoint-every", "7"};
+    for (const std::string& a : outputs(tmp, "resumed")) more.push_back(a);
+    r = cli(tmp, train_args(tmp, nproc, "3", more));
+    REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+    BP_CHECK_CONTAINS(r.out, "epoch 2 done");
+    expect_identical(outcome(tmp, "resumed"), full);
+    // A finished job run again has nothing left to train and says the same.
+    r = cli(tmp, train_args(tmp, nproc, "3", more));
+    REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+    BP_CHECK_CONTAINS(r.out, "epoch 3 done");
+    expect_identical(outcome(tmp, "resumed"), full);
+  }
+}
+
+TEST_CASE("train checkpoints: a damaged newest checkpoint is skipped with a warning naming it") {
+  TempDir tmp;
+  const Outcome full = uninterrupted(tmp, "1", "3");
+  const fs::path dir = tmp / "checkpoints";
+  Result r = cli(tmp, train_args(tmp, "1", "2", {"--checkpoint-dir", dir.string()}));
+  REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+  const std::vector<std::string> files = checkpoint_files(dir);
+  REQUIRE(files.size() == 2);  // one per epoch
+  SUBCASE("truncated") { fs::resize_file(dir / files.back(), fs::file_size(dir / files.back()) / 2); }
+  SUBCASE("a flipped byte in a tensor") {
+    std::fstream f(dir / files.back(), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    f.put('\x7f');
+  }
+  std::vector<std::string> more{"--checkpoint-dir", dir.string()};
+  for (const std::string& a : outputs(tmp, "resumed")) more.push_back(a);
+  r = cli(tmp, train_args(tmp, "1", "3", more));
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.err, "skipping checkpoint " + (dir / files.back()).string());
+  BP_CHECK_CONTAINS(r.out, "resuming from " + (dir / files.front()).string());
+  expect_identical(outcome(tmp, "resumed"), full);
+}
+
+TEST_CASE("train checkpoints: one made by another run is refused, naming each option that differs") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  Result r = cli(tmp, train_args(tmp, "1", "1", {"--checkpoint-dir", dir.string()}));
+  REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+  r = cli(tmp, train_args(tmp, "1", "2",
+                          {"--checkpoint-dir", dir.string(), "--batch-size", "16", "--lr", "0.05"}));
+  INFO(r.describe());
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.err, "cannot resume from " + (dir / "step-0000000045.safetensors").string());
+  BP_CHECK_CONTAINS(r.err, "--batch-size 32 (this run: 16)");
+  BP_CHECK_CONTAINS(r.err, "--lr 0.1 (this run: 0.05)");
+  BP_CHECK_CONTAINS(r.err, "pass another --checkpoint-dir");
+  // Another world size, through the launcher: rank 0 refuses, rank 1 is told.
+  r = cli(tmp, train_args(tmp, "2", "2", {"--checkpoint-dir", dir.string()}));
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.out + r.err, "world size 1 (this run: 2)");
+  CHECK(checkpoint_files(dir) == std::vector<std::string>{"step-0000000045.safetensors"});
+}
+
+TEST_CASE("train checkpoints: --keep keeps the newest, interrupted writes are cleared, bad options refused") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  tmp.write("checkpoints/.step-0000000005.safetensors.tmp-123-abcdef", "half a checkpoint");
+  tmp.write("checkpoints/notes.txt", "not ours");
+  Result r =
+      cli(tmp, train_args(tmp, "1", "1",
+                          {"--checkpoint-dir", dir.string(), "--checkpoint-every", "10", "--keep", "3"}));
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.err, "removed 1 unfinished checkpoint write");
+  BP_CHECK_CONTAINS(r.out, "checkpoints: 5 written to " + dir.string());
+  // Steps 10, 20, 30, 40 and 45 (the epoch's end); the newest 3 stay.
+  CHECK(checkpoint_files(dir) == std::vector<std::string>{"notes.txt", "step-0000000030.safetensors",
+                                                          "step-0000000040.safetensors",
+                                                          "step-0000000045.safetensors"});
+  for (const char* flag : {"--keep", "--checkpoint-every"}) {
+    CAPTURE(flag);
+    r = cli(tmp, train_args(tmp, "1", "1", {flag, "3"}));
+    CHECK(r.code == kExitUsage);
+    BP_CHECK_CONTAINS(r.err, std::string(flag) + " needs --checkpoint-dir");
+  }
+  tmp.write("a_file", "x");
+  r = cli(tmp, train_args(tmp, "1", "1", {"--checkpoint-dir", (tmp / "a_file").string()}));
+  CHECK(r.code == kExitFailed);
+  BP_CHECK_CONTAINS(r.err, "--checkpoint-dir");
+}
+
+namespace {
+
+// The pids of `parent`'s children (the ranks of a launcher).
+std::set<pid_t> children_of(pid_t parent) {
+  std::set<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;
+    // pid (comm) state ppid ...: comm may hold spaces and parentheses.
+    const auto close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %ld", &state, &ppid) == 2 && ppid == parent &&
+        state != 'Z')
+      out.insert(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+int64_t newest_checkpoint_step(const fs::path& dir) {
+  int64_t newest = -1;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.size() == 27)
+      newest = std::max<int64_t>(newest, std::stoll(name.substr(5, 10)));
+  }
+  return newest;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "train --max-restarts: two ranks killed by SIGKILL, the job ends with the uninterrupted run's weights") {
+  TempDir tmp;
+  const Outcome full = uninterrupted(tmp, "2", "30");
+  const fs::path dir = tmp / "checkpoints";
+  std::vector<std::string> more{"--checkpoint-dir", dir.string(), "--checkpoint-every", "4",
+                                "--max-restarts",   "3"};
+  for (const std::string& a : outputs(tmp, "restarted")) more.push_back(a);
+  const pid_t launcher = bpcli::spawn(train_args(tmp, "2", "30", more), tmp.path());
+
+  std::mt19937 random(std::random_device{}());
+  std::set<pid_t> killed;
+  // The first kill once a checkpoint past step 40 exists, the second past
+  // step 200 (after the restart resumed from ~40); 690 steps in all.
+  for (const int64_t after : {40, 200}) {
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    std::set<pid_t> ranks;
+    for (;;) {
+      REQUIRE_MESSAGE(Clock::now() < deadline, "no checkpoint past step " << after << " within 60 s");
+      ranks = children_of(launcher);
+      bool fresh = ranks.size() == 2;
+      for (pid_t p : ranks) fresh = fresh && killed.count(p) == 0;
+      if (fresh && newest_checkpoint_step(dir) > after) break;
+      REQUIRE_MESSAGE(::kill(launcher, 0) == 0, "the job ended before the kill past step " << after);
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    auto it = ranks.begin();
+    std::advance(it, std::uniform_int_distribution<int>(0, 1)(random));
+    REQUIRE(::kill(*it, SIGKILL) == 0);
+    killed.insert(*it);
+  }
+  const Result r = bpcli::wait_for(launcher, tmp.path());
+  INFO(r.describe());
+  REQUIRE(r.exited);
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.err, "restart 1/3: rank ");
+  BP_CHECK_CONTAINS(r.err, "restart 2/3: rank ");
+  BP_CHECK_CONTAINS(r.err, "was killed by signal 9 (SIGKILL) at step ");
+  BP_CHECK_CONTAINS(r.err, "; resuming from step ");
+  CHECK(r.err.find("restart 3/3") == std::string::npos);
+  expect_identical(outcome(tmp, "restarted"), full);
+}
