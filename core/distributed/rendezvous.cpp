@@ -1,6 +1,7 @@
 // Rendezvous: rank, world size and master address from the arguments or the
 // launcher's environment (backplane launch / torchrun, Open MPI, Slurm), and
 // the job's store, made once and shared by every copy.
+#include "distributed/slurm_hostlist.hpp"
 #include "distributed/store_wire.hpp"
 
 #include <backplane/error.hpp>
@@ -31,6 +32,13 @@ namespace {
 
 constexpr uint16_t kDefaultPort = 29500;
 constexpr const char* kDefaultAddr = "127.0.0.1";
+// Under Slurm without MASTER_PORT: kSlurmPortBase + SLURM_JOB_ID %
+// kSlurmPortSpan, i.e. 10000..29999, below Linux's ephemeral ports
+// (32768..60999) so that no outgoing connection holds it by chance; jobs
+// sharing a node get different ports unless their ids differ by a multiple
+// of 20000.
+constexpr int64_t kSlurmPortBase = 10000;
+constexpr int64_t kSlurmPortSpan = 20000;
 // BACKPLANE_TIMEOUT above this is refused: it would not be a timeout.
 constexpr double kMaxTimeoutSeconds = 10.0 * 365 * 24 * 3600;
 
@@ -89,7 +97,9 @@ bool single_node(const Family& family, int64_t world_size, std::string& why_not)
               " of OMPI_COMM_WORLD_SIZE=" + std::to_string(world_size) + " ranks run on this node";
     return false;
   }
-  for (const char* name : {"SLURM_JOB_NUM_NODES", "SLURM_NNODES"}) {
+  // The step's nodes first: a one-node step of a larger allocation has every
+  // rank on this node.
+  for (const char* name : {"SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"}) {
     if (auto nodes = env(name)) {
       const int64_t n =
           parse_int(name, *nodes, 1, std::numeric_limits<int32_t>::max(), "the number of nodes (1 or more)");
@@ -98,14 +108,27 @@ bool single_node(const Family& family, int64_t world_size, std::string& why_not)
       return false;
     }
   }
-  why_not = "neither SLURM_JOB_NUM_NODES nor SLURM_NNODES is set, so the ranks may span nodes";
+  why_not =
+      "none of SLURM_STEP_NUM_NODES, SLURM_JOB_NUM_NODES and SLURM_NNODES is set, so the ranks may span "
+      "nodes";
   return false;
+}
+
+// Under Slurm, the first node of the step (where task 0, rank 0, runs with
+// srun's block and cyclic distributions), else of the job; nullopt when no
+// node list is set.
+std::optional<std::string> slurm_first_node() {
+  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    if (auto list = env(name)) return slurm::first_host(name, *list);
+  }
+  return std::nullopt;
 }
 
 std::string master_addr_hint(const Family& family) {
   const std::string source = family.source;
   if (source == "Slurm") {
-    return "export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | head -n 1) before srun";
+    return "start the job with srun (which sets SLURM_STEP_NODELIST), or export MASTER_ADDR=<rank 0's host> "
+           "before srun";
   }
   return "export MASTER_ADDR=<the address of rank 0's node> and pass it to every rank (mpirun -x "
          "MASTER_ADDR)";
@@ -208,17 +231,26 @@ Rendezvous Rendezvous::from_env() {
     master_addr = *addr;
   } else {
     std::string why_not;
-    if (!single_node(*family, world_size, why_not)) {
+    const bool slurm = std::string(family->source) == "Slurm";
+    if (single_node(*family, world_size, why_not)) {
+      master_addr = kDefaultAddr;
+    } else if (auto first = slurm ? slurm_first_node() : std::nullopt) {
+      master_addr = *first;
+    } else {
+      if (slurm) why_not += ", and none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST and SLURM_NODELIST is set";
       throw Error(Errc::invalid_argument, std::string("environment variable MASTER_ADDR is not set and ") +
                                               why_not + " (" + family->source + "); " +
                                               master_addr_hint(*family));
     }
-    master_addr = kDefaultAddr;
   }
 
   uint16_t master_port = kDefaultPort;
   if (auto port = env("MASTER_PORT")) {
     master_port = static_cast<uint16_t>(parse_int("MASTER_PORT", *port, 1, 65535, "a TCP port, 1..65535"));
+  } else if (auto job = std::string(family->source) == "Slurm" ? env("SLURM_JOB_ID") : std::nullopt) {
+    const int64_t id =
+        parse_int("SLURM_JOB_ID", *job, 0, std::numeric_limits<int64_t>::max(), "Slurm's job id (0 or more)");
+    master_port = static_cast<uint16_t>(kSlurmPortBase + id % kSlurmPortSpan);
   }
 
   std::chrono::milliseconds timeout = kDefaultTimeout;

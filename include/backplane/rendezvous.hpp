@@ -100,8 +100,16 @@ class BACKPLANE_API Rendezvous {
   //   SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID    (Slurm's srun)
   // and MASTER_ADDR (default 127.0.0.1 when every rank is on this node,
   // required otherwise), MASTER_PORT (default 29500), BACKPLANE_TIMEOUT
-  // (seconds, default 300). Throws Errc::invalid_argument naming the
-  // variable for a missing or malformed value.
+  // (seconds, default 300). Under Slurm (SLURM_PROCID), without MASTER_ADDR
+  // the store is on 127.0.0.1 when the step runs on one node
+  // (SLURM_STEP_NUM_NODES, else SLURM_JOB_NUM_NODES or SLURM_NNODES, is 1),
+  // else on the first host of SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST,
+  // else SLURM_NODELIST; Slurm's compressed lists: "node[07-09,12],gpu1"
+  // gives node07), where task 0 runs; without MASTER_PORT its port is
+  // 10000 + SLURM_JOB_ID % 20000. So srun needs only the job secret
+  // (BACKPLANE_JOB_TOKEN or BACKPLANE_JOB_TOKEN_FILE). Throws
+  // Errc::invalid_argument naming the variable for a missing or malformed
+  // value (a node list that is not one included).
   static Rendezvous from_env();
   // A world of one on this process (rank 0, an ephemeral loopback port).
   static Rendezvous single_process(std::chrono::milliseconds timeout = kDefaultTimeout);

@@ -5,6 +5,7 @@
 
 #include <backplane/rendezvous.hpp>
 
+#include "distributed/slurm_hostlist.hpp"
 #include "distributed/store_wire.hpp"
 #include "store_raw_client.hpp"
 
@@ -24,6 +25,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace bp = backplane;
@@ -131,8 +133,13 @@ class EnvGuard {
                                            "SLURM_PROCID",
                                            "SLURM_NTASKS",
                                            "SLURM_LOCALID",
+                                           "SLURM_STEP_NUM_NODES",
                                            "SLURM_JOB_NUM_NODES",
                                            "SLURM_NNODES",
+                                           "SLURM_STEP_NODELIST",
+                                           "SLURM_JOB_NODELIST",
+                                           "SLURM_NODELIST",
+                                           "SLURM_JOB_ID",
                                            "MASTER_ADDR",
                                            "MASTER_PORT",
                                            "BACKPLANE_TIMEOUT"};
@@ -638,12 +645,170 @@ TEST_CASE("rendezvous: from_env reads Slurm's variables") {
   bp::Error e = bptest::error_from([] { bp::Rendezvous::from_env(); });
   CHECK(e.code() == bp::Errc::invalid_argument);
   BP_CHECK_CONTAINS(e.message(), "SLURM_JOB_NUM_NODES=2");
-  BP_CHECK_CONTAINS(e.message(), "scontrol show hostnames");
+  BP_CHECK_CONTAINS(e.message(), "none of SLURM_STEP_NODELIST, SLURM_JOB_NODELIST and SLURM_NODELIST is set");
+  BP_CHECK_CONTAINS(e.message(), "srun");
   env.unset("SLURM_JOB_NUM_NODES");
   e = bptest::error_from([] { bp::Rendezvous::from_env(); });
   BP_CHECK_CONTAINS(e.message(), "MASTER_ADDR is not set");
   env.set("MASTER_ADDR", "head-node");
   CHECK(bp::Rendezvous::from_env().master_addr() == "head-node");
+}
+
+TEST_CASE("rendezvous: the first host of a Slurm node list keeps its zero padding") {
+  struct Case {
+    const char* list;
+    const char* first;
+  };
+  const Case cases[] = {
+      {"node[07-09,12],gpu1", "node07"},
+      {"a,b", "a"},
+      {"solo", "solo"},
+      {"node7", "node7"},
+      {"node[7-9]", "node7"},
+      {"node[009-011]", "node009"},
+      {"node[12,07-09]", "node12"},
+      {"node[5]", "node5"},
+      {"gpu1,node[07-09]", "gpu1"},
+      {"rack[2-3]-n[001-004],x", "rack2-n001"},
+      {"n[1-2].cluster.example", "n1.cluster.example"},
+      {"head_node-1.lan", "head_node-1.lan"},
+      {"[3-4]", "3"},
+      {"c[1-2],d[3-4],e", "c1"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.list);
+    CHECK(bp::slurm::first_host("SLURM_JOB_NODELIST", c.list) == c.first);
+  }
+}
+
+TEST_CASE("rendezvous: a malformed Slurm node list is refused naming the variable and the fault") {
+  struct Case {
+    const char* list;
+    const char* fault;
+  };
+  const Case cases[] = {
+      {"", "it is empty"},
+      {",node1", "an empty entry at offset 0"},
+      {"node1,,node2", "an empty entry at offset 6"},
+      {"node1,", "it ends with a comma"},
+      {"node[1-3", "a '[' at offset 4 is never closed"},
+      {"node[1-[3]]", "brackets nest at offset 7"},
+      {"node]1", "a ']' at offset 4 closes nothing"},
+      {"node[1-2]]", "a ']' at offset 9 closes nothing"},
+      {"node[]", "empty brackets []"},
+      {"node[a-b]", "'[a-b]' holds 'a-b', which is not a number N or a range N-M"},
+      {"node[1,]", "holds '', which is not a number"},
+      {"node[-3]", "holds '-3'"},
+      {"node[1-]", "holds '1-'"},
+      {"node[1-2-3]", "holds '1-2-3'"},
+      {"node[09-3]", "the range 09-3 in '[09-3]' runs backwards"},
+      {"node 1", "byte 32 at offset 4"},
+      {"node\n1", "byte 10 at offset 4"},
+      {"node/1", "'/' at offset 4 is not part of a host name"},
+      {"gpu1,bad[2-1]", "runs backwards"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.list);
+    bp::Error e = bptest::error_from([&] { bp::slurm::first_host("SLURM_STEP_NODELIST", c.list); });
+    CHECK(e.code() == bp::Errc::invalid_argument);
+    BP_CHECK_CONTAINS(e.message(), "environment variable SLURM_STEP_NODELIST='");
+    BP_CHECK_CONTAINS(e.message(), "is not a Slurm host list");
+    BP_CHECK_CONTAINS(e.message(), c.fault);
+    CHECK(e.message().find('\n') == std::string::npos);
+  }
+}
+
+TEST_CASE("rendezvous: under Slurm the store is on the first node at a port from the job id") {
+  EnvGuard env;
+  env.set("SLURM_PROCID", "3");
+  env.set("SLURM_NTASKS", "4");
+  env.set("SLURM_LOCALID", "1");
+  env.set("SLURM_JOB_NUM_NODES", "2");
+  env.set("SLURM_JOB_NODELIST", "node[07-09,12],gpu1");
+  env.set("SLURM_JOB_ID", "123456");
+  bp::Rendezvous r = bp::Rendezvous::from_env();
+  CHECK(r.source() == "Slurm");
+  CHECK(r.rank() == 3);
+  CHECK(r.local_rank() == 1);
+  CHECK(r.master_addr() == "node07");
+  CHECK(r.master_port() == 10000 + 123456 % 20000);
+
+  // The ports span 10000..29999, below the kernel's ephemeral ports.
+  for (const auto& [id, port] :
+       std::vector<std::pair<const char*, int>>{{"0", 10000},
+                                                {"1", 10001},
+                                                {"19999", 29999},
+                                                {"20000", 10000},
+                                                {"9223372036854775807", 10000 + 15807}}) {
+    CAPTURE(id);
+    env.set("SLURM_JOB_ID", id);
+    CHECK(bp::Rendezvous::from_env().master_port() == port);
+  }
+
+  // The step's node list comes first (rank 0 runs on the step's first
+  // node), then the job's, then SLURM_NODELIST.
+  env.set("SLURM_STEP_NODELIST", "gpu[3-4]");
+  CHECK(bp::Rendezvous::from_env().master_addr() == "gpu3");
+  env.unset("SLURM_STEP_NODELIST");
+  env.unset("SLURM_JOB_NODELIST");
+  env.set("SLURM_NODELIST", "old[010-011]");
+  CHECK(bp::Rendezvous::from_env().master_addr() == "old010");
+
+  // A one-node step keeps the store on loopback, even in a larger job.
+  env.set("SLURM_JOB_ID", "19999");
+  env.set("SLURM_STEP_NUM_NODES", "1");
+  r = bp::Rendezvous::from_env();
+  CHECK(r.master_addr() == "127.0.0.1");
+  CHECK(r.master_port() == 29999);
+  env.set("SLURM_STEP_NUM_NODES", "2");
+  CHECK(bp::Rendezvous::from_env().master_addr() == "old010");
+
+  // MASTER_ADDR and MASTER_PORT win, and a node list is not even read then.
+  env.set("SLURM_NODELIST", "broken[");
+  env.set("MASTER_ADDR", "head");
+  env.set("MASTER_PORT", "6001");
+  r = bp::Rendezvous::from_env();
+  CHECK(r.master_addr() == "head");
+  CHECK(r.master_port() == 6001);
+
+  // Without a job id, the default port.
+  env.unset("MASTER_PORT");
+  env.unset("SLURM_JOB_ID");
+  CHECK(bp::Rendezvous::from_env().master_port() == 29500);
+}
+
+TEST_CASE("rendezvous: Slurm's malformed node list or job id is refused naming the variable") {
+  EnvGuard env;
+  env.set("SLURM_PROCID", "0");
+  env.set("SLURM_NTASKS", "2");
+  env.set("SLURM_NNODES", "2");
+  env.set("SLURM_JOB_NODELIST", "node[1-");
+  bp::Error e = bptest::error_from([] { bp::Rendezvous::from_env(); });
+  CHECK(e.code() == bp::Errc::invalid_argument);
+  BP_CHECK_CONTAINS(e.message(), "SLURM_JOB_NODELIST='node[1-'");
+  BP_CHECK_CONTAINS(e.message(), "never closed");
+
+  env.set("SLURM_JOB_NODELIST", "node[1-2]");
+  for (const char* id : {"abc", "-1", "12x", "", "99999999999999999999"}) {
+    CAPTURE(id);
+    env.set("SLURM_JOB_ID", id);
+    e = bptest::error_from([] { bp::Rendezvous::from_env(); });
+    CHECK(e.code() == bp::Errc::invalid_argument);
+    BP_CHECK_CONTAINS(e.message(), "SLURM_JOB_ID");
+  }
+}
+
+TEST_CASE("rendezvous: only Slurm's own ranks take the port from SLURM_JOB_ID") {
+  // backplane launch or mpirun inside a Slurm allocation: the job id is in
+  // the environment but the ranks are not Slurm's.
+  EnvGuard env;
+  env.set("SLURM_JOB_ID", "77");
+  env.set("SLURM_JOB_NODELIST", "node[1-2]");
+  env.set("RANK", "0");
+  env.set("WORLD_SIZE", "2");
+  bp::Rendezvous r = bp::Rendezvous::from_env();
+  CHECK(r.master_port() == 29500);
+  CHECK(r.master_addr() == "127.0.0.1");
 }
 
 TEST_CASE("rendezvous: from_env prefers RANK then Open MPI then Slurm") {
