@@ -3,7 +3,8 @@
 # slurmctld, slurmd, slurm-client; scripts/install-deps.sh installs them), for
 # the tests and for trying backplane under srun and sbatch.
 #
-#   local-slurm.sh up|down|status|env [--dir DIR] [--port PORT] [--timeout SECONDS] [--keep]
+#   local-slurm.sh up|down|status|env [--dir DIR] [--port PORT] [--first-job-id N]
+#                  [--timeout SECONDS] [--keep]
 #
 #   up      writes DIR/slurm.conf (this machine as the only node, with the CPUs
 #           and memory `slurmd -C` reports; one partition, "local"), makes a
@@ -21,11 +22,14 @@
 #
 # DIR defaults to /var/lib/backplane-slurm; PORT (slurmctld's; slurmd takes
 # PORT+1) to 16817, away from Slurm's own 6817/6818 so that a real cluster on
-# this machine keeps working. Nothing outside DIR is written: no /etc/slurm,
-# no /etc/munge, no systemd units; the daemons talk over loopback and their
-# own munge socket (DIR/munge/munge.socket) with their own key. Several
-# clusters may run at once with different DIRs and PORTs. Needs root (slurmd
-# starts tasks as the submitting user); works in a container without systemd.
+# this machine keeps working. --first-job-id (default 1) numbers the jobs
+# from N: backplane derives a job's store port from its id, so clusters that
+# run at once should number their jobs apart. Nothing outside DIR is
+# written: no /etc/slurm, no /etc/munge, no systemd units; the daemons talk
+# over loopback and their own munge socket (DIR/munge/munge.socket) with
+# their own key. Several clusters may run at once with different DIRs,
+# PORTs and first job ids. Needs root (slurmd starts tasks as the
+# submitting user); works in a container without systemd.
 # Exit codes: 0 done, 1 failed (the logs' last lines are shown), 2 not
 # possible here (not root, packages missing), 3 status: down, 64 usage.
 set -euo pipefail
@@ -36,25 +40,35 @@ command="${1:-}"
 [[ $# -gt 0 ]] && shift
 dir="$default_dir"
 port=16817
+first_job_id=1
 timeout=60
 keep=0
 usage() {
-  echo "usage: local-slurm.sh up|down|status|env [--dir DIR] [--port PORT] [--timeout SECONDS] [--keep]" >&2
+  echo "usage: local-slurm.sh up|down|status|env [--dir DIR] [--port PORT] [--first-job-id N] [--timeout SECONDS] [--keep]" >&2
   exit 64
 }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --dir) [[ $# -ge 2 ]] || usage; dir="$2"; shift 2 ;;
     --port) [[ $# -ge 2 ]] || usage; port="$2"; shift 2 ;;
+    --first-job-id) [[ $# -ge 2 ]] || usage; first_job_id="$2"; shift 2 ;;
     --timeout) [[ $# -ge 2 ]] || usage; timeout="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "local-slurm.sh: unknown argument '$1'" >&2; usage ;;
   esac
 done
-case "$command" in up | down | status | env) ;; *) usage ;; esac
+case "$command" in
+  up | down | status | env) ;;
+  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+  *) usage ;;
+esac
 [[ "$port" =~ ^[0-9]+$ ]] && ((port >= 1024 && port <= 65534)) || {
   echo "local-slurm.sh: --port must be 1024..65534 (slurmd takes PORT+1), got '$port'" >&2
+  exit 64
+}
+[[ "$first_job_id" =~ ^[0-9]+$ ]] && ((first_job_id >= 1 && first_job_id <= 60000000)) || {
+  echo "local-slurm.sh: --first-job-id must be 1..60000000, got '$first_job_id'" >&2
   exit 64
 }
 [[ "$timeout" =~ ^[0-9]+$ ]] && ((timeout > 0)) || {
@@ -239,6 +253,7 @@ ReturnToService=2
 KillWait=10
 InactiveLimit=0
 MinJobAge=300
+FirstJobId=$first_job_id
 $node_line NodeAddr=127.0.0.1 State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP
 EOF

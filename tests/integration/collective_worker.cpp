@@ -166,6 +166,11 @@ int main(int argc, char** argv) {
     Registry registry = Registry::from_config(config);
     Device device = registry.backend(backend).device(0);
     ProcessGroup pg = ProcessGroup::create(device, rdzv);
+    // Where the job met, for the tests that check what the launcher's
+    // variables made of it (the Slurm test).
+    if (rdzv.rank() == 0)
+      std::cout << "rank 0: rendezvous from " << rdzv.source() << ", store at " << rdzv.master_addr() << ":"
+                << rdzv.master_port() << std::endl;
     if (pg.rank() != rdzv.rank() || pg.world_size() != rdzv.world_size())
       fail("the group says rank " + std::to_string(pg.rank()) + " of " + std::to_string(pg.world_size()));
 
