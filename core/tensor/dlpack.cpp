@@ -7,6 +7,7 @@
 
 #include <dlpack/dlpack.h>
 
+#include "tensor/dlpack_dtype.hpp"
 #include "tensor/placement.hpp"
 #include "tensor/tensor_impl.hpp"
 
@@ -25,7 +26,39 @@
 #endif
 
 namespace backplane {
+
+namespace detail {
+
+DLDataType to_dl_dtype(DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+      return {kDLFloat, 16, 1};
+    case DType::f32:
+      return {kDLFloat, 32, 1};
+    case DType::f64:
+      return {kDLFloat, 64, 1};
+    case DType::bf16:
+      return {kDLBfloat, 16, 1};
+    case DType::i8:
+      return {kDLInt, 8, 1};
+    case DType::i32:
+      return {kDLInt, 32, 1};
+    case DType::i64:
+      return {kDLInt, 64, 1};
+    case DType::u8:
+      return {kDLUInt, 8, 1};
+    case DType::bool_:
+      return {kDLUInt, 8, 1};  // DLPack 0.6 has no boolean code
+  }
+  throw Error(Errc::internal,
+              "to_dlpack: the tensor has an unknown dtype value " + std::to_string(static_cast<int>(dtype)));
+}
+
+}  // namespace detail
+
 namespace {
+
+using detail::to_dl_dtype;
 
 // kDLBool, added in DLPack 0.8; absent from the 0.6 header this builds against.
 constexpr uint8_t kDLBoolCode = 6;
@@ -59,31 +92,6 @@ void delete_export(DLManagedTensor* self) noexcept {
 }
 
 bool is_ours(const DLManagedTensor* m) noexcept { return m->deleter == &delete_export; }
-
-DLDataType to_dl_dtype(DType dtype) {
-  switch (dtype) {
-    case DType::f16:
-      return {kDLFloat, 16, 1};
-    case DType::f32:
-      return {kDLFloat, 32, 1};
-    case DType::f64:
-      return {kDLFloat, 64, 1};
-    case DType::bf16:
-      return {kDLBfloat, 16, 1};
-    case DType::i8:
-      return {kDLInt, 8, 1};
-    case DType::i32:
-      return {kDLInt, 32, 1};
-    case DType::i64:
-      return {kDLInt, 64, 1};
-    case DType::u8:
-      return {kDLUInt, 8, 1};
-    case DType::bool_:
-      return {kDLUInt, 8, 1};  // DLPack 0.6 has no boolean code
-  }
-  throw Error(Errc::internal,
-              "to_dlpack: the tensor has an unknown dtype value " + std::to_string(static_cast<int>(dtype)));
-}
 
 std::string describe_dl_dtype(const DLDataType& d) {
   return "{code " + std::to_string(d.code) + ", bits " + std::to_string(d.bits) + ", lanes " +

@@ -6,6 +6,9 @@
 
 #include "backplane_common/atomic_file.hpp"
 #include "backplane_common/unique_fd.hpp"
+#include "tensor/dlpack_dtype.hpp"
+
+#include <backplane/dlpack.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -14,12 +17,14 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -61,6 +66,29 @@ std::string shown(std::string_view text) {
   if (text.size() > 80) out += "...";
   return out;
 }
+
+// ---- mapping a file ----------------------------------------------------------------
+
+// A private, copy-on-write map of a whole file: tensors loaded from it read
+// the page cache, and writing to one copies only the pages written, never
+// reaching the file. Unmapped when the last tensor viewing it goes away.
+struct FileMap {
+  void* base = nullptr;
+  std::size_t size = 0;
+  FileMap(void* b, std::size_t n) : base(b), size(n) {}
+  ~FileMap() { ::munmap(base, size); }
+  FileMap(const FileMap&) = delete;
+  FileMap& operator=(const FileMap&) = delete;
+};
+
+// What a DLManagedTensor over a FileMap owns.
+struct MappedTensor {
+  DLManagedTensor managed{};
+  std::shared_ptr<FileMap> map;
+  std::vector<int64_t> shape;
+};
+
+void delete_mapped(DLManagedTensor* m) noexcept { delete static_cast<MappedTensor*>(m->manager_ctx); }
 
 // ---- save ----------------------------------------------------------------------
 
@@ -143,7 +171,7 @@ class Reader {
  public:
   explicit Reader(const std::filesystem::path& path) : path_(path) {}
 
-  SafetensorsFile read(const Device& device) {
+  SafetensorsFile read(const Device& device, SafetensorsLoad mode) {
     open();
     if (size_ < 8)
       fail("the file is truncated: " + std::to_string(size_) +
@@ -168,9 +196,39 @@ class Reader {
     const std::vector<Entry> entries = parse_header(text, file.metadata);
     check_coverage(entries);
 
+    // On a host-visible device the tensors view a map of the file where the
+    // device takes host memory and the element is aligned (from_dlpack
+    // copies otherwise); BOOL bytes are copied, as they must be checked.
+    std::shared_ptr<FileMap> map;
+    if (mode == SafetensorsLoad::map_if_possible && device.capabilities().has(Capability::host_visible) &&
+        !device.capabilities().has(Capability::remote) && size_ > 0) {
+      void* base =
+          ::mmap(nullptr, static_cast<std::size_t>(size_), PROT_READ | PROT_WRITE, MAP_PRIVATE, fd_.get(), 0);
+      if (base != MAP_FAILED) map = std::make_shared<FileMap>(base, static_cast<std::size_t>(size_));
+    }
+
     std::vector<unsigned char> data;
     file.tensors.reserve(entries.size());
     for (const Entry& e : entries) {
+      const uint64_t offset = buffer_start_ + e.begin;
+      if (map && e.dtype != DType::bool_ && e.end > e.begin && offset % dtype_size(e.dtype) == 0) {
+        auto owner = std::make_unique<MappedTensor>();
+        owner->map = map;
+        owner->shape = e.shape.to_vector();
+        DLTensor& dl = owner->managed.dl_tensor;
+        dl.data = static_cast<unsigned char*>(map->base) + offset;
+        dl.device = {kDLCPU, 0};
+        dl.ndim = static_cast<int32_t>(owner->shape.size());
+        dl.dtype = detail::to_dl_dtype(e.dtype);
+        dl.shape = owner->shape.data();
+        dl.strides = nullptr;
+        dl.byte_offset = 0;
+        owner->managed.manager_ctx = owner.get();
+        owner->managed.deleter = &delete_mapped;
+        DLManagedTensor* managed = &owner.release()->managed;  // from_dlpack runs its deleter, always
+        file.tensors.emplace_back(e.name, from_dlpack(managed, device));
+        continue;
+      }
       data.resize(static_cast<std::size_t>(e.end - e.begin));
       read_at(buffer_start_ + e.begin, data.data(), data.size());
       if (e.dtype == DType::bool_) {
@@ -372,8 +430,9 @@ class Reader {
 
 }  // namespace
 
-SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device) {
-  return Reader(path).read(device);
+SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device,
+                                 SafetensorsLoad mode) {
+  return Reader(path).read(device, mode);
 }
 
 }  // namespace backplane

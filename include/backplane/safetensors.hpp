@@ -56,6 +56,20 @@ BACKPLANE_API void save_safetensors(const std::filesystem::path& path,
                                     const std::vector<std::pair<std::string, Tensor>>& tensors,
                                     const std::map<std::string, std::string>& metadata = {});
 
+// How load_safetensors makes its tensors.
+enum class SafetensorsLoad {
+  // On a host_visible device that takes host memory (from_dlpack's rule),
+  // each tensor whose data in the file is aligned to its element size views
+  // a private copy-on-write map of the file: nothing is copied or read until
+  // used, and writing to the tensor copies the pages it writes, never
+  // changing the file. The map lives as long as one such tensor does. The
+  // file must not be truncated meanwhile (as with any map: reading a page
+  // cut off the file is SIGBUS); writers that replace a file by rename, as
+  // save_safetensors does, are safe. Anything else is copied.
+  map_if_possible,
+  copy,  // every tensor is read into memory of its own
+};
+
 // Reads the file at `path` and makes each tensor on `device`. The whole
 // header is validated before any tensor is made.
 // Throws Errc::io_error when the file cannot be opened or read (naming it and
@@ -68,7 +82,8 @@ BACKPLANE_API void save_safetensors(const std::filesystem::path& path,
 // tensors overlapping or not covering the buffer, a repeated name,
 // metadata that is not an object of strings, a BOOL byte other than 0 or 1;
 // Errc::capability_missing when `device` does not hold a dtype of the file.
-BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device);
+BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device,
+                                               SafetensorsLoad mode = SafetensorsLoad::map_if_possible);
 
 }  // namespace backplane
 

@@ -6,8 +6,13 @@
 
 #include "test_support.hpp"
 
+#include <dlpack/dlpack.h>
+#include <backplane/dlpack.hpp>
+
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -302,4 +307,69 @@ TEST_CASE("safetensors: save refuses bad names and undefined tensors and leaves 
   CHECK(e.code() == Errc::invalid_argument);
   BP_CHECK_CONTAINS(e.message(), "not valid UTF-8");
   CHECK(read_file(p) == before);
+}
+
+namespace {
+
+// Whether `p` lies in a mapping of `file` in this process (/proc/self/maps).
+bool in_map_of(const void* p, const fs::path& file) {
+  std::ifstream maps("/proc/self/maps");
+  const std::string name = fs::canonical(file).string();
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  for (std::string line; std::getline(maps, line);) {
+    if (line.size() < name.size() || line.compare(line.size() - name.size(), name.size(), name) != 0)
+      continue;
+    unsigned long long begin = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%llx-%llx", &begin, &end) == 2 && address >= begin && address < end)
+      return true;
+  }
+  return false;
+}
+
+const void* data_of(const Tensor& t) {
+  DLManagedTensor* m = to_dlpack(t);
+  const void* p = static_cast<const char*>(m->dl_tensor.data) + m->dl_tensor.byte_offset;
+  m->deleter(m);
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: on a host-visible device aligned tensors view a private map of the file") {
+  TempDir tmp;
+  const fs::path file = tmp / "mapped.safetensors";
+  std::vector<float> weights(1000);
+  for (std::size_t i = 0; i < weights.size(); ++i) weights[i] = static_cast<float>(i) * 0.5f;
+  // The buffer starts 8-aligned; "odd" (3 bytes) puts "late" at offset 3, not 4-aligned.
+  save_safetensors(file, {{"weights", Tensor::from_vector<float>(cpu(), {1000}, weights)},
+                          {"flags", Tensor::from_vector<bool>(cpu(), {4}, {true, false, true, true})},
+                          {"odd", Tensor::from_vector<uint8_t>(cpu(), {3}, {1, 2, 3})},
+                          {"late", Tensor::from_vector<float>(cpu(), {2}, {7.0f, 8.0f})}});
+  const std::string before = read_file(file);
+  {
+    SafetensorsFile loaded = load_safetensors(file, cpu());
+    REQUIRE(loaded.tensors.size() == 4);
+    const Tensor& w = loaded.tensors[0].second;
+    CHECK(w.to_vector<float>() == weights);
+    CHECK(in_map_of(data_of(w), file));
+    CHECK_FALSE(in_map_of(data_of(loaded.tensors[1].second), file));  // BOOL: checked, so copied
+    CHECK(in_map_of(data_of(loaded.tensors[2].second), file));        // u8 at offset 4000
+    CHECK_FALSE(in_map_of(data_of(loaded.tensors[3].second), file));  // f32 at 4007: misaligned
+    CHECK(loaded.tensors[3].second.to_vector<float>() == std::vector<float>{7.0f, 8.0f});
+    // Writing to a mapped tensor changes the tensor, never the file.
+    w.copy_(zeros(cpu(), {1000}));
+    CHECK(w.to_vector<float>() == std::vector<float>(1000, 0.0f));
+    CHECK(read_file(file) == before);
+    CHECK(load_safetensors(file, cpu()).tensors[0].second.to_vector<float>() == weights);
+    // The map outlives the file's name (a checkpoint pruned while in use).
+    fs::remove(file);
+    CHECK(loaded.tensors[2].second.to_vector<uint8_t>() == std::vector<uint8_t>{1, 2, 3});
+  }
+  std::ofstream(file, std::ios::binary) << before;
+  const SafetensorsFile copied = load_safetensors(file, cpu(), SafetensorsLoad::copy);
+  for (const auto& [name, t] : copied.tensors) {
+    CAPTURE(name);
+    CHECK_FALSE(in_map_of(data_of(t), file));
+  }
+  CHECK(copied.tensors[0].second.to_vector<float>() == weights);
 }
