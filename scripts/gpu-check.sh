@@ -6,7 +6,8 @@
 #
 # It finds the machine's CUDA libraries (cuBLAS, NCCL: /usr/local/cuda, or a
 # Python environment's nvidia/* packages), then runs each step under a time
-# limit and prints a summary: backplane list and check, the host-logic tests,
+# limit and prints a summary: backplane list and check (and that listing maps
+# neither cuBLAS nor NCCL), the host-logic tests,
 # the GPU tests (ops against the cpu backend, conformance, gather's sticky
 # error, DLPack, NCCL all_reduce), backplane conformance on cuda, and a short
 # backplane train on cuda. Exit status: 0 when every step passed, 1 when one
@@ -59,6 +60,10 @@ run_step "list" "$cli" list --config "$config"
 gpus="$(timeout 60 "$cli" list --config "$config" 2>/dev/null | awk '/^cuda( |$)/{f=1; next} /^[^ ]/{f=0} f && $1=="devices"{print $2; exit}')"
 gpus="${gpus:-0}"
 run_step "check" "$cli" check --config "$config"
+# Listing loads only the cuda plugin's front: the engine (cuBLAS, NCCL) loads at a device's first use.
+# shellcheck disable=SC2016
+run_step "list maps no cuBLAS or NCCL" bash -c 'loads="$(LD_DEBUG=files "$0" list --config "$1" 2>&1 >/dev/null)" &&
+  ! grep -E "file=.*(libcublas|libnccl|libbackplane_cuda_nccl_engine)" <<<"$loads"' "$cli" "$config"
 run_step "host-logic tests" "$bundle/bin/backplane_cuda_host_tests"
 if [[ "$gpus" == "0" ]]; then
   reason="$("$cli" list --config "$config" 2>/dev/null | grep -m1 '^cuda: 0 devices' || echo 'cuda: 0 devices (see list above)')"

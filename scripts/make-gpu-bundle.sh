@@ -27,14 +27,14 @@ command -v ccache >/dev/null 2>&1 && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cca
 cmake -S "$root" --preset release -B "$build" -DBACKPLANE_WITH_CUDA=ON -DBACKPLANE_BUILD_BENCH=OFF \
   -DBACKPLANE_BUILD_EXAMPLES=OFF "${launcher[@]}" ${CMAKE_ARGS:-} >/dev/null
 cmake --build "$build" -j"$jobs" --target backplane_cli backplane_cpu backplane_cuda_nccl \
-  backplane_cuda_gpu_tests backplane_cuda_host_tests
+  backplane_cuda_nccl_engine backplane_cuda_gpu_tests backplane_cuda_host_tests
 
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib" "$out/plugins" "$out/share/backplane"
 cp "$build/bin/backplane" "$build/bin/backplane_cuda_gpu_tests" "$build/bin/backplane_cuda_host_tests" "$out/bin/"
 cp -P "$build"/lib/libbackplane.so* "$out/lib/"
 cp "$build"/plugins/libbackplane_cpu.so "$build"/plugins/libbackplane_cpu_engine.so \
-  "$build"/plugins/libbackplane_cuda_nccl.so "$out/plugins/"
+  "$build"/plugins/libbackplane_cuda_nccl.so "$build"/plugins/libbackplane_cuda_nccl_engine.so "$out/plugins/"
 cp "$root/data/digits.csv.gz" "$out/share/backplane/"
 cp "$root/scripts/gpu-check.sh" "$out/"
 cat > "$out/backends.json" <<'JSON'

@@ -204,7 +204,7 @@
  *    more: no driver call that makes a context, no thread pool, no BLAS or
  *    communication library initialisation, no connection. [all]
  *  - device_count is where enumeration happens and may block: a driver query
- *    [cuda: cudaGetDeviceCount, no context], a connection and handshake
+ *    [cuda: cuDeviceGetCount, no context], a connection and handshake
  *    [remote], bounded by the plugin's own timeout option (remote:
  *    connect_timeout_ms). When the devices cannot be reached it returns
  *    BP_STATUS_UNAVAILABLE with the reason ("CUDA driver not found: ...",

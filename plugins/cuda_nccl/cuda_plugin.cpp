@@ -1,27 +1,29 @@
 // The cuda backend plugin (libbackplane_cuda_nccl): one device per GPU,
 // asynchronous (BP_CAP_ASYNC): ops, copies and collectives are queued on the
 // device's streams and errors surface at the next synchronising call
-// (buffer_read, synchronize, buffer_pointer). This file is the ABI face:
-// options, devices, buffers, DLPack, and the queue discipline (each call
-// takes its device's queue mutex, so calls take effect in the order they
-// enter). Ops are in ops.cpp / matmul.cpp, collectives in collectives.cpp.
+// (buffer_read, synchronize, buffer_pointer). This file is the ABI face of
+// the front library: options, devices, capabilities; buffers, ops and
+// collectives run in the engine library (engine.hpp), loaded at the first
+// real use of a device.
 //
 // create and device_count never make a CUDA context: create parses options;
-// device_count asks cudaGetDeviceCount (which makes none) and reports
-// BP_STATUS_UNAVAILABLE with the reason on a machine without a driver or GPU;
-// device_info reads properties (no context). The context, streams, pool and
-// cuBLAS start on a device's first use (buffer_alloc, execute, comm_create).
+// device_count asks the driver (libcuda.so.1, loaded with dlopen; cuInit and
+// cuDeviceGetCount make none) and reports BP_STATUS_UNAVAILABLE with the
+// reason on a machine without a driver or GPU; device_info reads the
+// driver's device attributes, device_memory asks NVML until the device is in
+// use. The engine (the CUDA runtime, cuBLAS, NCCL), and with it the context,
+// streams and pool of a device, start on a device's first use (buffer_alloc,
+// buffer_import, execute, comm_create).
 #include <backplane/plugin.hpp>
 
-#include <memory>
+#include <atomic>
 #include <mutex>
 #include <string>
-#include <vector>
 
-#include "collectives.hpp"
-#include "device.hpp"
+#include "driver.hpp"
+#include "engine.hpp"
 #include "host/options.hpp"
-#include "ops.hpp"
+#include "op_dtypes.hpp"
 
 namespace backplane::cuda {
 namespace {
@@ -36,7 +38,12 @@ class CudaPlugin {
 
   explicit CudaPlugin(const plugin::CreateArgs& args) : options_(parse_options(args.options_json)) {}
 
-  ~CudaPlugin() = default;  // devices synchronise and release their streams
+  ~CudaPlugin() {
+    // The engine's devices synchronise and release their streams. A started
+    // instance implies a loaded engine.
+    if (EngineDevices* e = devices_.load(std::memory_order_acquire))
+      loaded_engine.load(std::memory_order_acquire)->destroy(e);
+  }
 
   int32_t device_count() {
     const DeviceCount& c = probe();
@@ -54,16 +61,13 @@ class CudaPlugin {
   }
 
   plugin::MemoryInfo device_memory(int32_t device) {
-    Device& d = at(device);
-    {
-      std::lock_guard<std::mutex> lock(d.queue);
-      if (d.started()) {  // a context exists: ask the runtime
-        d.enter();
-        size_t free_bytes = 0;
-        size_t total_bytes = 0;
-        d.check(cudaMemGetInfo(&free_bytes, &total_bytes), "device_memory");
-        return {free_bytes, total_bytes};
-      }
+    check_index(device);
+    if (EngineDevices* e = devices_.load(std::memory_order_acquire)) {
+      // A started device: the runtime answers.
+      plugin::MemoryInfo m;
+      bool answered = false;
+      rethrow(engine().device_memory(e, device, &m, &answered));
+      if (answered) return m;
     }
     // No context yet, and listing devices must not make one: ask NVML.
     std::string why;
@@ -73,165 +77,80 @@ class CudaPlugin {
   }
 
   bp_buffer* buffer_alloc(int32_t device, uint64_t size) {
-    Device& d = at(device);
-    std::lock_guard<std::mutex> lock(d.queue);
-    d.enter();
-    auto b = std::make_unique<Buffer>();
-    b->device = device;
-    b->size = size;
-    b->data = d.allocate(size, "buffer_alloc");
-    b->magic = kBufferLiveMagic;
-    return handle_of(b.release());
+    check_index(device);
+    bp_buffer* buffer = nullptr;
+    rethrow(engine().buffer_alloc(start(), device, size, &buffer));
+    return buffer;
   }
 
   void buffer_free(bp_buffer* handle) {
     if (handle == nullptr) return;
-    Buffer& b = live_buffer(handle, "buffer_free");
-    Device& d = at(b.device);
-    std::lock_guard<std::mutex> lock(d.queue);
-    b.magic = kBufferDeadMagic;
-    std::unique_ptr<Buffer> owned(&b);
-    d.enter();
-    d.order_after_comm(b);  // a collective may still use it
-    if (b.imported) {
-      // The producer's memory: hand it back once queued work no longer reads it.
-      d.check(cudaStreamSynchronize(d.compute()), "buffer_free of an imported buffer");
-      if (b.release != nullptr) b.release(b.release_ctx);
-    } else {
-      d.free_async(b.data);  // stream-ordered: reused only after queued work
-    }
-    if (b.comm_done != nullptr) cudaEventDestroy(b.comm_done);
+    rethrow(engine().buffer_free(for_buffer(handle, "buffer_free"), handle));
   }
 
   void buffer_write(bp_buffer* handle, uint64_t offset, const void* src, uint64_t size) {
-    Buffer& b = live_buffer(handle, "buffer_write");
-    Device& d = at(b.device);
-    std::lock_guard<std::mutex> lock(d.queue);
-    d.enter();
-    d.set_last_op("buffer_write");
-    d.write(b, offset, src, size);
+    rethrow(engine().buffer_write(for_buffer(handle, "buffer_write"), handle, offset, src, size));
   }
 
   void buffer_read(bp_buffer* handle, uint64_t offset, void* dst, uint64_t size) {
-    Buffer& b = live_buffer(handle, "buffer_read");
-    Device& d = at(b.device);
-    std::lock_guard<std::mutex> lock(d.queue);
-    d.enter();
-    d.read(b, offset, dst, size);
+    rethrow(engine().buffer_read(for_buffer(handle, "buffer_read"), handle, offset, dst, size));
   }
 
   // DLPack export: synchronising, so the consumer sees every queued write.
   plugin::BufferPointer buffer_pointer(bp_buffer* handle) {
-    Buffer& b = live_buffer(handle, "buffer_pointer");
-    Device& d = at(b.device);
-    std::lock_guard<std::mutex> lock(d.queue);
-    d.enter();
-    d.order_after_comm(b);
-    d.synchronize("buffer_pointer");
-    return {b.data, BP_DL_CUDA, b.device};
+    plugin::BufferPointer p;
+    rethrow(engine().buffer_pointer(for_buffer(handle, "buffer_pointer"), handle, &p));
+    return p;
   }
 
   // DLPack import of device memory on this device (kDLCUDA), without a copy.
-  // Only the buffer built last owns `release`; on a throw the host keeps it.
   bp_buffer* buffer_import(const bp_buffer_import_args& a) {
-    Device& d = at(a.device);
-    if (a.dl_device_type != BP_DL_CUDA)
-      fail(BP_STATUS_UNSUPPORTED,
-           "cuda: buffer_import: DLPack device type " + std::to_string(a.dl_device_type) +
-               " is not CUDA device memory; the cuda backend imports kDLCUDA (2) only: "
-               "host memory is copied in with to()");
-    if (a.dl_device_id != a.device)
-      fail(BP_STATUS_UNSUPPORTED,
-           "cuda: buffer_import: the memory is on CUDA device " + std::to_string(a.dl_device_id) +
-               ", not cuda:" + std::to_string(a.device) + "; import it on its own device");
-    if (a.data == nullptr && a.size > 0)
-      fail(BP_STATUS_INVALID_ARGUMENT,
-           "cuda: buffer_import: data is NULL but size is " + std::to_string(a.size));
-    std::lock_guard<std::mutex> lock(d.queue);
-    d.enter();
-    if (a.size > 0) {
-      cudaPointerAttributes attr{};
-      const cudaError_t e = cudaPointerGetAttributes(&attr, a.data);
-      if (e != cudaSuccess || (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged) ||
-          attr.device != a.device) {
-        cudaGetLastError();
-        fail(BP_STATUS_UNSUPPORTED,
-             "cuda: buffer_import: the pointer is not device memory of cuda:" + std::to_string(a.device) +
-                 " (the CUDA runtime says type " + std::to_string(static_cast<int>(attr.type)) + ", device " +
-                 std::to_string(attr.device) + ")");
-      }
-    }
-    auto b = std::make_unique<Buffer>();
-    b->device = a.device;
-    b->size = a.size;
-    b->data = a.data;
-    b->imported = true;
-    b->release = a.release;
-    b->release_ctx = a.release_ctx;
-    b->magic = kBufferLiveMagic;
-    return handle_of(b.release());
+    check_index(a.device);
+    bp_buffer* buffer = nullptr;
+    rethrow(engine().buffer_import(start(), &a, &buffer));
+    return buffer;
   }
 
   void execute(const bp_execute_args& args) {
-    Device& d = at(args.device);
-    std::lock_guard<std::mutex> lock(d.queue);
-    d.enter();
-    d.set_last_op(bp_op_name(args.op) != nullptr ? bp_op_name(args.op) : "an unknown op");
-    run_op(OpCall{d, args});
+    check_index(args.device);
+    rethrow(engine().execute(start(), &args));
   }
 
   void synchronize(int32_t device) {
-    Device& d = at(device);
-    std::lock_guard<std::mutex> lock(d.queue);
-    if (!d.started()) return;  // nothing ever ran: nothing to wait for
-    d.enter();
-    d.synchronize("synchronize");
+    check_index(device);
+    EngineDevices* e = devices_.load(std::memory_order_acquire);
+    if (e == nullptr) return;  // nothing ever ran: nothing to wait for
+    rethrow(engine().synchronize(e, device));
   }
 
   bp_comm* comm_create(const bp_comm_create_args& args) {
     if (!options_.collective)
       fail(BP_STATUS_UNSUPPORTED,
            "cuda: comm_create: collectives are switched off by the cuda option \"collective\": false");
-    Device& d = at(args.device);
-    {
-      // The device starts under its queue; the join itself (which blocks
-      // until every rank arrives) does not hold it.
-      std::lock_guard<std::mutex> lock(d.queue);
-      d.enter();
-    }
-    cudaSetDevice(args.device);
-    return Communicator::create(d, args).release()->handle();
+    check_index(args.device);
+    bp_comm* comm = nullptr;
+    rethrow(engine().comm_create(start(), &args, &comm));
+    return comm;
   }
-  void comm_destroy(bp_comm* comm) {
-    Communicator& c = Communicator::from_handle(comm, "comm_destroy");
-    delete &c;
-  }
-  void comm_abort(bp_comm* comm) {
-    Communicator::from_handle(comm, "comm_abort").abort("aborted by the host (comm_abort)");
-  }
+  void comm_destroy(bp_comm* comm) { rethrow(engine_for_comm(comm, "comm_destroy").comm_destroy(comm)); }
+  void comm_abort(bp_comm* comm) { rethrow(engine_for_comm(comm, "comm_abort").comm_abort(comm)); }
   void all_reduce(bp_comm* comm, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op) {
-    collective(comm, "all_reduce", in.device, [&](Communicator& c) { c.all_reduce(in, out, op); });
+    rethrow(engine_for_comm(comm, "all_reduce").all_reduce(comm, &in, &out, op));
   }
   void broadcast(bp_comm* comm, const bp_tensor& tensor, int32_t root) {
-    collective(comm, "broadcast", tensor.device, [&](Communicator& c) { c.broadcast(tensor, root); });
+    rethrow(engine_for_comm(comm, "broadcast").broadcast(comm, &tensor, root));
   }
   void all_gather(bp_comm* comm, const bp_tensor& in, const bp_tensor& out) {
-    collective(comm, "all_gather", in.device, [&](Communicator& c) { c.all_gather(in, out); });
+    rethrow(engine_for_comm(comm, "all_gather").all_gather(comm, &in, &out));
   }
   void reduce_scatter(bp_comm* comm, const bp_tensor& in, const bp_tensor& out, bp_reduce_op op) {
-    collective(comm, "reduce_scatter", in.device, [&](Communicator& c) { c.reduce_scatter(in, out, op); });
+    rethrow(engine_for_comm(comm, "reduce_scatter").reduce_scatter(comm, &in, &out, op));
   }
-  void barrier(bp_comm* comm) {
-    Communicator& c = Communicator::from_handle(comm, "barrier");
-    collective(comm, "barrier", -1, [&](Communicator&) { c.barrier(); });
-  }
+  void barrier(bp_comm* comm) { rethrow(engine_for_comm(comm, "barrier").barrier(comm)); }
 
  private:
   const DeviceCount& probe() {
-    std::call_once(probe_once_, [&] {
-      count_ = probe_device_count();
-      for (int32_t i = 0; i < count_.count; ++i) devices_.push_back(std::make_unique<Device>(i, options_));
-    });
+    std::call_once(probe_once_, [&] { count_ = probe_device_count(); });
     return count_;
   }
 
@@ -244,27 +163,47 @@ class CudaPlugin {
                                            (c.unavailable.empty() ? ")" : ": " + c.unavailable + ")"));
   }
 
-  Device& at(int32_t device) {
-    check_index(device);
-    return *devices_[static_cast<size_t>(device)];
+  // The engine's devices of this instance, loading the engine and making them
+  // on the first call (after check_index, so the count is known).
+  EngineDevices* start() {
+    if (EngineDevices* e = devices_.load(std::memory_order_acquire)) [[likely]]
+      return e;
+    return start_slow();
+  }
+  [[gnu::cold]] EngineDevices* start_slow() {
+    std::lock_guard<std::mutex> lock(start_mutex_);
+    if (EngineDevices* e = devices_.load(std::memory_order_relaxed)) return e;
+    EngineDevices* e = nullptr;
+    rethrow(engine().create(&options_, probe().count, &e));
+    devices_.store(e, std::memory_order_release);
+    return e;
   }
 
-  // A collective on the communicator's device, under that device's queue.
-  template <class Fn>
-  void collective(bp_comm* comm, const char* op, int32_t tensor_device, Fn&& fn) {
-    Communicator& c = Communicator::from_handle(comm, op);
-    (void)tensor_device;
-    Device& d = c.device();
-    std::lock_guard<std::mutex> lock(d.queue);
-    d.enter();
-    d.set_last_op(op);
-    fn(c);
+  // A live buffer came from the engine's devices, so before they exist no
+  // handle is live (and nothing is loaded to say so).
+  EngineDevices* for_buffer(bp_buffer* handle, const char* what) {
+    EngineDevices* e = devices_.load(std::memory_order_acquire);
+    if (e == nullptr || handle == nullptr) [[unlikely]]
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           std::string("cuda: ") + what + ": not a live cuda buffer (NULL, freed, or another backend's)");
+    return e;
+  }
+
+  // Likewise for communicators, which comm_create made in the engine.
+  const EngineApi& engine_for_comm(bp_comm* comm, const char* what) {
+    const EngineApi* api = loaded_engine.load(std::memory_order_acquire);
+    if (api == nullptr || comm == nullptr) [[unlikely]]
+      fail(BP_STATUS_INVALID_ARGUMENT,
+           std::string("cuda: ") + what +
+               ": not a live cuda communicator (NULL, destroyed, or another backend's)");
+    return *api;
   }
 
   const Options options_;
   std::once_flag probe_once_;
   DeviceCount count_;
-  std::vector<std::unique_ptr<Device>> devices_;
+  std::mutex start_mutex_;
+  std::atomic<EngineDevices*> devices_{nullptr};
 };
 
 }  // namespace

@@ -3,8 +3,9 @@
 // communication streams, the stream-ordered memory pool, cuBLAS, the pinned
 // staging buffers, the mapped error slot kernels report data errors in, and
 // the sticky error a failed asynchronous op leaves for the next synchronising
-// call. Nothing here touches the driver before the device's first use
-// (start()); probing (probe_device_count, probe_device) makes no context.
+// call. Part of the engine library (engine.hpp); nothing here touches the
+// driver before the device's first use (start()). Probing without a context
+// is the front library's (driver.hpp).
 #ifndef BACKPLANE_PLUGINS_CUDA_NCCL_DEVICE_HPP_
 #define BACKPLANE_PLUGINS_CUDA_NCCL_DEVICE_HPP_
 
@@ -23,21 +24,6 @@
 #include "kernels.hpp"
 
 namespace backplane::cuda {
-
-// What the driver says about the devices, once per instance: their count, or
-// why there are none (BP_STATUS_UNAVAILABLE with "CUDA driver not found: ...").
-struct DeviceCount {
-  int32_t count = 0;
-  std::string unavailable;  // non-empty: the reason there are no devices
-};
-DeviceCount probe_device_count();
-// Name, capabilities and attributes from the device's properties (no context).
-plugin::DeviceInfo probe_device(int32_t ordinal, const Options& options);
-// The capability flags of every device (constant for the instance).
-uint64_t device_capabilities(const Options& options);
-// Free/total bytes without a context (NVML, loaded on demand); nullopt with
-// `why` when NVML cannot say.
-std::optional<plugin::MemoryInfo> memory_without_context(int32_t ordinal, std::string& why);
 
 // A buffer of this plugin. The host only ever holds the pointer to it.
 struct Buffer {

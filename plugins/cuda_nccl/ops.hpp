@@ -1,5 +1,5 @@
-// The cuda plugin's ops: which dtypes each op takes (supports_op answers from
-// the same sets the launches dispatch over), and the host side of execute:
+// The cuda plugin's ops (engine library): the host side of execute, with
+// the dtype sets of op_dtypes.hpp (those supports_op answers from):
 // operand views, index maps, scratch, then one kernel launch (kernels.hpp) or
 // one cuBLAS call (matmul.cpp). Requests arrive validated by the host (abi.h,
 // "Trust contract"); what is checked is cheap and would otherwise corrupt
@@ -15,26 +15,11 @@
 #include <memory>
 
 #include "device.hpp"
+#include "op_dtypes.hpp"
 
 namespace backplane::cuda {
 
-using plugin::DTypes;
 using plugin::TensorView;
-
-// Arithmetic: add sub mul div pow maximum minimum, neg abs relu clamp, arange,
-// sum max min argmax argmin. The 16-bit floats compute in f32.
-using ArithmeticDTypes =
-    DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I32, BP_DTYPE_I64, BP_DTYPE_F16, BP_DTYPE_BF16>;
-// Floats: exp log sqrt tanh sigmoid sin cos, rand_uniform randn, mean,
-// softmax log_softmax, matmul (f16/bf16 through cuBLAS with f32 accumulation).
-using FloatDTypes = DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_F16, BP_DTYPE_BF16>;
-// Every dtype: comparisons, cast, fill, copy, where, index_select, gather.
-using AllDTypes = plugin::AllDTypes;
-
-// supports_op's answer (unknown ops and dtypes: false).
-inline bool op_supports(int32_t op, int32_t dtype) noexcept {
-  return plugin::family_supports<ArithmeticDTypes, FloatDTypes, AllDTypes, AllDTypes>(op, dtype);
-}
 
 // One execute call as the op code sees it.
 struct OpCall {

@@ -50,6 +50,13 @@ run_logged cmake --install "$build_dir" --prefix "$prefix" --config "$config"
 [[ -x "$prefix/bin/backplane" ]] || fail "bin/backplane was not installed"
 cpu_plugin="$prefix/$libdir/backplane/libbackplane_cpu.so"
 [[ -f "$cpu_plugin" ]] || fail "the cpu plugin was not installed at $cpu_plugin"
+# The cpu and cuda plugins are a front library and an engine it loads from its
+# own folder: one without the other fails at the first use of a device.
+for front in cpu cuda_nccl; do
+  [[ -f "$prefix/$libdir/backplane/libbackplane_$front.so" ]] || continue
+  engine="$prefix/$libdir/backplane/libbackplane_${front}_engine.so"
+  [[ -f "$engine" ]] || fail "libbackplane_$front.so was installed without its engine $engine"
+done
 [[ -f "$prefix/share/backplane/backends.json" ]] || fail "share/backplane/backends.json was not installed"
 
 # The examples build with the same generator, build type and compiler; under a
