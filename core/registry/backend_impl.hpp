@@ -167,6 +167,14 @@ struct BackendImpl {
   // buffer_write / buffer_read through bp_buffer_copy_args.
   void write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size, std::string_view what) const;
   void read(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size, std::string_view what) const;
+  // The same calls, answering the plugin's status (nullptr on success) for
+  // the caller to check() with a message it builds only then: for hot paths.
+  bp_status* write_status(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size) const;
+  bp_status* read_status(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size) const;
+  // check() of a failed call on a device, its message "<what><call><device id>"
+  // built here, out of the callers' hot paths.
+  [[gnu::cold]] void check_on(bp_status* status, std::string_view what, std::string_view call,
+                              int32_t device) const;
   // The fields buffer_write and buffer_read share; the caller sets src or dst.
   bp_buffer_copy_args copy_args(bp_buffer* buffer, uint64_t offset, uint64_t size) const noexcept;
 };

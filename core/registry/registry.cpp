@@ -154,8 +154,8 @@ void BackendImpl::synchronize_if_async(int32_t device, std::string_view what) co
   args.struct_size = BP_SYNCHRONIZE_ARGS_STRUCT_SIZE;
   args.plugin = plugin;
   args.device = device;
-  check(call_entry(*this, "synchronize", kCallFailed, api.synchronize, &args),
-        std::string(what) + ": synchronize " + device_id(device));
+  if (bp_status* st = call_entry(*this, "synchronize", kCallFailed, api.synchronize, &args)) [[unlikely]]
+    check_on(st, what, ": synchronize ", device);
 }
 
 std::byte* BackendImpl::host_pointer(int32_t device, bp_buffer* buffer, std::string_view what) const {
@@ -164,8 +164,9 @@ std::byte* BackendImpl::host_pointer(int32_t device, bp_buffer* buffer, std::str
   args.struct_size = BP_BUFFER_POINTER_ARGS_STRUCT_SIZE;
   args.plugin = plugin;
   args.buffer = buffer;
-  check(call_entry(*this, "buffer_pointer", kCallFailed, api.buffer_pointer, &args),
-        std::string(what) + ": buffer_pointer on " + device_id(device));
+  if (bp_status* st = call_entry(*this, "buffer_pointer", kCallFailed, api.buffer_pointer, &args))
+      [[unlikely]]
+    check_on(st, what, ": buffer_pointer on ", device);
   if (args.data == nullptr || (args.dl_device_type != BP_DL_CPU && args.dl_device_type != BP_DL_CUDA_HOST))
     throw Error(Errc::device_error,
                 "backend \"" + name + "\": " + std::string(what) + ": device " + device_id(device) +
@@ -175,18 +176,32 @@ std::byte* BackendImpl::host_pointer(int32_t device, bp_buffer* buffer, std::str
   return static_cast<std::byte*>(args.data);
 }
 
-void BackendImpl::write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size,
-                        std::string_view what) const {
+void BackendImpl::check_on(bp_status* status, std::string_view what, std::string_view call,
+                           int32_t device) const {
+  check(status, std::string(what) + std::string(call) + device_id(device));
+}
+
+bp_status* BackendImpl::write_status(bp_buffer* buffer, uint64_t offset, const void* src,
+                                     uint64_t size) const {
   bp_buffer_copy_args args = copy_args(buffer, offset, size);
   args.src = src;
-  check(call_entry(*this, "buffer_write", kCallFailed, api.buffer_write, &args), what);
+  return call_entry(*this, "buffer_write", kCallFailed, api.buffer_write, &args);
+}
+
+bp_status* BackendImpl::read_status(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size) const {
+  bp_buffer_copy_args args = copy_args(buffer, offset, size);
+  args.dst = dst;
+  return call_entry(*this, "buffer_read", kCallFailed, api.buffer_read, &args);
+}
+
+void BackendImpl::write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size,
+                        std::string_view what) const {
+  check(write_status(buffer, offset, src, size), what);
 }
 
 void BackendImpl::read(bp_buffer* buffer, uint64_t offset, void* dst, uint64_t size,
                        std::string_view what) const {
-  bp_buffer_copy_args args = copy_args(buffer, offset, size);
-  args.dst = dst;
-  check(call_entry(*this, "buffer_read", kCallFailed, api.buffer_read, &args), what);
+  check(read_status(buffer, offset, dst, size), what);
 }
 
 bp_buffer_copy_args BackendImpl::copy_args(bp_buffer* buffer, uint64_t offset, uint64_t size) const noexcept {

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -200,6 +202,14 @@ Tensor Tensor::empty(const Device& device, const Shape& shape, DType dtype) {
       detail::allocate_on(backend, device.index(), shape, dtype, "Tensor::empty"));
 }
 
+namespace {
+
+[[gnu::cold]] void write_failed(const detail::BackendImpl& b, const Device& device, bp_status* status) {
+  b.check(status, "buffer_write to " + device.id());
+}
+
+}  // namespace
+
 Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype, const void* data,
                           std::size_t count) {
   const auto& backend = detail::usable(device, "Tensor::from_vector");
@@ -211,8 +221,10 @@ Tensor Tensor::from_bytes(const Device& device, const Shape& shape, DType dtype,
   }
   auto t = detail::allocate_on(backend, device.index(), shape, dtype, "Tensor::from_vector");
   const uint64_t bytes = t->storage->nbytes;
-  if (bytes > 0)
-    t->storage->backend->write(t->storage->buffer, 0, data, bytes, "buffer_write to " + device.id());
+  if (bytes > 0) {
+    if (bp_status* st = t->storage->backend->write_status(t->storage->buffer, 0, data, bytes)) [[unlikely]]
+      write_failed(*t->storage->backend, device, st);
+  }
   return detail::Access::make_tensor(std::move(t));
 }
 
@@ -236,27 +248,65 @@ Tensor Tensor::to(const Device& device) const {
   return backplane::to(*this, device);
 }
 
-void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {
-  const auto& t = checked();
+namespace {
+
+// read_into's and to_vector's refusals, out of their hot paths.
+[[noreturn, gnu::cold]] void bad_read(const detail::TensorImpl& t, DType dtype, std::size_t count) {
   if (dtype != t.dtype) {
     throw Error(Errc::dtype_mismatch, "Tensor::to_vector: the tensor holds " +
                                           std::string(backplane::to_string(t.dtype)) + " but " +
                                           std::string(backplane::to_string(dtype)) + " was requested");
   }
-  if (count != static_cast<std::size_t>(t.shape.numel())) {
-    throw Error(Errc::invalid_argument, "Tensor::read_into: destination holds " + std::to_string(count) +
-                                            " elements, the tensor " + std::to_string(t.shape.numel()));
-  }
+  throw Error(Errc::invalid_argument, "Tensor::read_into: destination holds " + std::to_string(count) +
+                                          " elements, the tensor " + std::to_string(t.shape.numel()));
+}
+
+void check_read(const detail::TensorImpl& t, DType dtype, std::size_t count) {
+  if (dtype != t.dtype || count != static_cast<std::size_t>(t.shape.numel())) [[unlikely]]
+    bad_read(t, dtype, count);
+}
+
+[[gnu::cold]] void read_failed(const detail::BackendImpl& b, int32_t device, bp_status* status) {
+  b.check_on(status, "buffer_read from ", "", device);
+}
+
+}  // namespace
+
+void Tensor::read_into(DType dtype, void* dst, std::size_t count) const {
+  const auto& t = checked();
+  check_read(t, dtype, count);
   if (count == 0) return;
-  if (!is_contiguous()) {
+  if (!detail::is_contiguous(t)) {
     detail::Access::make_tensor(detail::copy_contiguous(t, "Tensor::to_vector"))
         .read_into(dtype, dst, count);  // records no graph
     return;
   }
   const auto& s = *t.storage;
+  const uint64_t bytes = static_cast<uint64_t>(count) * dtype_size(dtype);
+  // Host-visible memory is read through its address (abi.h), on this thread:
+  // one memcpy, which a team of threads would not speed up on a busy machine.
+  if (const std::byte* p = s.backend->host_pointer(s.device, s.buffer, "Tensor::read_into")) {
+    s.backend->synchronize_if_async(s.device, "Tensor::read_into");
+    std::memcpy(dst, p + t.byte_offset, static_cast<std::size_t>(bytes));
+    return;
+  }
   // buffer_read synchronises an async device itself (abi.h).
-  s.backend->read(s.buffer, t.byte_offset, dst, static_cast<uint64_t>(count) * dtype_size(dtype),
-                  "buffer_read from " + s.backend->device_id(s.device));
+  if (bp_status* st = s.backend->read_status(s.buffer, t.byte_offset, dst, bytes)) [[unlikely]]
+    read_failed(*s.backend, s.device, st);
+}
+
+const void* Tensor::host_elements(DType dtype, std::size_t count, std::size_t alignment) const {
+  const auto& t = checked();
+  check_read(t, dtype, count);
+  if (count == 0 || !detail::is_contiguous(t)) return nullptr;
+  const auto& s = *t.storage;
+  const std::byte* p = s.backend->host_pointer(s.device, s.buffer, "Tensor::to_vector");
+  if (p == nullptr) return nullptr;
+  p += t.byte_offset;
+  // Imported (DLPack) memory need not be aligned for the element type.
+  if (reinterpret_cast<std::uintptr_t>(p) % alignment != 0) return nullptr;
+  s.backend->synchronize_if_async(s.device, "Tensor::to_vector");
+  return p;
 }
 
 namespace {

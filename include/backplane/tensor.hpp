@@ -57,10 +57,14 @@ class BACKPLANE_API Tensor {
   bool is_contiguous() const;
 
   // Reads the elements back to the host, row-major. T must match dtype()
-  // (Errc::dtype_mismatch otherwise). Synchronises the device.
+  // (Errc::dtype_mismatch otherwise). Synchronises the device. One copy on
+  // a host_visible device: straight from its memory into the new vector.
   template <class T>
   std::vector<T> to_vector() const {
-    std::vector<T> out(static_cast<std::size_t>(numel()));
+    const auto n = static_cast<std::size_t>(numel());
+    if (const T* first = static_cast<const T*>(host_elements(dtype_of_v<T>, n, alignof(T))))
+      return std::vector<T>(first, first + n);
+    std::vector<T> out(n);
     read_into(dtype_of_v<T>, out.data(), out.size());
     return out;
   }
@@ -105,6 +109,11 @@ class BACKPLANE_API Tensor {
   const std::shared_ptr<detail::TensorImpl>& impl() const noexcept { return impl_; }
 
   const detail::TensorImpl& checked() const;
+  // to_vector's source: the host address of the first element when the
+  // elements are contiguous in host_visible memory (an async device
+  // synchronised) at an address aligned to `alignment`; nullptr otherwise
+  // and for no elements. Checks dtype and count as read_into does.
+  const void* host_elements(DType dtype, std::size_t count, std::size_t alignment) const;
   std::shared_ptr<detail::TensorImpl> impl_;
 };
 
@@ -118,7 +127,10 @@ inline Tensor Tensor::from_vector<bool>(const Device& device, const Shape& shape
 
 template <>
 inline std::vector<bool> Tensor::to_vector<bool>() const {
-  std::vector<uint8_t> bytes(static_cast<std::size_t>(numel()));
+  const auto n = static_cast<std::size_t>(numel());
+  if (const auto* first = static_cast<const uint8_t*>(host_elements(DType::bool_, n, 1)))
+    return std::vector<bool>(first, first + n);
+  std::vector<uint8_t> bytes(n);
   read_into(DType::bool_, bytes.data(), bytes.size());
   return {bytes.begin(), bytes.end()};
 }
