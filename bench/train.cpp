@@ -2,24 +2,40 @@
 // run: MLP 64-128-10 on the digits data, SGD lr 0.1 momentum 0.9, batch 32
 // per rank, 20 epochs, an 80/20 split.
 //
-//   bench_train [epochs]        (default 20)
+//   bench_train [epochs] [repeats]        (default 20 and 3)
 //
 // Prints test accuracy and time per step for backplane at 1 and 2 ranks and
 // for PyTorch DDP at 2 ranks (skipped with a note when python3-torch is
 // missing), the ratio of the 2-rank step times, and the share of backplane's
-// step time spent in the gradient all-reduce.
+// step time spent in the gradient all-reduce. Each job runs `repeats` times,
+// the contenders alternating (backplane then PyTorch, then the other way
+// round), so that a change in the machine's load falls on both; the figures
+// are medians over the repeats, the ratio the median of each repeat's.
+//
+// What ms/step includes, on both sides: one training step per rank, from
+// making the batch (backplane: gathering its rows and from_vector; PyTorch:
+// indexing the data tensor) through forward, backward with the gradient
+// all-reduce, the optimizer step, to the loss read back on the host
+// (to_vector / loss.item()); averaged over every step of the run on rank 0.
+// It excludes start-up, loading the data, the per-epoch loss all-reduce and
+// the evaluation. backplane's figure is `backplane train`'s own: the
+// seconds_per_step of its --metrics-out, which its last line prints as
+// ms/step (this program checks that the two agree).
 #include "bench_util.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 namespace {
 
@@ -81,11 +97,24 @@ struct Figures {
   long steps = 0;
 };
 
+// The ms/step of `backplane train`'s last line ("... | 0.297 ms/step | ..."), or -1.
+double printed_ms_per_step(const std::string& out) {
+  const auto at = out.rfind(" ms/step");
+  if (at == std::string::npos) return -1;
+  const auto bar = out.rfind("| ", at);
+  return bar == std::string::npos ? -1 : std::atof(out.c_str() + bar + 2);
+}
+
+std::string train_command(const fs::path& config, int nproc, int epochs, const fs::path& metrics) {
+  return std::string(BP_BENCH_CLI) + " train --nproc " + std::to_string(nproc) + " --epochs " +
+         std::to_string(epochs) + " --config " + config.string() + " --data " + BP_BENCH_DATA +
+         " --metrics-out " + metrics.string();
+}
+
 Figures backplane_train(const fs::path& config, int nproc, int epochs, const fs::path& dir) {
   const fs::path metrics = dir / ("metrics_" + std::to_string(nproc) + ".json");
-  const std::string out = run(std::string(BP_BENCH_CLI) + " train --nproc " + std::to_string(nproc) +
-                              " --epochs " + std::to_string(epochs) + " --config " + config.string() +
-                              " --data " + BP_BENCH_DATA + " --metrics-out " + metrics.string());
+  fs::remove(metrics);
+  const std::string out = run(train_command(config, nproc, epochs, metrics));
   Figures f;
   std::ifstream in(metrics);
   if (!in) {
@@ -98,6 +127,11 @@ Figures backplane_train(const fs::path& config, int nproc, int epochs, const fs:
   f.accuracy = m["test_accuracy"].get<double>();
   f.allreduce_fraction = m["allreduce_fraction"].get<double>();
   f.steps = m["steps"].get<long>();
+  // The same figure, printed with 3 decimals.
+  const double printed = printed_ms_per_step(out);
+  if (std::abs(printed - f.ms_per_step) > 0.0005 + 1e-9)
+    std::cerr << "bench_train: backplane train printed " << printed << " ms/step but wrote " << f.ms_per_step
+              << " to --metrics-out\n";
   return f;
 }
 
@@ -128,10 +162,32 @@ Figures torch_ddp(int epochs, const fs::path& dir) {
   return f;
 }
 
+// The medians of a contender's repeats (accuracy and steps are the same in every run).
+struct Summary {
+  std::vector<Figures> runs;
+  bool ok() const {
+    return !runs.empty() && std::all_of(runs.begin(), runs.end(), [](const Figures& f) { return f.ok; });
+  }
+  double ms() const { return median_of(&Figures::ms_per_step); }
+  double lo() const { return extreme(false); }
+  double hi() const { return extreme(true); }
+  double median_of(double Figures::*field) const {
+    std::vector<double> v;
+    for (const Figures& f : runs) v.push_back(f.*field);
+    return bench::median(v);
+  }
+  double extreme(bool max) const {
+    double x = runs.front().ms_per_step;
+    for (const Figures& f : runs) x = max ? std::max(x, f.ms_per_step) : std::min(x, f.ms_per_step);
+    return x;
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const int epochs = argc >= 2 ? std::max(1, std::atoi(argv[1])) : 20;
+  const int repeats = argc >= 3 ? std::max(1, std::atoi(argv[2])) : 3;
   const fs::path dir = fs::temp_directory_path() / ("bp_bench_train_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const fs::path config = dir / "backends.json";
@@ -140,29 +196,52 @@ int main(int argc, char** argv) {
       << R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})";
 
   std::cout << "MLP 64-128-10 on digits, SGD lr 0.1 momentum 0.9, batch 32 per rank, " << epochs
-            << " epochs, 80/20 split\n";
-  const Figures one = backplane_train(config, 1, epochs, dir);
-  const Figures two = backplane_train(config, 2, epochs, dir);
-  const Figures torch = torch_ddp(epochs, dir);
+            << " epochs, 80/20 split; " << repeats << " repeat" << (repeats == 1 ? "" : "s")
+            << ", backplane and PyTorch alternating\n"
+            << "backplane: " << train_command(config, 2, epochs, dir / "metrics_2.json")
+            << " (and --nproc 1; the config holds the cpu backend alone)\n";
+  Summary one, two, torch;
+  std::vector<double> ratios;
+  bool have_torch = true;
+  for (int r = 0; r < repeats; ++r) {
+    const bool torch_first = r % 2 == 1;
+    if (torch_first && have_torch) torch.runs.push_back(torch_ddp(epochs, dir));
+    two.runs.push_back(backplane_train(config, 2, epochs, dir));
+    one.runs.push_back(backplane_train(config, 1, epochs, dir));
+    if (!torch_first && have_torch) torch.runs.push_back(torch_ddp(epochs, dir));
+    have_torch = have_torch && torch.runs.back().ok;
+    if (have_torch && two.runs.back().ok)
+      ratios.push_back(two.runs.back().ms_per_step / torch.runs.back().ms_per_step);
+  }
   fs::remove_all(dir);
-  if (!one.ok || !two.ok) return 1;
+  if (!one.ok() || !two.ok()) return 1;
 
-  std::printf("%-30s %8s %10s %10s %9s %s\n", "", "steps", "ms/step", "steps/s", "accuracy",
+  std::printf("%-30s %8s %10s %17s %10s %9s %s\n", "", "steps", "ms/step", "(range)", "steps/s", "accuracy",
               "all_reduce share");
-  auto row = [](const char* name, const Figures& f) {
-    std::printf("%-30s %8ld %10.3f %10.0f %9.4f", name, f.steps, f.ms_per_step, 1e3 / f.ms_per_step,
+  auto row = [](const char* name, const Summary& s) {
+    const Figures& f = s.runs.front();
+    const double ms = s.ms();
+    std::printf("%-30s %8ld %10.3f %8.3f-%-8.3f %10.0f %9.4f", name, f.steps, ms, s.lo(), s.hi(), 1e3 / ms,
                 f.accuracy);
-    if (f.allreduce_fraction >= 0) std::printf(" %5.0f%%", f.allreduce_fraction * 100);
+    if (f.allreduce_fraction >= 0) std::printf(" %5.0f%%", s.median_of(&Figures::allreduce_fraction) * 100);
     std::printf("\n");
   };
   row("backplane train, 1 rank", one);
   row("backplane train, 2 ranks", two);
-  if (torch.ok) {
+  if (have_torch) {
     row("PyTorch DDP gloo, 2 ranks", torch);
-    std::printf("ratio ms/step backplane / PyTorch DDP (2 ranks): %.3f (target <= 0.333)\n",
-                two.ms_per_step / torch.ms_per_step);
+    std::vector<double> sorted = ratios;
+    std::sort(sorted.begin(), sorted.end());
+    std::printf(
+        "ratio ms/step backplane / PyTorch DDP (2 ranks): %.3f (median of the repeats' ratios, %.3f-%.3f; "
+        "target <= 0.333)\n",
+        bench::median(ratios), sorted.front(), sorted.back());
   } else {
     std::printf("PyTorch DDP: n/a (python3-torch not available)\n");
   }
+  std::printf(
+      "ms/step: per step on rank 0, from making the batch to the loss read back (forward, backward with the\n"
+      "gradient all-reduce, optimizer step); not start-up, data loading, the per-epoch loss all-reduce or\n"
+      "evaluation. backplane's is `backplane train`'s own figure (--metrics-out seconds_per_step).\n");
   return 0;
 }
