@@ -1,9 +1,8 @@
 // Loads the cpu plugin's engine library (engine.hpp) from the folder the front
 // library itself was loaded from, once, on the first device use.
-#include <dlfcn.h>
-
 #include <atomic>
 #include <backplane/plugin.hpp>
+#include <backplane/plugin/engine_module.hpp>
 #include <mutex>
 #include <string>
 
@@ -12,37 +11,11 @@
 namespace backplane::cpu {
 namespace {
 
-// The folder of this library, with a trailing '/', or "" when unknown (then the
-// loader's search path decides).
-std::string own_folder() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<const void*>(&own_folder), &info) == 0 || info.dli_fname == nullptr) return {};
-  const std::string path = info.dli_fname;
-  const auto slash = path.rfind('/');
-  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
-}
-
 const EngineApi* load() {
-  const std::string path = own_folder() + kEngineLibrary;
-  // Never unloaded (NODELETE): OpenMP's and OpenBLAS's pooled threads run its code
-  // until the process exits.
-  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
-  if (handle == nullptr) {
-    const char* why = dlerror();
-    plugin::fail(BP_STATUS_UNAVAILABLE,
-                 "cpu: cannot load the kernel library " + path + ": " +
-                     (why != nullptr ? why : "unknown error") +
-                     "; install it next to libbackplane_cpu.so (both come from one build)");
-  }
-  auto entry = reinterpret_cast<EngineEntryFn>(dlsym(handle, kEngineEntrySymbol));
-  const EngineApi* api = entry != nullptr ? entry() : nullptr;
-  if (api == nullptr || api->magic != kEngineMagic || api->struct_size != sizeof(EngineApi))
-    plugin::fail(BP_STATUS_UNAVAILABLE, "cpu: " + path +
-                                            " is not the kernel library of this build of the cpu plugin (" +
-                                            (entry == nullptr ? std::string("no ") + kEngineEntrySymbol
-                                                              : std::string("its interface differs")) +
-                                            "); reinstall both libraries from one build");
-  return api;
+  return plugin::load_engine<EngineApi>(
+      {"cpu", "kernel library", kEngineLibrary, kEngineEntrySymbol,
+       "install it next to libbackplane_cpu.so (both come from one build)", kEngineMagic},
+      [](void* entry) { return reinterpret_cast<EngineEntryFn>(entry)(); });
 }
 
 }  // namespace
