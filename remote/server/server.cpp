@@ -48,8 +48,13 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 // that announces a gigabyte and sends a byte costs 64 KiB.
 constexpr std::size_t kFirstPayloadChunk = 64 * 1024;
 // A Write at least this large, to a host-visible buffer while the session's
-// worker is idle, is read from the socket straight into the buffer.
+// worker is idle, is read from the socket straight into the buffer. When the
+// worker is still busy with earlier requests as its header arrives, the
+// payload is staged in steps of kStagingStep, and the rest goes straight into
+// the buffer as soon as the worker has finished them: only the bytes that
+// arrived meanwhile are copied.
 constexpr uint64_t kDirectWriteBytes = 256 * 1024;
+constexpr std::size_t kStagingStep = 1024 * 1024;
 // Write payloads queued for the worker (beyond this the reader waits), and
 // bytes waiting to be written to the client (beyond this the worker and the
 // reader wait): memory per session stays bounded whatever the client does.
@@ -58,12 +63,15 @@ constexpr uint64_t kMaxUnsentBytes = uint64_t{64} << 20;
 // Payload buffers kept for reuse (first-touching fresh pages is slow).
 constexpr std::size_t kSpareBuffers = 2;
 constexpr uint64_t kMaxSpareBytes = uint64_t{256} << 20;
+// Message buffers the worker hands back for the reader to fill again: each
+// request's message would otherwise be allocated on the reader's thread and
+// freed on the worker's, which glibc serves slowly (no per-thread cache).
+constexpr std::size_t kSpareMessages = 64;
+constexpr std::size_t kMaxSpareMessageBytes = 64 * 1024;
 // How long a Fatal may take to reach the client before the socket closes anyway.
 constexpr milliseconds kFatalLinger{2000};
 constexpr milliseconds kMaxAcceptBackoff{1000};
-// Asio's transfer_all asks the socket for at most 64 KiB per call; a payload
-// of many megabytes goes in as few calls as the kernel allows instead.
-std::size_t whole_transfer(const error_code& ec, std::size_t) { return ec ? 0 : std::size_t{1} << 30; }
+using wire::whole_transfer;
 
 // How long stop() waits for sessions to end after telling them, before it
 // closes their sockets outright.
@@ -477,10 +485,25 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   void read_payload() {
     const uint64_t total = header_.payload_bytes;
     const std::size_t got = payload_.size();
-    const std::size_t target = payload_.capacity() >= total
-                                   ? total
-                                   : std::min<uint64_t>(total, std::max(kFirstPayloadChunk, got * 2));
+    if (direct_candidate_ && worker_waiting()) {
+      // Every earlier request has run: the rest of the payload may go straight
+      // into the buffer (or never will, if the Write cannot be done directly).
+      direct_candidate_ = false;
+      const wire::Message* m = wire::GetMessage(message_.data());  // verified in on_message
+      if (const auto target = session_->direct_write(*m->body_as_Write())) {
+        if (got != 0) std::memcpy(target->data(), payload_.data(), got);
+        give_spare(std::move(payload_));
+        payload_ = ByteBuffer();
+        if (read_direct(target->subspan(got))) pump();
+        return;
+      }
+    }
+    std::size_t target = payload_.capacity() >= total
+                             ? total
+                             : std::min<uint64_t>(total, std::max(kFirstPayloadChunk, got * 2));
     payload_.reserve(target);
+    // A step at a time while the worker may still free up for a direct read.
+    if (direct_candidate_) target = std::min<uint64_t>(target, got + kStagingStep);
     arm_idle();
     auto handler = [self = shared_from_this(), target](const error_code& ec, std::size_t) {
       if (self->phase_ == Phase::closed) return;
@@ -564,8 +587,13 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
           queue(Request{std::move(message_), {}, false});
           return !paused_;
         }
-        if (header_.payload_bytes >= kDirectWriteBytes && worker_waiting()) {
-          if (const auto target = session_->direct_write(*m->body_as_Write())) return read_direct(*target);
+        direct_candidate_ = false;
+        if (header_.payload_bytes >= kDirectWriteBytes) {
+          if (!worker_waiting()) {
+            direct_candidate_ = true;  // read_payload() asks again between steps
+          } else if (const auto target = session_->direct_write(*m->body_as_Write())) {
+            return read_direct(*target);
+          }
         }
         payload_ = take_spare();
         payload_.set_size(0);
@@ -639,6 +667,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
 
   void on_frame_done() {
     part_ = Part::header;
+    direct_candidate_ = false;
     queue(Request{std::move(message_), std::move(payload_), false});
   }
 
@@ -675,6 +704,10 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       std::lock_guard lock(queue_mutex_);
       queued_bytes_ += r.payload.size();
       queue_.push_back(std::move(r));
+      if (message_.capacity() == 0 && !spare_messages_.empty()) {  // the next message's buffer
+        message_ = std::move(spare_messages_.back());
+        spare_messages_.pop_back();
+      }
       wake = worker_idle_;
       if (queue_full_locked()) {
         paused_ = true;
@@ -711,10 +744,14 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
 
   void work() {
     std::string goodbye;
+    std::vector<uint8_t> handled;  // the last request's message, for the reader to reuse
     for (;;) {
       Request r;
       {
         std::unique_lock lock(queue_mutex_);
+        if (handled.capacity() != 0 && handled.capacity() <= kMaxSpareMessageBytes &&
+            spare_messages_.size() < kSpareMessages)
+          spare_messages_.push_back(std::move(handled));
         worker_idle_ = true;
         queue_cv_.wait(lock, [&] { return stop_worker_ || !queue_.empty(); });
         worker_idle_ = false;
@@ -739,6 +776,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
                  "session " + std::to_string(session_->id()) + ": unexpected error: " + e.what());
       }
       give_spare(std::move(r.payload));
+      handled = std::move(r.message);
     }
     {
       std::lock_guard lock(queue_mutex_);
@@ -971,7 +1009,8 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   std::vector<uint8_t> message_;
   ByteBuffer payload_;
   bool paused_ = false;
-  bool direct_read_ = false;  // a read into a hosted buffer's memory is in flight
+  bool direct_read_ = false;       // a read into a hosted buffer's memory is in flight
+  bool direct_candidate_ = false;  // the payload being staged may switch to a direct read
 
   // Writer (strand); out_[0, in_flight_) are being written.
   std::deque<Outgoing> out_;
@@ -988,6 +1027,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;
   std::deque<Request> queue_;
+  std::vector<std::vector<uint8_t>> spare_messages_;
   uint64_t queued_bytes_ = 0;
   bool worker_idle_ = false;
   bool reader_waits_ = false;

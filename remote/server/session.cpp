@@ -94,6 +94,13 @@ std::string label(const wire::Message& m) {
   }
 }
 
+// Operand names for messages, without building a string per request.
+constexpr std::array<const char*, kMaxOperands> kInputFields{
+    "inputs[0]", "inputs[1]", "inputs[2]", "inputs[3]", "inputs[4]", "inputs[5]", "inputs[6]", "inputs[7]"};
+constexpr std::array<const char*, kMaxOperands> kOutputFields{"outputs[0]", "outputs[1]", "outputs[2]",
+                                                              "outputs[3]", "outputs[4]", "outputs[5]",
+                                                              "outputs[6]", "outputs[7]"};
+
 bool pipelined(wire::Body type) {
   return type == wire::Body::Alloc || type == wire::Body::Free || type == wire::Body::Write ||
          type == wire::Body::Execute;
@@ -433,18 +440,19 @@ void Session::execute(const wire::Execute& r) {
     if (it == buffers_.end()) return std::nullopt;
     return OwnedBuffer{it->second.handle, it->second.size, it->second.device};
   };
-  std::array<DecodedTensor, kMaxOperands> in_d, out_d;
-  std::vector<bp_tensor> in, out;
+  // The decoded operands live in the session (their shapes keep their
+  // storage from one request to the next), so that no allocation is made here.
+  std::array<bp_tensor, kMaxOperands> in_t{}, out_t{};
   for (uint32_t i = 0; i < ni; ++i) {
-    decode_tensor(r.inputs()->Get(i), r.device(), lookup, ("inputs[" + std::to_string(i) + "]").c_str(),
-                  in_d[i]);
-    in.push_back(in_d[i].tensor);
+    decode_tensor(r.inputs()->Get(i), r.device(), lookup, kInputFields[i], decoded_inputs_[i]);
+    in_t[i] = decoded_inputs_[i].tensor;
   }
   for (uint32_t i = 0; i < no; ++i) {
-    decode_tensor(r.outputs()->Get(i), r.device(), lookup, ("outputs[" + std::to_string(i) + "]").c_str(),
-                  out_d[i]);
-    out.push_back(out_d[i].tensor);
+    decode_tensor(r.outputs()->Get(i), r.device(), lookup, kOutputFields[i], decoded_outputs_[i]);
+    out_t[i] = decoded_outputs_[i].tensor;
   }
+  const std::span<const bp_tensor> in(in_t.data(), ni);
+  const std::span<const bp_tensor> out(out_t.data(), no);
   bp_op_attrs attrs{};
   attrs.struct_size = BP_OP_ATTRS_STRUCT_SIZE;
   attrs.axis = r.axis();
@@ -457,20 +465,21 @@ void Session::execute(const wire::Execute& r) {
 
   // What the device can do: the dtypes it holds, matmul, then supports_op
   // asked as abi.h says (the data operand's dtype; a cast's both dtypes).
-  const std::string where =
-      "device " + std::to_string(r.device()) + " of backend '" + hosted_->backend_name() + "'";
-  for (const std::vector<bp_tensor>* operands : {&in, &out})
-    for (const bp_tensor& t : *operands)
+  const auto where = [&] {
+    return "device " + std::to_string(r.device()) + " of backend '" + hosted_->backend_name() + "'";
+  };
+  for (const std::span<const bp_tensor> operands : {in, out})
+    for (const bp_tensor& t : operands)
       if (!dev.holds(t.dtype))
-        refuse(where + " does not hold " + dtype_text(t.dtype) + " tensors (no '" + dtype_text(t.dtype) +
+        refuse(where() + " does not hold " + dtype_text(t.dtype) + " tensors (no '" + dtype_text(t.dtype) +
                    "' capability)",
                BP_STATUS_UNSUPPORTED);
   if (r.op() == BP_OP_MATMUL && !dev.has(BP_CAP_MATMUL))
-    refuse(where + " has no 'matmul' capability", BP_STATUS_UNSUPPORTED);
+    refuse(where() + " has no 'matmul' capability", BP_STATUS_UNSUPPORTED);
   const int32_t dtype = r.op() == BP_OP_WHERE ? in[1].dtype : in.empty() ? out[0].dtype : in[0].dtype;
   for (const int32_t d : {dtype, r.op() == BP_OP_CAST ? attrs.dtype : dtype})
     if (!dev.supports(r.op(), d))
-      refuse(where + " does not run " + op_text(r.op()) + " on " + dtype_text(d), BP_STATUS_UNSUPPORTED);
+      refuse(where() + " does not run " + op_text(r.op()) + " on " + dtype_text(d), BP_STATUS_UNSUPPORTED);
 
   bp_execute_args a{};
   a.struct_size = BP_EXECUTE_ARGS_STRUCT_SIZE;

@@ -16,8 +16,10 @@
 #include "remote/server/kv_bridge.hpp"
 #include "remote/server/limits.hpp"
 #include "remote/server/sender.hpp"
+#include "remote/server/validate.hpp"
 #include "remote_generated.h"
 
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -139,6 +141,9 @@ class Session {
   uint64_t bytes_ = 0;
   std::optional<Sticky> sticky_;
   std::vector<uint8_t> staging_;  // a Read's bytes on a device without buffer_pointer
+  // Execute's decoded operands, kept so that their storage is reused.
+  std::array<DecodedTensor, kMaxOperands> decoded_inputs_;
+  std::array<DecodedTensor, kMaxOperands> decoded_outputs_;
 
   std::mutex comms_mutex_;
   std::condition_variable comms_idle_;  // an abort finished

@@ -135,30 +135,31 @@ bool is_contiguous(const bp_tensor& t) noexcept {
 
 void decode_tensor(const wire::TensorDesc* desc, int32_t device, const BufferLookup& lookup,
                    const char* field, DecodedTensor& out) {
-  const std::string where = field;
-  if (desc == nullptr) refuse(where + " is missing");
+  const auto where = [field] { return std::string(field); };  // only when refusing
+  if (desc == nullptr) refuse(where() + " is missing");
   const std::optional<OwnedBuffer> buffer = lookup(desc->buffer());
   if (!buffer)
-    refuse(where + ": buffer " + std::to_string(desc->buffer()) +
+    refuse(where() + ": buffer " + std::to_string(desc->buffer()) +
            " is not a buffer of this session (never allocated, already freed, or another session's)");
   if (buffer->device != device)
-    refuse(where + ": buffer " + std::to_string(desc->buffer()) + " lives on device " +
+    refuse(where() + ": buffer " + std::to_string(desc->buffer()) + " lives on device " +
            std::to_string(buffer->device) + ", not on device " + std::to_string(device) +
            " where the op runs");
   const int32_t dtype = desc->dtype();
   const uint64_t esize = bp_dtype_size(dtype);
   if (esize == 0)
-    refuse(where + ": dtype " + std::to_string(dtype) + " is not a dtype this server knows (1.." +
+    refuse(where() + ": dtype " + std::to_string(dtype) + " is not a dtype this server knows (1.." +
            std::to_string(BP_DTYPE_COUNT_ - 1) + ")");
   const auto* shape = desc->shape();
   const auto* strides = desc->strides();
   const uint32_t ndim = shape != nullptr ? shape->size() : 0;
   const uint32_t nstrides = strides != nullptr ? strides->size() : 0;
   if (ndim > static_cast<uint32_t>(kMaxRank))
-    refuse(where + " has " + std::to_string(ndim) + " dimensions; at most " + std::to_string(kMaxRank) +
+    refuse(where() + " has " + std::to_string(ndim) + " dimensions; at most " + std::to_string(kMaxRank) +
            " are allowed");
   if (nstrides != ndim)
-    refuse(where + " has " + std::to_string(ndim) + " extents but " + std::to_string(nstrides) + " strides");
+    refuse(where() + " has " + std::to_string(ndim) + " extents but " + std::to_string(nstrides) +
+           " strides");
   out.shape.assign(ndim, 0);
   out.strides.assign(ndim, 0);
   bool empty = false;
@@ -166,19 +167,19 @@ void decode_tensor(const wire::TensorDesc* desc, int32_t device, const BufferLoo
     out.shape[d] = shape->Get(d);
     out.strides[d] = strides->Get(d);
     if (out.shape[d] < 0)
-      refuse(where + ".shape[" + std::to_string(d) + "] is " + std::to_string(out.shape[d]) +
+      refuse(where() + ".shape[" + std::to_string(d) + "] is " + std::to_string(out.shape[d]) +
              "; extents are >= 0");
     if (out.strides[d] < 0)
-      refuse(where + ".strides[" + std::to_string(d) + "] is " + std::to_string(out.strides[d]) +
+      refuse(where() + ".strides[" + std::to_string(d) + "] is " + std::to_string(out.strides[d]) +
              "; strides are >= 0 (in elements)");
     empty = empty || out.shape[d] == 0;
   }
   const uint64_t offset = desc->byte_offset();
   if (offset % esize != 0)
-    refuse(where + ": byte_offset " + std::to_string(offset) + " is not a multiple of the element size " +
+    refuse(where() + ": byte_offset " + std::to_string(offset) + " is not a multiple of the element size " +
            std::to_string(esize) + " of " + dtype_text(dtype));
   if (offset > buffer->size)
-    refuse(where + ": byte_offset " + std::to_string(offset) + " lies past the end of its " +
+    refuse(where() + ": byte_offset " + std::to_string(offset) + " lies past the end of its " +
            std::to_string(buffer->size) + "-byte buffer");
   // The element count, and the farthest element, must stay below 2^56 (so
   // byte arithmetic below cannot overflow) and inside the buffer.
@@ -190,18 +191,18 @@ void decode_tensor(const wire::TensorDesc* desc, int32_t device, const BufferLoo
       const auto extent = static_cast<uint64_t>(out.shape[d]);
       const auto stride = static_cast<uint64_t>(out.strides[d]);
       if (count > kLimit / extent)
-        refuse(where + " has shape " + dims_to_string(out.shape.data(), static_cast<int32_t>(ndim)) +
+        refuse(where() + " has shape " + dims_to_string(out.shape.data(), static_cast<int32_t>(ndim)) +
                ": too many elements");
       count *= extent;
       if (stride != 0 && (extent - 1) > (kLimit - span - 1) / stride)
-        refuse(where + ": shape " + dims_to_string(out.shape.data(), static_cast<int32_t>(ndim)) +
+        refuse(where() + ": shape " + dims_to_string(out.shape.data(), static_cast<int32_t>(ndim)) +
                " with strides " + dims_to_string(out.strides.data(), static_cast<int32_t>(ndim)) +
                " reaches past any buffer");
       span += (extent - 1) * stride;
     }
     const uint64_t room = (buffer->size - offset) / esize;  // whole elements after the offset
     if (span >= room)
-      refuse(where + ": shape " + dims_to_string(out.shape.data(), static_cast<int32_t>(ndim)) +
+      refuse(where() + ": shape " + dims_to_string(out.shape.data(), static_cast<int32_t>(ndim)) +
              " with strides " + dims_to_string(out.strides.data(), static_cast<int32_t>(ndim)) +
              " at byte_offset " + std::to_string(offset) + " reaches byte " +
              std::to_string(offset + (span + 1) * esize) + " of a " + std::to_string(buffer->size) +
@@ -250,9 +251,9 @@ void validate_execute(int32_t op, std::span<const bp_tensor> in, std::span<const
       require_dtype(name, "the condition (inputs[0])", in[0], BP_DTYPE_BOOL);
       require_dtype(name, "inputs[2]", in[2], in[1].dtype);
       require_dtype(name, "the output", out[0], in[1].dtype);
-      for (int i = 0; i < 3; ++i)
-        require_shape(name, ("inputs[" + std::to_string(i) + "]").c_str(), in[static_cast<std::size_t>(i)],
-                      out[0], "the output");
+      require_shape(name, "inputs[0]", in[0], out[0], "the output");
+      require_shape(name, "inputs[1]", in[1], out[0], "the output");
+      require_shape(name, "inputs[2]", in[2], out[0], "the output");
       break;
     case BP_OP_KIND_UNARY:
     case BP_OP_KIND_COPY:

@@ -21,6 +21,16 @@ namespace backplane::remote::wire {
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
+// A completion condition for asio::async_read / async_write that hands the
+// socket everything left in one call. Asio's transfer_all offers at most
+// 64 KiB per call: a payload of many megabytes would take a system call (and
+// a trip through the io_context) per 64 KiB instead of as few as the kernel's
+// socket buffers allow. Stream's writes use it (a client's large Write leaves
+// straight from the caller's memory); its reads keep asio's default.
+inline std::size_t whole_transfer(const boost::system::error_code& ec, std::size_t) noexcept {
+  return ec ? 0 : std::size_t{1} << 30;
+}
+
 class Stream {
  public:
   // Plain TCP when `tls` is null; TLS with that context otherwise (the
@@ -55,9 +65,9 @@ class Stream {
   template <class Buffers, class Handler>
   void async_write(const Buffers& buffers, Handler&& handler) {
     if (tls_)
-      asio::async_write(ssl_, buffers, std::forward<Handler>(handler));
+      asio::async_write(ssl_, buffers, whole_transfer, std::forward<Handler>(handler));
     else
-      asio::async_write(ssl_.next_layer(), buffers, std::forward<Handler>(handler));
+      asio::async_write(ssl_.next_layer(), buffers, whole_transfer, std::forward<Handler>(handler));
   }
   // Closes the socket at once (no TLS close_notify: the peer may be gone);
   // outstanding operations complete with operation_aborted.

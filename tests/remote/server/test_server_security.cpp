@@ -687,8 +687,9 @@ TEST_CASE("remote server: large writes and reads arrive intact while pings and p
     std::vector<uint32_t> pattern(kBytes / 4);
     for (std::size_t i = 0; i < pattern.size(); ++i)
       pattern[i] = static_cast<uint32_t>(i * 2654435761u + round);
-    // Odd rounds queue work first, so the write takes the worker's queue; even
-    // rounds find the worker idle, so it goes straight into the buffer.
+    // Odd rounds queue work first, so the write's payload is staged until the
+    // worker has run it; even rounds find the worker idle, so it goes straight
+    // into the buffer.
     if (round % 2 == 1)
       for (int k = 0; k < 50; ++k)
         REQUIRE(c.send(msg::execute(id++, BP_OP_FILL, {}, {msg::contiguous(2, {16})})));
@@ -701,5 +702,59 @@ TEST_CASE("remote server: large writes and reads arrive intact while pings and p
     REQUIRE(answer_of(*r).status == BP_STATUS_OK);
     CHECK(values_of<uint32_t>(r->payload) == pattern);
   }
+  CHECK(sync(c, id++).status == BP_STATUS_OK);
+}
+
+TEST_CASE(
+    "remote server: a large write that arrives while the worker is busy lands after the work before it") {
+  auto server = serve();
+  RawClient c(server->port());
+  open_session(c);
+  constexpr uint64_t kBytes = 8 << 20;
+  const msg::Desc whole = msg::contiguous(1, {static_cast<int64_t>(kBytes / 4)});
+  REQUIRE(c.send(msg::alloc(1, 1, 0, kBytes)));
+  uint64_t id = 10;
+  for (uint32_t round = 0; round < 6; ++round) {
+    CAPTURE(round);
+    std::vector<uint32_t> pattern(kBytes / 4);
+    for (std::size_t i = 0; i < pattern.size(); ++i)
+      pattern[i] = static_cast<uint32_t>(i * 2654435761u + round) | 1u;  // never the fills' zero
+    // Fills of the whole buffer keep the worker busy while the write's header
+    // and the start of its payload come in. Depending on when the worker is
+    // done, the payload is staged whole, or staged in part and the rest read
+    // straight into the buffer; a write that overtook a fill would leave zeros.
+    for (int k = 0; k < 20; ++k) REQUIRE(c.send(msg::execute(id++, BP_OP_FILL, {}, {whole})));
+    const std::span<const uint8_t> bytes = bytes_of(pattern);
+    const std::size_t split = (round % 3) * (3u << 20);
+    REQUIRE(c.send(msg::write(id++, 1, 0, kBytes)));
+    REQUIRE(c.send(bytes.first(split)));
+    if (round % 2 == 1) std::this_thread::sleep_for(50ms);  // the worker may finish the fills meanwhile
+    REQUIRE(c.send(bytes.subspan(split)));
+    const auto r = c.request(msg::read(id++, 1, 0, kBytes));
+    REQUIRE(r);
+    REQUIRE(answer_of(*r).status == BP_STATUS_OK);
+    CHECK(values_of<uint32_t>(r->payload) == pattern);
+  }
+
+  // A large write behind a queued Free of its buffer fails as that write, and
+  // one behind a queued Alloc of its buffer lands in the new buffer.
+  const std::vector<uint32_t> pattern(kBytes / 4, 0x5eed5eedu);
+  REQUIRE(c.send(msg::alloc(id++, 2, 0, kBytes)));
+  for (int k = 0; k < 20; ++k) REQUIRE(c.send(msg::execute(id++, BP_OP_FILL, {}, {whole})));
+  REQUIRE(c.send(msg::free(id++, 2)));
+  const uint64_t doomed = id++;
+  REQUIRE(c.write(doomed, 2, 0, bytes_of(pattern)));
+  const Answer a = sync(c, id++);
+  CHECK(a.status == BP_STATUS_INVALID_ARGUMENT);
+  CHECK_MESSAGE(a.message.find("buffer_write (request " + std::to_string(doomed) + ")") != std::string::npos,
+                a.message);
+  CHECK_MESSAGE(a.message.find("buffer 2 is not a buffer of this session") != std::string::npos, a.message);
+  for (int k = 0; k < 20; ++k) REQUIRE(c.send(msg::execute(id++, BP_OP_FILL, {}, {whole})));
+  REQUIRE(c.send(msg::alloc(id++, 3, 0, kBytes)));
+  REQUIRE(c.write(id++, 3, 0, bytes_of(pattern)));
+  const auto r = c.request(msg::read(id++, 3, 0, kBytes));
+  REQUIRE(r);
+  REQUIRE(answer_of(*r).status == BP_STATUS_OK);
+  CHECK(values_of<uint32_t>(r->payload) == pattern);
   CHECK(sync(c, id++).status == BP_STATUS_OK);
 }
