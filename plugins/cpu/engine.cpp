@@ -125,6 +125,8 @@ const unsigned char* contiguous_copy(const TensorView& x, std::unique_ptr<unsign
 
 }  // namespace backplane::cpu
 
-extern "C" __attribute__((visibility("default"))) const backplane::cpu::EngineApi* bp_cpu_engine_entry() {
+extern "C" __attribute__((visibility("default"))) const backplane::cpu::EngineApi* bp_cpu_engine_entry(
+    const bp_host_api* host) {
+  backplane::plugin::host_api().store(host, std::memory_order_release);
   return &backplane::cpu::kApi;
 }

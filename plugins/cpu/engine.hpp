@@ -28,10 +28,12 @@ namespace backplane::cpu {
 
 // The engine library's file name, looked up next to the front library.
 inline constexpr const char* kEngineLibrary = "libbackplane_cpu_engine.so";
-// The engine's one exported symbol: `const EngineApi* bp_cpu_engine_entry(void)`.
+// The engine's one exported symbol:
+// `const EngineApi* bp_cpu_engine_entry(const bp_host_api* host)`.
 inline constexpr const char* kEngineEntrySymbol = "bp_cpu_engine_entry";
-// Changes whenever EngineApi changes; a front refuses an engine of another layout.
-inline constexpr uint64_t kEngineMagic = 0x62706370750002ULL;
+// Changes whenever EngineApi or the entry changes; a front refuses an engine of
+// another layout.
+inline constexpr uint64_t kEngineMagic = 0x62706370750003ULL;
 
 struct EngineApi {
   uint64_t magic;      // kEngineMagic
@@ -52,7 +54,8 @@ struct EngineApi {
   bp_status* (*barrier)(bp_comm* comm);
 };
 
-using EngineEntryFn = const EngineApi* (*)();
+// The engine keeps `host` for plugin::log (its collectives' warnings).
+using EngineEntryFn = const EngineApi* (*)(const bp_host_api* host);
 
 // Front side (engine_loader.cpp): the engine once loaded, else null.
 extern std::atomic<const EngineApi*> loaded_engine;

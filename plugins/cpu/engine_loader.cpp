@@ -15,7 +15,9 @@ const EngineApi* load() {
   return plugin::load_engine<EngineApi>(
       {"cpu", "kernel library", kEngineLibrary, kEngineEntrySymbol,
        "install it next to libbackplane_cpu.so (both come from one build)", kEngineMagic},
-      [](void* entry) { return reinterpret_cast<EngineEntryFn>(entry)(); });
+      [](void* entry) {
+        return reinterpret_cast<EngineEntryFn>(entry)(plugin::host_api().load(std::memory_order_acquire));
+      });
 }
 
 }  // namespace

@@ -8,12 +8,14 @@
 //   const auto* api = backplane::plugin::load_engine<EngineApi>(
 //       {"cpu", "kernel library", kEngineLibrary, kEngineEntrySymbol,
 //        "install it next to libbackplane_cpu.so (both come from one build)", kEngineMagic},
-//       [](void* entry) { return reinterpret_cast<EngineEntryFn>(entry)(); });
+//       [](void* entry) { return reinterpret_cast<EngineEntryFn>(entry)(host); });
 //
 // The engine exports one C function (the entry) that returns its table, a
 // struct whose first members are `uint64_t magic` and `size_t struct_size`:
 // a table of another build (another magic or size) is refused, naming both
-// files, rather than called.
+// files, rather than called. The entry takes the host's bp_host_api, so that
+// plugin::log in the engine (a separate library, with its own copy of the
+// SDK's state) reaches the host.
 #ifndef BACKPLANE_PLUGIN_ENGINE_MODULE_HPP_
 #define BACKPLANE_PLUGIN_ENGINE_MODULE_HPP_
 
