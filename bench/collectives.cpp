@@ -1,11 +1,12 @@
-// all_reduce across 2 ranks on loopback: backplane (cpu plugin, Gloo) against
-// PyTorch's gloo process group and the loopback TCP floor, all in the same run.
+// all_reduce across 2 ranks on one host: backplane's cpu plugin over shared
+// memory (its default there) and over Gloo's TCP, against PyTorch's gloo
+// process group and the loopback TCP floor, all in the same run.
 //
 //   bench_collectives [iterations]     (default 15)
 //
-// Runs `backplane launch -n 2` twice: once on this program in worker mode,
-// once on a PyTorch script (skipped with a note when python3-torch is
-// missing). The floor is the time to move the buffer both ways at once over
+// Runs `backplane launch -n 2` three times: twice on this program in worker
+// mode (shared memory, then TCP), once on a PyTorch script (skipped with a
+// note when python3-torch is missing). The floor is the time to move the buffer both ways at once over
 // one loopback TCP connection: a 2-rank ring all_reduce moves exactly that
 // much per rank (half in reduce-scatter, half in all-gather).
 #include "bench_util.hpp"
@@ -34,11 +35,13 @@ constexpr int64_t kSmallElems = 1024;              // 4 KiB of f32
 
 // ---- worker: one rank -------------------------------------------------------
 
-int worker(int iters) {
+// `transport`: "shm" (the default for ranks on one host) or "tcp" (Gloo).
+int worker(int iters, const std::string& transport) {
   using namespace backplane;
   const std::string config =
       std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_BENCH_PLUGIN_DIR +
-      R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true}]})";
+      R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true, "options": )" +
+      (transport == "tcp" ? R"({"shared_memory": false})" : "{}") + "}]}";
   Registry reg = Registry::from_json(config, fs::current_path(), "bench_collectives");
   Rendezvous rdzv = Rendezvous::from_env();
   ProcessGroup pg = ProcessGroup::create(reg.backend("cpu").device(0), rdzv);
@@ -161,14 +164,19 @@ double loopback_floor_ms(std::size_t bytes, int iters) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && std::string(argv[1]) == "--worker") return worker(argc >= 3 ? std::atoi(argv[2]) : 15);
+  if (argc >= 2 && std::string(argv[1]) == "--worker")
+    return worker(argc >= 3 ? std::atoi(argv[2]) : 15, argc >= 4 ? argv[3] : "shm");
   const int iters = argc >= 2 ? std::max(3, std::atoi(argv[1])) : 15;
   const std::string self = fs::canonical("/proc/self/exe").string();
 
-  std::cout << "all_reduce f32, 2 ranks on loopback, median of " << iters << " (64 MiB) / 9x100 (4 KiB)\n";
+  std::cout << "all_reduce f32, 2 ranks on one host, median of " << iters << " (64 MiB) / 9x100 (4 KiB)\n";
   const double floor_ms = loopback_floor_ms(static_cast<std::size_t>(kLargeElems) * 4, 5);
-  auto ours =
-      run_job(std::string(BP_BENCH_CLI) + " launch -n 2 -- " + self + " --worker " + std::to_string(iters));
+  auto job = [&](const char* transport) {
+    return run_job(std::string(BP_BENCH_CLI) + " launch -n 2 -- " + self + " --worker " +
+                   std::to_string(iters) + " " + transport);
+  };
+  auto ours = job("shm");
+  auto tcp = job("tcp");
   const fs::path script =
       fs::temp_directory_path() / ("bp_bench_allreduce_" + std::to_string(::getpid()) + ".py");
   { std::ofstream(script) << kTorchScript; }
@@ -176,21 +184,25 @@ int main(int argc, char** argv) {
                        " launch -n 2 -- /usr/bin/python3 " + script.string());
   fs::remove(script);
 
-  if (ours.empty()) return 1;
+  if (ours.empty() || tcp.empty()) return 1;
   std::printf("%-34s %12s %12s\n", "", "64 MiB (ms)", "4 KiB (us)");
-  std::printf("%-34s %12.1f %12.1f\n", "backplane (cpu plugin, Gloo)", ours["large_ms"], ours["small_us"]);
+  std::printf("%-34s %12.1f %12.1f\n", "backplane (shared memory)", ours["large_ms"], ours["small_us"]);
+  std::printf("%-34s %12.1f %12.1f\n", "backplane (Gloo TCP)", tcp["large_ms"], tcp["small_us"]);
   if (!torch.empty())
     std::printf("%-34s %12.1f %12.1f\n", "PyTorch gloo (same run)", torch["large_ms"], torch["small_us"]);
   else
     std::printf("%-34s %12s %12s\n", "PyTorch gloo", "n/a", "n/a");
   std::printf("%-34s %12.1f %12s\n", "loopback floor (64 MiB each way)", floor_ms, "");
-  if (!torch.empty()) {
-    std::printf("ratio 64 MiB backplane / PyTorch: %.2f (target <= 1)\n",
-                ours["large_ms"] / torch["large_ms"]);
-    std::printf("ratio 4 KiB  backplane / PyTorch: %.2f (target <= 1)\n",
-                ours["small_us"] / torch["small_us"]);
+  for (const auto& [name, r] : {std::pair{"shared memory", &ours}, std::pair{"Gloo TCP", &tcp}}) {
+    if (!torch.empty()) {
+      std::printf("ratio 64 MiB backplane (%s) / PyTorch: %.2f (target <= 1)\n", name,
+                  (*r)["large_ms"] / torch["large_ms"]);
+      std::printf("ratio 4 KiB  backplane (%s) / PyTorch: %.3f (target <= 1)\n", name,
+                  (*r)["small_us"] / torch["small_us"]);
+    }
+    if (floor_ms > 0)
+      std::printf("ratio 64 MiB backplane (%s) / floor:   %.2f (target <= 2)\n", name,
+                  (*r)["large_ms"] / floor_ms);
   }
-  if (floor_ms > 0)
-    std::printf("ratio 64 MiB backplane / floor:   %.2f (target <= 2)\n", ours["large_ms"] / floor_ms);
   return 0;
 }

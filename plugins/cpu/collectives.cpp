@@ -26,6 +26,7 @@
 #include "host_buffer.hpp"
 #include "kv_store.hpp"
 #include "listen_address.hpp"
+#include "shm_transport.hpp"
 #include "sigpipe_block.hpp"
 
 namespace backplane::cpu {
@@ -54,7 +55,8 @@ struct Communicator::Impl {
   // Declared before the mesh, so freed after it: a failed collective's Gloo
   // buffers, kept by the mesh, point into it.
   Scratch scratch;
-  std::unique_ptr<GlooMesh> mesh;  // NULL in a group of one
+  std::unique_ptr<GlooMesh> mesh;  // NULL in a group of one, or on shared memory
+  std::unique_ptr<ShmGroup> shm;   // set when every rank shares this host
   FailureBoard board;
   Tuning tuning;
   uint64_t sequence = 0;  // collectives run so far (tags of their messages)
@@ -77,6 +79,17 @@ struct Communicator::Impl {
   // Leaves `message` for the peers unless an earlier error is there already.
   void publish_once(const std::string& message) noexcept {
     if (!published.exchange(true)) board.publish(rank, message);
+  }
+  bool linked() const noexcept { return mesh != nullptr || shm != nullptr; }
+  // Ends this rank's waits now (comm_abort).
+  void interrupt_links() noexcept {
+    if (mesh != nullptr) mesh->interrupt();
+    if (shm != nullptr) shm->interrupt();
+  }
+  // Tells the peers this rank failed, so that their waits on it fail now.
+  void close_links() noexcept {
+    if (mesh != nullptr) mesh->close_connections();
+    if (shm != nullptr) shm->close(true);
   }
 };
 
@@ -101,10 +114,10 @@ namespace {
 
 // The rank a rendezvous key belongs to, or -1. Gloo's full-mesh connect uses
 // "rank_<r>" (the rank's host name) and "<r>" (its addresses); this file adds
-// "conn/<r>".
+// "conn/<r>", and shm_transport.cpp "shm/host/<r>" and "shm/ready/<r>".
 int32_t rank_of_key(const std::string& key, int32_t size) {
   std::string digits = key;
-  for (const char* prefix : {"rank_", "conn/"})
+  for (const char* prefix : {"rank_", "conn/", "shm/host/", "shm/ready/"})
     if (key.rfind(prefix, 0) == 0) digits = key.substr(std::strlen(prefix));
   if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
     return -1;
@@ -199,9 +212,24 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
     fail(BP_STATUS_INVALID_ARGUMENT, where + ": the key-value store lacks " + missing + " (struct_size " +
                                          std::to_string(args.store->struct_size) + ")");
 
-  const SigpipeBlock block;  // Gloo's loop thread starts here and inherits the mask
   const Clock::time_point deadline = Clock::now() + c.timeout;
   const ListenAddress listen = choose_listen_address(network);
+  const std::string key_prefix = args.key_prefix != nullptr ? args.key_prefix : "";
+  const std::string store_prefix = key_prefix + "cpu.gloo/";
+  c.board = FailureBoard(args.store, store_prefix);
+  GlooStore store(*args.store, store_prefix, deadline);
+  try {
+    c.shm = ShmGroup::connect(store, c.rank, c.size, network.shared_memory, where);
+  } catch (const StoreFailure& f) {
+    throw store_failure(f, where, "shared-memory setup", store_prefix, c.size, c.timeout);
+  }
+  if (c.shm != nullptr) {
+    plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": connected to " + std::to_string(c.size - 1) +
+                                  " peers through shared memory");
+    return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  }
+
+  const SigpipeBlock block;  // Gloo's loop thread starts here and inherits the mask
   c.mesh = std::make_unique<GlooMesh>(c.rank, c.size);
   GlooMesh& mesh = *c.mesh;
   try {
@@ -211,11 +239,6 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
                                          gloo_text(e) +
                                          " (check the interface name with `ip link`, or the hostname)");
   }
-
-  const std::string key_prefix = args.key_prefix != nullptr ? args.key_prefix : "";
-  const std::string store_prefix = key_prefix + "cpu.gloo/";
-  c.board = FailureBoard(args.store, store_prefix);
-  GlooStore store(*args.store, store_prefix, deadline);
 
   // Gloo waits up to 5x the context timeout for one pair to connect; a fifth
   // keeps connecting within the caller's timeout. Collectives pass their own
@@ -263,14 +286,14 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
 void Communicator::abort() noexcept {
   Impl& c = *impl_;
   if (c.aborted.exchange(true, std::memory_order_acq_rel)) return;
-  if (c.mesh == nullptr) return;
-  c.mesh->interrupt();  // first: local waits end now, whatever the store does
+  if (!c.linked()) return;
+  c.interrupt_links();  // first: local waits end now, whatever the store does
   try {
     c.publish_once(c.abort_notice());
   } catch (...) {
     // Building the message failed (out of memory): the peers see the close alone.
   }
-  c.mesh->close_connections();
+  c.close_links();
 }
 
 // ---------------------------------------------------------------------------
@@ -305,12 +328,12 @@ void guarded(Communicator::Impl& c, const char* op, Fn&& body) {
   auto poison = [&](CommFailure f) {
     c.failed = true;
     c.failure = f;
-    if (c.mesh != nullptr) {
+    if (c.linked()) {
       c.publish_once(c.aborted.load(std::memory_order_acquire) ? c.abort_notice() : f.message);
       // Also after an abort, whose thread may not have closed them yet: once
       // closed, Gloo no longer reads into or writes from this collective's
       // tensors, which the caller may free as soon as this returns.
-      c.mesh->close_connections();
+      c.close_links();
     }
     fail(f.code, f.message);
   };
@@ -350,13 +373,17 @@ class Alone final : public Transport {
 template <class Fn>
 void run_collective(Communicator::Impl& c, const char* op, std::initializer_list<uint64_t> call,
                     Fn&& algorithm) {
-  if (c.mesh == nullptr) {
+  const CallSite site{op, c.rank, c.size};
+  if (c.shm != nullptr) {
+    ShmRun run(*c.shm, c.board, c.timeout, c.sequence++, call, site);
+    algorithm(run);
+  } else if (c.mesh != nullptr) {
+    GlooRun run(*c.mesh, c.board, c.timeout, c.sequence++, call, site);
+    algorithm(run);
+  } else {
     Alone alone;
     algorithm(alone);
-    return;
   }
-  GlooRun run(*c.mesh, c.board, c.timeout, c.sequence++, op, call, c.where(op));
-  algorithm(run);
 }
 
 // The SDK's view of a contiguous tensor of `dtype`: the one check of each
@@ -374,8 +401,10 @@ Elements elements_of(const bp_tensor& t, int32_t dtype, const char* op, plugin::
 }
 
 // The element counts that would otherwise read or write past a buffer.
-void require_count(bool ok, const char* op, const std::string& what) {
-  if (!ok) fail(BP_STATUS_INVALID_ARGUMENT, std::string(op) + ": " + what);
+// `what` builds the message, only when the counts are wrong.
+template <class What>
+void require_count(bool ok, const char* op, What&& what) {
+  if (!ok) fail(BP_STATUS_INVALID_ARGUMENT, std::string(op) + ": " + what());
 }
 
 Reduction reduction_for(const char* op, int32_t dtype, int32_t reduce_op) {
@@ -398,9 +427,9 @@ void Communicator::all_reduce(const bp_tensor& input, const bp_tensor& output, i
   const Reduction red = reduction_for(op, input.dtype, reduce_op);
   const Elements in = elements_of(input, input.dtype, op, {"inputs", 0});
   const Elements out = elements_of(output, input.dtype, op, {"outputs", 0});
-  require_count(
-      in.count == out.count, op,
-      "input has " + std::to_string(in.count) + " elements but output has " + std::to_string(out.count));
+  require_count(in.count == out.count, op, [&] {
+    return "input has " + std::to_string(in.count) + " elements but output has " + std::to_string(out.count);
+  });
   Impl& c = *impl_;
   guarded(c, op, [&] {
     run_collective(c, op, {static_cast<uint64_t>(input.dtype), static_cast<uint64_t>(reduce_op), out.count},
@@ -427,9 +456,10 @@ void Communicator::all_gather(const bp_tensor& input, const bp_tensor& output) {
   const Elements in = elements_of(input, input.dtype, op, {"inputs", 0});
   const Elements out = elements_of(output, input.dtype, op, {"outputs", 0});
   Impl& c = *impl_;
-  require_count(out.count / c.size == in.count && out.count % c.size == 0, op,
-                "output has " + std::to_string(out.count) + " elements; it must hold world_size (" +
-                    std::to_string(c.size) + ") x " + std::to_string(in.count) + " (the input's count)");
+  require_count(out.count / c.size == in.count && out.count % c.size == 0, op, [&] {
+    return "output has " + std::to_string(out.count) + " elements; it must hold world_size (" +
+           std::to_string(c.size) + ") x " + std::to_string(in.count) + " (the input's count)";
+  });
   guarded(c, op, [&] {
     run_collective(c, op, {static_cast<uint64_t>(input.dtype), in.count},
                    [&](Transport& t) { cpu::all_gather(t, c.tuning, in, out); });
@@ -442,9 +472,10 @@ void Communicator::reduce_scatter(const bp_tensor& input, const bp_tensor& outpu
   const Elements in = elements_of(input, input.dtype, op, {"inputs", 0});
   const Elements out = elements_of(output, input.dtype, op, {"outputs", 0});
   Impl& c = *impl_;
-  require_count(in.count / c.size == out.count && in.count % c.size == 0, op,
-                "input has " + std::to_string(in.count) + " elements; it must hold world_size (" +
-                    std::to_string(c.size) + ") x " + std::to_string(out.count) + " (the output's count)");
+  require_count(in.count / c.size == out.count && in.count % c.size == 0, op, [&] {
+    return "input has " + std::to_string(in.count) + " elements; it must hold world_size (" +
+           std::to_string(c.size) + ") x " + std::to_string(out.count) + " (the output's count)";
+  });
   guarded(c, op, [&] {
     run_collective(c, op, {static_cast<uint64_t>(input.dtype), static_cast<uint64_t>(reduce_op), out.count},
                    [&](Transport& t) { cpu::reduce_scatter(t, c.scratch, c.tuning, in, out, red); });

@@ -33,6 +33,9 @@ namespace backplane::cpu {
 struct NetworkOptions {
   std::string hostname;
   std::string interface;
+  // Ranks that all share a host exchange data through shared memory
+  // (shm_transport.hpp) unless this is false.
+  bool shared_memory = true;
 };
 
 class Communicator {

@@ -18,18 +18,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using UnboundBuffer = gloo::transport::UnboundBuffer;
 
-// splitmix64's finalizer: every input bit affects every output bit.
-constexpr uint64_t mix64(uint64_t x) noexcept {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-constexpr uint64_t hash_with(uint64_t seed, uint64_t value) noexcept {
-  return mix64(seed ^ mix64(value + 0x9e3779b97f4a7c15ULL));
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -111,18 +99,14 @@ struct GlooRun::GlooRegion final : Region {
 };
 
 GlooRun::GlooRun(GlooMesh& mesh, const FailureBoard& board, milliseconds timeout, uint64_t sequence,
-                 const char* op, std::initializer_list<uint64_t> call, std::string where)
+                 std::initializer_list<uint64_t> call, CallSite site)
     : mesh_(mesh),
       board_(board),
       timeout_(timeout),
       deadline_(Clock::now() + timeout),
-      op_(op),
-      where_(std::move(where)),
-      signature_(mix64(sequence)),
+      site_(site),
+      signature_(call_signature(sequence, site.op, call)),
       exceptions_at_start_(std::uncaught_exceptions()) {
-  for (const char* p = op; *p != '\0'; ++p)
-    signature_ = hash_with(signature_, static_cast<unsigned char>(*p));
-  for (uint64_t v : call) signature_ = hash_with(signature_, v);
   check_not_interrupted();
 }
 
@@ -136,15 +120,10 @@ GlooRun::~GlooRun() {
 }
 
 uint64_t GlooRun::tag(uint64_t phase, uint64_t bytes) const noexcept {
-  return hash_with(hash_with(signature_, phase), bytes);
+  return message_tag(signature_, phase, bytes);
 }
 
-CommFailure GlooRun::aborted() const {
-  return {
-      BP_STATUS_COLLECTIVE,
-      where_ +
-          ": aborted: comm_abort was called on this communicator (destroy it; make a new one to continue)"};
-}
+CommFailure GlooRun::aborted() const { return aborted_failure(site_.text()); }
 
 void GlooRun::check_not_interrupted() const {
   if (mesh_.interrupted()) throw aborted();
@@ -205,7 +184,7 @@ int GlooRun::wait(Region& region, int expected, Direction direction) {
   }
   if (!done) {  // Gloo returns false only for a wait aborted by interrupt()
     if (mesh_.interrupted()) throw aborted();
-    throw CommFailure{BP_STATUS_INTERNAL, where_ + ": a Gloo wait was aborted unexpectedly"};
+    throw CommFailure{BP_STATUS_INTERNAL, site_.text() + ": a Gloo wait was aborted unexpectedly"};
   }
   return source;
 }
@@ -218,39 +197,28 @@ CommFailure GlooRun::translate(const std::exception& e, int expected, Direction 
   const std::string who = found >= 0 || named.empty()
                               ? mesh_.peers.describe(peer)
                               : "a peer at " + named + " (no rank of this group has that address)";
-  const std::string base = where_ + ": ";
   const std::string gloo = " [gloo: " + text + "]";
+  const bool receiving = direction == Direction::receive;
   switch (classify(e, mesh_.interrupted(), Clock::now() >= deadline_)) {
     case LinkError::aborted:
       return aborted();
-    case LinkError::timed_out: {
+    case LinkError::timed_out:
       // The time really waited, measured from the collective's start: not
       // the configured timeout restated.
-      const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_));
-      return {BP_STATUS_TIMEOUT,
-              base + "timed out after " + std::to_string(waited.count()) + " ms (timeout " +
-                  std::to_string(timeout_.count()) + " ms) waiting for " + who +
-                  (direction == Direction::receive ? " to send its data" : " to receive our data") +
-                  " (is that rank still running, and did every rank call " + op_ +
-                  " with the same arguments in the same order?)" + gloo};
-    }
-    case LinkError::peer_lost: {
-      const std::string cause = board_.read(peer);
-      if (!cause.empty())
-        return {BP_STATUS_COLLECTIVE,
-                base + who + " closed the connection after failing itself: " + cause + gloo};
-      return {BP_STATUS_COLLECTIVE, base + who + " closed the connection (did it exit or fail?)" + gloo};
-    }
+      return timed_out_failure(
+          site_.text(), std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_)),
+          timeout_, who, receiving, site_.op, gloo);
+    case LinkError::peer_lost:
+      return peer_lost_failure(site_.text(), who, "closed the connection", board_.read(peer),
+                               "did it exit or fail?", gloo);
     case LinkError::mismatch:
-      return {BP_STATUS_COLLECTIVE, base + "the ranks are out of step with " + who +
-                                        " (did every rank call " + op_ +
-                                        " with the same arguments in the same order?)" + gloo};
+      return out_of_step_failure(site_.text(), who, site_.op, gloo);
     case LinkError::misuse:  // a call Gloo refuses: a bug in this plugin
-      return {BP_STATUS_INTERNAL, base + "Gloo refused a call for " + who + gloo};
+      return {BP_STATUS_INTERNAL, site_.text() + ": Gloo refused a call for " + who + gloo};
     case LinkError::other:
       break;
   }
-  return {BP_STATUS_COLLECTIVE, base + "communication with " + who + " failed" + gloo};
+  return {BP_STATUS_COLLECTIVE, site_.text() + ": communication with " + who + " failed" + gloo};
 }
 
 }  // namespace backplane::cpu

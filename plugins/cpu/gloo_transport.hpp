@@ -22,15 +22,10 @@
 #include <vector>
 
 #include "kv_store.hpp"
+#include "link_failures.hpp"
 #include "transport.hpp"
 
 namespace backplane::cpu {
-
-// A collective's failure: the status to return and poison the comm with.
-struct CommFailure {
-  bp_status_code code;
-  std::string message;
-};
 
 // Who is who: Gloo names a peer by its socket address ("[ip]:port"), both the
 // address each peer listened on and the one each connection has at the
@@ -99,9 +94,9 @@ class GlooMesh {
 // never match, and the collective times out with an error instead.
 class GlooRun final : public Transport {
  public:
-  // `where` starts every message ("all_reduce on rank 0 of 2").
+  // `site` starts every message ("all_reduce on rank 0 of 2").
   GlooRun(GlooMesh& mesh, const FailureBoard& board, std::chrono::milliseconds timeout, uint64_t sequence,
-          const char* op, std::initializer_list<uint64_t> call, std::string where);
+          std::initializer_list<uint64_t> call, CallSite site);
   ~GlooRun() override;
   GlooRun(const GlooRun&) = delete;
   GlooRun& operator=(const GlooRun&) = delete;
@@ -130,8 +125,7 @@ class GlooRun final : public Transport {
   const FailureBoard& board_;
   const std::chrono::milliseconds timeout_;
   const std::chrono::steady_clock::time_point deadline_;
-  const char* op_;
-  const std::string where_;
+  const CallSite site_;
   uint64_t signature_;
   const int exceptions_at_start_;
   std::vector<std::unique_ptr<GlooRegion>> regions_;

@@ -20,6 +20,13 @@ std::string string_option(const std::string& key, const nlohmann::json& value) {
   return value.get<std::string>();
 }
 
+bool bool_option(const std::string& key, const nlohmann::json& value) {
+  if (!value.is_boolean())
+    fail(BP_STATUS_INVALID_ARGUMENT,
+         "cpu: option " + nlohmann::json(key).dump() + " must be true or false, got " + value.dump());
+  return value.get<bool>();
+}
+
 int64_t threads_option(const nlohmann::json& value) {
   // nlohmann stores non-negative integers as unsigned, negative ones as signed.
   if (!value.is_number_unsigned())
@@ -99,14 +106,13 @@ Options parse_options(const std::string& json_text) {
     if (key == "threads") {
       parsed.threads = threads_option(value);
     } else if (key == "collective") {
-      if (!value.is_boolean())
-        fail(BP_STATUS_INVALID_ARGUMENT,
-             "cpu: option \"collective\" must be true or false, got " + value.dump());
-      parsed.collective = value.get<bool>();
+      parsed.collective = bool_option(key, value);
     } else if (key == "ops") {
       parsed.ops = ops_option(value);
     } else if (key == "dtypes") {
       parsed.dtypes = dtypes_option(value);
+    } else if (key == "shared_memory") {
+      parsed.network.shared_memory = bool_option(key, value);
     } else if (key == "hostname") {
       parsed.network.hostname = string_option(key, value);
     } else if (key == "interface") {
@@ -114,7 +120,8 @@ Options parse_options(const std::string& json_text) {
     } else {
       fail(BP_STATUS_INVALID_ARGUMENT,
            "cpu: unknown option " + nlohmann::json(key).dump() +
-               " (accepted: \"threads\", \"collective\", \"ops\", \"dtypes\", \"hostname\", \"interface\")");
+               " (accepted: \"threads\", \"collective\", \"ops\", \"dtypes\", \"hostname\", \"interface\", "
+               "\"shared_memory\")");
     }
   }
   if (!parsed.network.hostname.empty() && !parsed.network.interface.empty())

@@ -8,6 +8,7 @@
 #define BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace backplane::cpu {
 
@@ -45,6 +46,36 @@ class Transport {
   virtual int wait_recv(Region& region, int expected) = 0;
   virtual int wait_send(Region& region, int expected) = 0;
 };
+
+namespace tags {
+// splitmix64's finalizer: every input bit affects every output bit.
+constexpr uint64_t mix64(uint64_t x) noexcept {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+constexpr uint64_t hash_with(uint64_t seed, uint64_t value) noexcept {
+  return mix64(seed ^ mix64(value + 0x9e3779b97f4a7c15ULL));
+}
+}  // namespace tags
+
+// What identifies one collective call on every rank: the communicator's
+// sequence number, the operation and its arguments (`call`: dtype, counts,
+// reduce op, root). Transports put it into every message, so that ranks
+// which disagree on any of it never exchange data.
+inline uint64_t call_signature(uint64_t sequence, const char* op,
+                               std::initializer_list<uint64_t> call) noexcept {
+  uint64_t s = tags::mix64(sequence);
+  for (const char* p = op; *p != '\0'; ++p) s = tags::hash_with(s, static_cast<unsigned char>(*p));
+  for (uint64_t v : call) s = tags::hash_with(s, v);
+  return s;
+}
+// One message of a call: its phase and length as well.
+constexpr uint64_t message_tag(uint64_t signature, uint64_t phase, uint64_t bytes) noexcept {
+  return tags::hash_with(tags::hash_with(signature, phase), bytes);
+}
 
 }  // namespace backplane::cpu
 

@@ -144,14 +144,17 @@ std::string describe(const std::vector<Rank>& ranks) {
   return s.str();
 }
 
-void check_dead_peer(int world, int die_rank) {
-  const fs::path dir = scratch_dir("die" + std::to_string(world));
+// `backend`: "cpu" (ranks on one host exchange data through shared memory)
+// or "cpu_tcp" (the same plugin with shared memory off: Gloo over TCP).
+void check_dead_peer(int world, int die_rank, const std::string& backend = "cpu") {
+  const fs::path dir = scratch_dir("die" + std::to_string(world) + backend);
   const uint16_t port = free_port();
   std::vector<Rank> ranks;
   const auto start = std::chrono::steady_clock::now();
   for (int r = 0; r < world; ++r)
     ranks.push_back(
-        start_rank(r, world, port, 3.0, {"--mode", "die", "--die-rank", std::to_string(die_rank)}, dir));
+        start_rank(r, world, port, 3.0,
+                   {"--backend", backend, "--mode", "die", "--die-rank", std::to_string(die_rank)}, dir));
   wait_all(ranks, std::chrono::seconds(60));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   INFO(describe(ranks));
@@ -165,6 +168,10 @@ void check_dead_peer(int world, int die_rank) {
     CHECK(s.output.find("caught") != std::string::npos);
     // The message names the peer that went away.
     CHECK(s.output.find("rank " + std::to_string(die_rank)) != std::string::npos);
+    // On shared memory the process's exit is seen (a survivor may instead
+    // report another survivor's failure, which names the dead rank).
+    if (backend == "cpu" && world == 2)
+      CHECK(s.output.find("exited without closing the connection") != std::string::npos);
   }
   fs::remove_all(dir);
 }
@@ -180,6 +187,14 @@ TEST_CASE("faults: a rank that dies mid-collective fails every survivor with an 
 }
 
 TEST_CASE("faults: the host rank dying fails the others (3 ranks)") { check_dead_peer(3, 0); }
+
+TEST_CASE("faults: a rank that dies mid-collective over TCP fails its peer naming it (2 ranks)") {
+  check_dead_peer(2, 1, "cpu_tcp");
+}
+
+TEST_CASE("faults: a rank that dies mid-collective over TCP fails every survivor (3 ranks)") {
+  check_dead_peer(3, 1, "cpu_tcp");
+}
 
 TEST_CASE("faults: a rank that never arrives times out group creation with a clear error") {
   const fs::path dir = scratch_dir("missing");

@@ -98,6 +98,19 @@ class Plugin {
   Status create_status_;
 };
 
+// The two ways ranks on one host exchange data: shared memory (the default
+// when every rank shares the host) and Gloo over loopback TCP (what ranks on
+// different hosts use). The collectives' results and failures are tested on
+// both.
+struct TransportCase {
+  const char* name;
+  const char* options;
+};
+constexpr TransportCase kTransports[] = {
+    {"shared memory", R"({"hostname": "127.0.0.1"})"},
+    {"gloo", R"({"hostname": "127.0.0.1", "shared_memory": false})"},
+};
+
 // A plugin buffer holding a 1-D tensor of `count` elements at `offset` bytes.
 class Tensor {
  public:
@@ -663,28 +676,38 @@ TEST_CASE("cpu_collectives: a failing store's own message reaches the caller") {
 // ---------------------------------------------------------------------------
 
 TEST_CASE("cpu_collectives: all_reduce of every op on f32 f64 and i64 with 2 ranks") {
-  Plugin p;
-  check_all_reduce(p, 2, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    check_all_reduce(p, 2, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
+  }
 }
 
 TEST_CASE("cpu_collectives: all_reduce of every op on f32 f64 and i64 with 3 ranks") {
-  Plugin p;
-  check_all_reduce(p, 3, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    check_all_reduce(p, 3, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
+  }
 }
 
 TEST_CASE("cpu_collectives: all_reduce of every op on i32 i8 u8 f16 and bf16") {
-  Plugin p;
-  const std::vector<int64_t> sizes{1, 7, 70001};  // the last takes the ring with 3 ranks
-  check_all_reduce(p, 2, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
-  check_all_reduce(p, 3, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    const std::vector<int64_t> sizes{1, 7, 70001};  // the last takes the ring with 3 ranks
+    check_all_reduce(p, 2, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
+    check_all_reduce(p, 3, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
+  }
 }
 
 namespace {
 
 // all_reduce of 16 MiB f32, sum then max on the same buffers: the ring path on
 // large, reused buffers.
-void check_large_all_reduce(int world) {
-  Plugin p;
+void check_large_all_reduce(int world, const TransportCase& transport) {
+  CAPTURE(transport.name);
+  Plugin p(transport.options);
   const int64_t n = (int64_t{16} << 20) / 4;
   Report report;
   run_group(
@@ -708,68 +731,75 @@ void check_large_all_reduce(int world) {
 }  // namespace
 
 TEST_CASE("cpu_collectives: all_reduce of 16 MiB repeated on the same buffers with 2 ranks") {
-  check_large_all_reduce(2);
+  for (const TransportCase& transport : kTransports) check_large_all_reduce(2, transport);
 }
 
 TEST_CASE("cpu_collectives: all_reduce of 16 MiB repeated on the same buffers with 3 ranks") {
-  check_large_all_reduce(3);
+  for (const TransportCase& transport : kTransports) check_large_all_reduce(3, transport);
 }
 
 TEST_CASE("cpu_collectives: all_reduce in place with input and output aliased") {
-  Plugin p;
-  for (int world : {2, 3}) {
-    CAPTURE(world);
-    Report report;
-    run_group(
-        p, world,
-        [&](Comm& c, Report& rep) {
-          for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{300001}}) {
-            for (int32_t op : kOps) {
-              Tensor t(p, BP_DTYPE_F64, n, 24);  // byte_offset 24
-              fill(t, BP_DTYPE_F64, op, c.rank);
-              const Status s = c.all_reduce(t, t, op);
-              if (!s.ok()) return rep.add(c.rank, s.message);
-              if (auto m = mismatch(t, BP_DTYPE_F64, op, world); !m.empty())
-                rep.add(c.rank, what("in place", BP_DTYPE_F64, op, n) + ": " + m);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      Report report;
+      run_group(
+          p, world,
+          [&](Comm& c, Report& rep) {
+            for (int64_t n : {int64_t{1}, int64_t{33}, int64_t{300001}}) {
+              for (int32_t op : kOps) {
+                Tensor t(p, BP_DTYPE_F64, n, 24);  // byte_offset 24
+                fill(t, BP_DTYPE_F64, op, c.rank);
+                const Status s = c.all_reduce(t, t, op);
+                if (!s.ok()) return rep.add(c.rank, s.message);
+                if (auto m = mismatch(t, BP_DTYPE_F64, op, world); !m.empty())
+                  rep.add(c.rank, what("in place", BP_DTYPE_F64, op, n) + ": " + m);
+              }
             }
-          }
-          // Input and output overlapping without being the same elements.
-          const int64_t n = 100000;
-          Tensor base(p, BP_DTYPE_F32, n, 0, 64 * 4);
-          Tensor shifted(base, BP_DTYPE_F32, n, 64 * 4);
-          fill(base, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
-          const Status s = c.all_reduce(base, shifted, BP_REDUCE_SUM);
-          if (!s.ok()) return rep.add(c.rank, s.message);
-          if (auto m = mismatch(shifted, BP_DTYPE_F32, BP_REDUCE_SUM, world); !m.empty())
-            rep.add(c.rank, "overlapping views: " + m);
-        },
-        report);
-    CHECK_NO_PROBLEMS(report);
+            // Input and output overlapping without being the same elements.
+            const int64_t n = 100000;
+            Tensor base(p, BP_DTYPE_F32, n, 0, 64 * 4);
+            Tensor shifted(base, BP_DTYPE_F32, n, 64 * 4);
+            fill(base, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+            const Status s = c.all_reduce(base, shifted, BP_REDUCE_SUM);
+            if (!s.ok()) return rep.add(c.rank, s.message);
+            if (auto m = mismatch(shifted, BP_DTYPE_F32, BP_REDUCE_SUM, world); !m.empty())
+              rep.add(c.rank, "overlapping views: " + m);
+          },
+          report);
+      CHECK_NO_PROBLEMS(report);
+    }
   }
 }
 
 TEST_CASE("cpu_collectives: all_reduce of 0 elements on every rank is a no-op that keeps ranks in step") {
-  Plugin p;
-  Report report;
-  run_group(
-      p, 3,
-      [&](Comm& c, Report& rep) {
-        Tensor empty(p, BP_DTYPE_F32, 0);
-        for (int i = 0; i < 3; ++i)
-          if (const Status s = c.all_reduce(empty, empty, BP_REDUCE_SUM); !s.ok()) rep.add(c.rank, s.message);
-        Tensor empty_gathered(p, BP_DTYPE_F32, 0);
-        if (const Status s = c.all_gather(empty, empty_gathered); !s.ok()) rep.add(c.rank, s.message);
-        if (const Status s = c.reduce_scatter(empty_gathered, empty, BP_REDUCE_MAX); !s.ok())
-          rep.add(c.rank, s.message);
-        if (const Status s = c.broadcast(empty, 2); !s.ok()) rep.add(c.rank, s.message);
-        Tensor t(p, BP_DTYPE_I64, 5);
-        fill(t, BP_DTYPE_I64, BP_REDUCE_SUM, c.rank);
-        if (const Status s = c.all_reduce(t, t, BP_REDUCE_SUM); !s.ok()) rep.add(c.rank, s.message);
-        if (auto m = mismatch(t, BP_DTYPE_I64, BP_REDUCE_SUM, 3); !m.empty())
-          rep.add(c.rank, "after the empty ones: " + m);
-      },
-      report);
-  CHECK_NO_PROBLEMS(report);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    Report report;
+    run_group(
+        p, 3,
+        [&](Comm& c, Report& rep) {
+          Tensor empty(p, BP_DTYPE_F32, 0);
+          for (int i = 0; i < 3; ++i)
+            if (const Status s = c.all_reduce(empty, empty, BP_REDUCE_SUM); !s.ok())
+              rep.add(c.rank, s.message);
+          Tensor empty_gathered(p, BP_DTYPE_F32, 0);
+          if (const Status s = c.all_gather(empty, empty_gathered); !s.ok()) rep.add(c.rank, s.message);
+          if (const Status s = c.reduce_scatter(empty_gathered, empty, BP_REDUCE_MAX); !s.ok())
+            rep.add(c.rank, s.message);
+          if (const Status s = c.broadcast(empty, 2); !s.ok()) rep.add(c.rank, s.message);
+          Tensor t(p, BP_DTYPE_I64, 5);
+          fill(t, BP_DTYPE_I64, BP_REDUCE_SUM, c.rank);
+          if (const Status s = c.all_reduce(t, t, BP_REDUCE_SUM); !s.ok()) rep.add(c.rank, s.message);
+          if (auto m = mismatch(t, BP_DTYPE_I64, BP_REDUCE_SUM, 3); !m.empty())
+            rep.add(c.rank, "after the empty ones: " + m);
+        },
+        report);
+    CHECK_NO_PROBLEMS(report);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -777,89 +807,97 @@ TEST_CASE("cpu_collectives: all_reduce of 0 elements on every rank is a no-op th
 // ---------------------------------------------------------------------------
 
 TEST_CASE("cpu_collectives: broadcast from every root") {
-  Plugin p;
-  for (int world : {2, 3}) {
-    CAPTURE(world);
-    Report report;
-    run_group(
-        p, world,
-        [&](Comm& c, Report& rep) {
-          for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1024}, int64_t{(1 << 20) / 8 + 3},
-                            int64_t{(4 << 20) / 8 + 1}})
-            for (int root = 0; root < world; ++root) {
-              Tensor t(p, BP_DTYPE_I64, n, 16);
-              fill(t, BP_DTYPE_I64, BP_REDUCE_SUM, c.rank);  // differs per rank
-              const Status s = c.broadcast(t, root);
-              if (!s.ok()) return rep.add(c.rank, s.message);
-              for (int64_t i = 0; i < n; ++i)
-                if (t.as<int64_t>()[i] != value(BP_DTYPE_I64, BP_REDUCE_SUM, root, i)) {
-                  rep.add(c.rank, "broadcast of " + std::to_string(n) + " from root " + std::to_string(root) +
-                                      ": element " + std::to_string(i) + " differs from the root's");
-                  break;
-                }
-            }
-          // Any dtype moves as bytes, bool included.
-          Tensor flags(p, BP_DTYPE_BOOL, 3);
-          for (int i = 0; i < 3; ++i) flags.data()[i] = c.rank == 0 ? static_cast<unsigned char>(i % 2) : 1;
-          if (const Status s = c.broadcast(flags, 0); !s.ok()) return rep.add(c.rank, s.message);
-          if (flags.data()[0] != 0 || flags.data()[1] != 1 || flags.data()[2] != 0)
-            rep.add(c.rank, "bool broadcast differs");
-          Tensor t(p, BP_DTYPE_F32, 4);
-          const Status bad = c.broadcast(t, world);
-          if (bad.code != BP_STATUS_INVALID_ARGUMENT ||
-              bad.message.find("root " + std::to_string(world)) == std::string::npos)
-            rep.add(c.rank, "a root outside the group was not refused: " + bad.message);
-        },
-        report);
-    CHECK_NO_PROBLEMS(report);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      Report report;
+      run_group(
+          p, world,
+          [&](Comm& c, Report& rep) {
+            for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1024}, int64_t{(1 << 20) / 8 + 3},
+                              int64_t{(4 << 20) / 8 + 1}})
+              for (int root = 0; root < world; ++root) {
+                Tensor t(p, BP_DTYPE_I64, n, 16);
+                fill(t, BP_DTYPE_I64, BP_REDUCE_SUM, c.rank);  // differs per rank
+                const Status s = c.broadcast(t, root);
+                if (!s.ok()) return rep.add(c.rank, s.message);
+                for (int64_t i = 0; i < n; ++i)
+                  if (t.as<int64_t>()[i] != value(BP_DTYPE_I64, BP_REDUCE_SUM, root, i)) {
+                    rep.add(c.rank, "broadcast of " + std::to_string(n) + " from root " +
+                                        std::to_string(root) + ": element " + std::to_string(i) +
+                                        " differs from the root's");
+                    break;
+                  }
+              }
+            // Any dtype moves as bytes, bool included.
+            Tensor flags(p, BP_DTYPE_BOOL, 3);
+            for (int i = 0; i < 3; ++i) flags.data()[i] = c.rank == 0 ? static_cast<unsigned char>(i % 2) : 1;
+            if (const Status s = c.broadcast(flags, 0); !s.ok()) return rep.add(c.rank, s.message);
+            if (flags.data()[0] != 0 || flags.data()[1] != 1 || flags.data()[2] != 0)
+              rep.add(c.rank, "bool broadcast differs");
+            Tensor t(p, BP_DTYPE_F32, 4);
+            const Status bad = c.broadcast(t, world);
+            if (bad.code != BP_STATUS_INVALID_ARGUMENT ||
+                bad.message.find("root " + std::to_string(world)) == std::string::npos)
+              rep.add(c.rank, "a root outside the group was not refused: " + bad.message);
+          },
+          report);
+      CHECK_NO_PROBLEMS(report);
+    }
   }
 }
 
 TEST_CASE("cpu_collectives: all_gather puts each rank's block in rank order") {
-  Plugin p;
-  for (int world : {2, 3}) {
-    CAPTURE(world);
-    Report report;
-    run_group(
-        p, world,
-        [&](Comm& c, Report& rep) {
-          for (int32_t dtype : {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64})
-            for (int64_t n : sizes_for(dtype))
-              for (bool in_place : {false, true}) {
-                Tensor out(p, dtype, n * world, 8);
-                Tensor separate(p, dtype, n);
-                Tensor view(out, dtype, n, 8 + static_cast<uint64_t>(c.rank * n * Tensor::esize(dtype)));
-                Tensor& in = in_place ? view : separate;
-                fill(in, dtype, BP_REDUCE_SUM, c.rank);
-                const Status s = c.all_gather(in, out);
-                if (!s.ok())
-                  return rep.add(c.rank, what("all_gather", dtype, BP_REDUCE_SUM, n) + ": " + s.message);
-                for (int r = 0; r < world; ++r)
-                  for (int64_t i = 0; i < n; ++i)
-                    if (get(dtype, out.data(), r * n + i) !=
-                        static_cast<double>(value(dtype, BP_REDUCE_SUM, r, i))) {
-                      rep.add(c.rank, what("all_gather", dtype, BP_REDUCE_SUM, n) +
-                                          (in_place ? " in place" : "") + ": block " + std::to_string(r) +
-                                          " element " + std::to_string(i) + " is wrong");
-                      r = world;
-                      break;
-                    }
-              }
-          Tensor in(p, BP_DTYPE_F32, 4);
-          Tensor wrong(p, BP_DTYPE_F32, 4 * world + 1);
-          const Status bad = c.all_gather(in, wrong);
-          if (bad.code != BP_STATUS_INVALID_ARGUMENT || bad.message.find("world_size") == std::string::npos)
-            rep.add(c.rank, "a wrong output size was not refused: " + bad.message);
-        },
-        report);
-    CHECK_NO_PROBLEMS(report);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (int world : {2, 3}) {
+      CAPTURE(world);
+      Report report;
+      run_group(
+          p, world,
+          [&](Comm& c, Report& rep) {
+            for (int32_t dtype : {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64})
+              for (int64_t n : sizes_for(dtype))
+                for (bool in_place : {false, true}) {
+                  Tensor out(p, dtype, n * world, 8);
+                  Tensor separate(p, dtype, n);
+                  Tensor view(out, dtype, n, 8 + static_cast<uint64_t>(c.rank * n * Tensor::esize(dtype)));
+                  Tensor& in = in_place ? view : separate;
+                  fill(in, dtype, BP_REDUCE_SUM, c.rank);
+                  const Status s = c.all_gather(in, out);
+                  if (!s.ok())
+                    return rep.add(c.rank, what("all_gather", dtype, BP_REDUCE_SUM, n) + ": " + s.message);
+                  for (int r = 0; r < world; ++r)
+                    for (int64_t i = 0; i < n; ++i)
+                      if (get(dtype, out.data(), r * n + i) !=
+                          static_cast<double>(value(dtype, BP_REDUCE_SUM, r, i))) {
+                        rep.add(c.rank, what("all_gather", dtype, BP_REDUCE_SUM, n) +
+                                            (in_place ? " in place" : "") + ": block " + std::to_string(r) +
+                                            " element " + std::to_string(i) + " is wrong");
+                        r = world;
+                        break;
+                      }
+                }
+            Tensor in(p, BP_DTYPE_F32, 4);
+            Tensor wrong(p, BP_DTYPE_F32, 4 * world + 1);
+            const Status bad = c.all_gather(in, wrong);
+            if (bad.code != BP_STATUS_INVALID_ARGUMENT || bad.message.find("world_size") == std::string::npos)
+              rep.add(c.rank, "a wrong output size was not refused: " + bad.message);
+          },
+          report);
+      CHECK_NO_PROBLEMS(report);
+    }
   }
 }
 
 namespace {
 
-void check_reduce_scatter(int world) {
-  Plugin p;
+void check_reduce_scatter(int world, const TransportCase& transport) {
+  CAPTURE(transport.name);
+  Plugin p(transport.options);
   Report report;
   run_group(
       p, world,
@@ -896,60 +934,67 @@ void check_reduce_scatter(int world) {
 }  // namespace
 
 TEST_CASE("cpu_collectives: reduce_scatter gives rank r the reduction of block r with 2 ranks") {
-  check_reduce_scatter(2);
+  for (const TransportCase& transport : kTransports) check_reduce_scatter(2, transport);
 }
 
 TEST_CASE("cpu_collectives: reduce_scatter gives rank r the reduction of block r with 3 ranks") {
-  check_reduce_scatter(3);
+  for (const TransportCase& transport : kTransports) check_reduce_scatter(3, transport);
 }
 
 TEST_CASE("cpu_collectives: no rank leaves a barrier before every rank entered it") {
-  Plugin p;
-  for (int world : {2, 3, 5}) {
-    CAPTURE(world);
-    std::atomic<int> arrived{0};
-    Report report;
-    run_group(
-        p, world,
-        [&](Comm& c, Report& rep) {
-          for (int round = 1; round <= 4; ++round) {
-            // The last rank is late on purpose: the others must wait for it.
-            if (c.rank == world - 1) std::this_thread::sleep_for(20ms);
-            arrived.fetch_add(1);
-            if (const Status s = c.barrier(); !s.ok()) return rep.add(c.rank, s.message);
-            if (arrived.load() < round * world)
-              rep.add(c.rank, "left barrier round " + std::to_string(round) + " with only " +
-                                  std::to_string(arrived.load()) + " arrivals");
-            // A second barrier so that no rank starts the next round before all checked.
-            if (const Status s = c.barrier(); !s.ok()) return rep.add(c.rank, s.message);
-          }
-        },
-        report);
-    CHECK_NO_PROBLEMS(report);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (int world : {2, 3, 5}) {
+      CAPTURE(world);
+      std::atomic<int> arrived{0};
+      Report report;
+      run_group(
+          p, world,
+          [&](Comm& c, Report& rep) {
+            for (int round = 1; round <= 4; ++round) {
+              // The last rank is late on purpose: the others must wait for it.
+              if (c.rank == world - 1) std::this_thread::sleep_for(20ms);
+              arrived.fetch_add(1);
+              if (const Status s = c.barrier(); !s.ok()) return rep.add(c.rank, s.message);
+              if (arrived.load() < round * world)
+                rep.add(c.rank, "left barrier round " + std::to_string(round) + " with only " +
+                                    std::to_string(arrived.load()) + " arrivals");
+              // A second barrier so that no rank starts the next round before all checked.
+              if (const Status s = c.barrier(); !s.ok()) return rep.add(c.rank, s.message);
+            }
+          },
+          report);
+      CHECK_NO_PROBLEMS(report);
+    }
   }
 }
 
 TEST_CASE("cpu_collectives: two groups run at once in one process") {
-  Plugin p;
-  Report report;
-  auto group = [&](const std::string& prefix, int32_t op) {
-    run_group(
-        p, 2,
-        [&](Comm& c, Report& rep) {
-          for (int i = 0; i < 5; ++i) {
-            Tensor t(p, BP_DTYPE_F32, 100003);
-            fill(t, BP_DTYPE_F32, op, c.rank);
-            if (const Status s = c.all_reduce(t, t, op); !s.ok()) return rep.add(c.rank, prefix + s.message);
-            if (auto m = mismatch(t, BP_DTYPE_F32, op, 2); !m.empty()) rep.add(c.rank, prefix + m);
-          }
-        },
-        report, 30000, prefix);
-  };
-  std::thread a(group, "first/", BP_REDUCE_SUM);
-  std::thread b(group, "second/", BP_REDUCE_MAX);
-  a.join();
-  b.join();
-  CHECK_NO_PROBLEMS(report);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    Report report;
+    auto group = [&](const std::string& prefix, int32_t op) {
+      run_group(
+          p, 2,
+          [&](Comm& c, Report& rep) {
+            for (int i = 0; i < 5; ++i) {
+              Tensor t(p, BP_DTYPE_F32, 100003);
+              fill(t, BP_DTYPE_F32, op, c.rank);
+              if (const Status s = c.all_reduce(t, t, op); !s.ok())
+                return rep.add(c.rank, prefix + s.message);
+              if (auto m = mismatch(t, BP_DTYPE_F32, op, 2); !m.empty()) rep.add(c.rank, prefix + m);
+            }
+          },
+          report, 30000, prefix);
+    };
+    std::thread a(group, "first/", BP_REDUCE_SUM);
+    std::thread b(group, "second/", BP_REDUCE_MAX);
+    a.join();
+    b.join();
+    CHECK_NO_PROBLEMS(report);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -992,42 +1037,45 @@ TEST_CASE(
     "cpu_collectives: views that would reach outside their buffers are refused before anything is sent") {
   // The host never passes these; the plugin still refuses what would read or
   // write past a buffer (the SDK's make_view, and the element counts).
-  Plugin p;
-  bp_comm* comm = nullptr;
-  REQUIRE(create_comm(p, nullptr, 0, 1, 1000, "args/", &comm).ok());
-  Comm c{p, comm, 0, 1};
-  Tensor a(p, BP_DTYPE_F32, 6);
-  Tensor b(p, BP_DTYPE_F64, 6);
-  Tensor shorter(p, BP_DTYPE_F32, 5);
-  const Status dtypes = c.all_reduce(a, b, BP_REDUCE_SUM);
-  CHECK(dtypes.code == BP_STATUS_INVALID_ARGUMENT);
-  CHECK(dtypes.message.find("outputs[0]: dtype f64 differs from the expected f32") != std::string::npos);
-  const Status counts = c.all_reduce(a, shorter, BP_REDUCE_SUM);
-  CHECK(counts.code == BP_STATUS_INVALID_ARGUMENT);
-  CHECK(counts.message.find("6 elements but output has 5") != std::string::npos);
-  const Status op = c.all_reduce(a, a, 9);
-  CHECK(op.code == BP_STATUS_INVALID_ARGUMENT);
-  CHECK(op.message.find("unknown reduce op 9") != std::string::npos);
-  // A transposed 2x3 view is not contiguous.
-  const int64_t shape[2] = {2, 3};
-  const int64_t strides[2] = {1, 2};
-  bp_tensor strided = *a.desc();
-  strided.ndim = 2;
-  strided.shape = shape;
-  strided.strides = strides;
-  const Status s = c.raw_all_reduce(&strided, &strided, BP_REDUCE_SUM);
-  CHECK(s.code == BP_STATUS_INVALID_ARGUMENT);
-  CHECK(s.message.find("not contiguous") != std::string::npos);
-  bp_tensor outside = *a.desc();
-  outside.byte_offset = 8;  // 6 floats from byte 8 end past the 24-byte buffer
-  const Status o = c.raw_all_reduce(&outside, &outside, BP_REDUCE_SUM);
-  CHECK(o.code == BP_STATUS_INVALID_ARGUMENT);
-  CHECK(o.message.find("reach outside the buffer of 24 bytes") != std::string::npos);
-  // Refusals do not poison: the communicator still works.
-  fill(a, BP_DTYPE_F32, BP_REDUCE_SUM, 0);
-  CHECK(c.all_reduce(a, a, BP_REDUCE_SUM).ok());
-  CHECK(mismatch(a, BP_DTYPE_F32, BP_REDUCE_SUM, 1).empty());
-  destroy_comm(p, comm);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    bp_comm* comm = nullptr;
+    REQUIRE(create_comm(p, nullptr, 0, 1, 1000, "args/", &comm).ok());
+    Comm c{p, comm, 0, 1};
+    Tensor a(p, BP_DTYPE_F32, 6);
+    Tensor b(p, BP_DTYPE_F64, 6);
+    Tensor shorter(p, BP_DTYPE_F32, 5);
+    const Status dtypes = c.all_reduce(a, b, BP_REDUCE_SUM);
+    CHECK(dtypes.code == BP_STATUS_INVALID_ARGUMENT);
+    CHECK(dtypes.message.find("outputs[0]: dtype f64 differs from the expected f32") != std::string::npos);
+    const Status counts = c.all_reduce(a, shorter, BP_REDUCE_SUM);
+    CHECK(counts.code == BP_STATUS_INVALID_ARGUMENT);
+    CHECK(counts.message.find("6 elements but output has 5") != std::string::npos);
+    const Status op = c.all_reduce(a, a, 9);
+    CHECK(op.code == BP_STATUS_INVALID_ARGUMENT);
+    CHECK(op.message.find("unknown reduce op 9") != std::string::npos);
+    // A transposed 2x3 view is not contiguous.
+    const int64_t shape[2] = {2, 3};
+    const int64_t strides[2] = {1, 2};
+    bp_tensor strided = *a.desc();
+    strided.ndim = 2;
+    strided.shape = shape;
+    strided.strides = strides;
+    const Status s = c.raw_all_reduce(&strided, &strided, BP_REDUCE_SUM);
+    CHECK(s.code == BP_STATUS_INVALID_ARGUMENT);
+    CHECK(s.message.find("not contiguous") != std::string::npos);
+    bp_tensor outside = *a.desc();
+    outside.byte_offset = 8;  // 6 floats from byte 8 end past the 24-byte buffer
+    const Status o = c.raw_all_reduce(&outside, &outside, BP_REDUCE_SUM);
+    CHECK(o.code == BP_STATUS_INVALID_ARGUMENT);
+    CHECK(o.message.find("reach outside the buffer of 24 bytes") != std::string::npos);
+    // Refusals do not poison: the communicator still works.
+    fill(a, BP_DTYPE_F32, BP_REDUCE_SUM, 0);
+    CHECK(c.all_reduce(a, a, BP_REDUCE_SUM).ok());
+    CHECK(mismatch(a, BP_DTYPE_F32, BP_REDUCE_SUM, 1).empty());
+    destroy_comm(p, comm);
+  }
 }
 
 namespace {
@@ -1086,72 +1134,81 @@ void check_failed_and_poisoned(const Status& first, const Status& second, int ra
 }  // namespace
 
 TEST_CASE("cpu_collectives: a rank that disappears fails its peer naming it and poisons the comm") {
-  Plugin p;
-  for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {  // the direct round and the ring
-    CAPTURE(n);
-    const auto [first, second] = run_with_vanishing_rank(p, 2, n);
-    check_failed_and_poisoned(first[0], second[0], 0, 2);
-    CHECK(first[0].code == BP_STATUS_COLLECTIVE);
-    CHECK(first[0].message.find("peer rank 1") != std::string::npos);
-    CHECK(first[0].message.find("closed the connection") != std::string::npos);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {  // the direct round and the ring
+      CAPTURE(n);
+      const auto [first, second] = run_with_vanishing_rank(p, 2, n);
+      check_failed_and_poisoned(first[0], second[0], 0, 2);
+      CHECK(first[0].code == BP_STATUS_COLLECTIVE);
+      CHECK(first[0].message.find("peer rank 1") != std::string::npos);
+      CHECK(first[0].message.find("closed the connection") != std::string::npos);
+    }
   }
 }
 
 TEST_CASE("cpu_collectives: a rank that disappears from three fails both others") {
-  Plugin p;
-  for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
-    CAPTURE(n);
-    const auto [first, second] = run_with_vanishing_rank(p, 3, n);
-    for (int r = 0; r < 2; ++r) {
-      check_failed_and_poisoned(first[r], second[r], r, 3);
-      // Either it saw rank 2 go, or it saw the other survivor close after
-      // failing, and passes on that survivor's error, which names rank 2.
-      CHECK(first[r].message.find("peer rank 2") != std::string::npos);
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
+      CAPTURE(n);
+      const auto [first, second] = run_with_vanishing_rank(p, 3, n);
+      for (int r = 0; r < 2; ++r) {
+        check_failed_and_poisoned(first[r], second[r], r, 3);
+        // Either it saw rank 2 go, or it saw the other survivor close after
+        // failing, and passes on that survivor's error, which names rank 2.
+        CHECK(first[r].message.find("peer rank 2") != std::string::npos);
+      }
     }
   }
 }
 
 TEST_CASE("cpu_collectives: a rank that never calls makes the others time out naming it") {
-  Plugin p;
-  MemoryStore store;
-  Status late;  // rank 1's call, made after rank 0 gave up
-  std::promise<void> done;
-  std::shared_future<void> done_future = done.get_future().share();
-  std::thread rank1([&] {
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    MemoryStore store;
+    Status late;  // rank 1's call, made after rank 0 gave up
+    std::promise<void> done;
+    std::shared_future<void> done_future = done.get_future().share();
+    std::thread rank1([&] {
+      bp_comm* comm = nullptr;
+      if (!create_comm(p, &store, 1, 2, 1500, "silent/", &comm).ok()) return;
+      done_future.wait();  // alive and connected, but calls only once rank 0 has timed out
+      Comm c{p, comm, 1, 2};
+      Tensor t(p, BP_DTYPE_F32, 1000);
+      late = c.all_reduce(t, t, BP_REDUCE_SUM);
+      destroy_comm(p, comm);
+    });
     bp_comm* comm = nullptr;
-    if (!create_comm(p, &store, 1, 2, 1500, "silent/", &comm).ok()) return;
-    done_future.wait();  // alive and connected, but calls only once rank 0 has timed out
-    Comm c{p, comm, 1, 2};
-    Tensor t(p, BP_DTYPE_F32, 1000);
-    late = c.all_reduce(t, t, BP_REDUCE_SUM);
+    Status result;
+    const Status created = create_comm(p, &store, 0, 2, 1500, "silent/", &comm);
+    if (created.ok()) {
+      Comm c{p, comm, 0, 2};
+      Tensor t(p, BP_DTYPE_F32, 1000);
+      result = c.all_reduce(t, t, BP_REDUCE_SUM);
+    }
+    done.set_value();
+    rank1.join();
+    REQUIRE(created.ok());
+    MESSAGE(result.message);
+    CHECK(result.code == BP_STATUS_TIMEOUT);
+    // The time really waited, then the configured timeout.
+    CHECK(result.message.find("timed out after ") != std::string::npos);
+    CHECK(result.message.find(" ms (timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
+    // The late rank learns why its peer is gone: rank 0's own error.
+    MESSAGE(late.message);
+    CHECK(late.code == BP_STATUS_COLLECTIVE);
+    CHECK(late.message.find("peer rank 0") != std::string::npos);
+    CHECK(late.message.find("after failing itself") != std::string::npos);
+    CHECK(late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
     destroy_comm(p, comm);
-  });
-  bp_comm* comm = nullptr;
-  Status result;
-  const Status created = create_comm(p, &store, 0, 2, 1500, "silent/", &comm);
-  if (created.ok()) {
-    Comm c{p, comm, 0, 2};
-    Tensor t(p, BP_DTYPE_F32, 1000);
-    result = c.all_reduce(t, t, BP_REDUCE_SUM);
   }
-  done.set_value();
-  rank1.join();
-  REQUIRE(created.ok());
-  MESSAGE(result.message);
-  CHECK(result.code == BP_STATUS_TIMEOUT);
-  // The time really waited, then the configured timeout.
-  CHECK(result.message.find("timed out after ") != std::string::npos);
-  CHECK(result.message.find(" ms (timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
-  // The late rank learns why its peer is gone: rank 0's own error.
-  MESSAGE(late.message);
-  CHECK(late.code == BP_STATUS_COLLECTIVE);
-  CHECK(late.message.find("peer rank 0") != std::string::npos);
-  CHECK(late.message.find("after failing itself") != std::string::npos);
-  CHECK(late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
-  destroy_comm(p, comm);
 }
 
-TEST_CASE("cpu_collectives: ranks that disagree on a call time out instead of crashing") {
+TEST_CASE("cpu_collectives: ranks that disagree on a call fail instead of crashing") {
   // Gloo's I/O thread aborts the process when a message is longer than the
   // receive posted for it; each case below would send one.
   struct Case {
@@ -1159,35 +1216,39 @@ TEST_CASE("cpu_collectives: ranks that disagree on a call time out instead of cr
     int64_t count0, count1;
     int32_t op0, op1;
   };
-  Plugin p;
-  for (const Case& k : {Case{"small counts", 1000, 2000, BP_REDUCE_SUM, BP_REDUCE_SUM},
-                        Case{"large counts", 300000, 400000, BP_REDUCE_SUM, BP_REDUCE_SUM},
-                        Case{"reduce ops", 1000, 1000, BP_REDUCE_SUM, BP_REDUCE_MAX}}) {
-    const std::string name = k.name;
-    CAPTURE(name);
-    MemoryStore store;
-    std::vector<Status> results(2);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < 2; ++r)
-      ranks.emplace_back([&, r] {
-        bp_comm* comm = nullptr;
-        results[r] = create_comm(p, &store, r, 2, 1000, "disagree/", &comm);
-        if (!results[r].ok()) return;
-        Comm c{p, comm, r, 2};
-        Tensor t(p, BP_DTYPE_F32, r == 0 ? k.count0 : k.count1);
-        results[r] = c.all_reduce(t, t, r == 0 ? k.op0 : k.op1);
-        destroy_comm(p, comm);
-      });
-    for (auto& t : ranks) t.join();
-    bool one_says_why = false;
-    for (int r = 0; r < 2; ++r) {
-      CAPTURE(r);
-      MESSAGE(results[r].message);
-      CHECK((results[r].code == BP_STATUS_TIMEOUT || results[r].code == BP_STATUS_COLLECTIVE));
-      CHECK(results[r].message.find("peer rank " + std::to_string(1 - r)) != std::string::npos);
-      one_says_why = one_says_why || results[r].message.find("with the same arguments") != std::string::npos;
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (const Case& k : {Case{"small counts", 1000, 2000, BP_REDUCE_SUM, BP_REDUCE_SUM},
+                          Case{"large counts", 300000, 400000, BP_REDUCE_SUM, BP_REDUCE_SUM},
+                          Case{"reduce ops", 1000, 1000, BP_REDUCE_SUM, BP_REDUCE_MAX}}) {
+      const std::string name = k.name;
+      CAPTURE(name);
+      MemoryStore store;
+      std::vector<Status> results(2);
+      std::vector<std::thread> ranks;
+      for (int r = 0; r < 2; ++r)
+        ranks.emplace_back([&, r] {
+          bp_comm* comm = nullptr;
+          results[r] = create_comm(p, &store, r, 2, 1000, "disagree/", &comm);
+          if (!results[r].ok()) return;
+          Comm c{p, comm, r, 2};
+          Tensor t(p, BP_DTYPE_F32, r == 0 ? k.count0 : k.count1);
+          results[r] = c.all_reduce(t, t, r == 0 ? k.op0 : k.op1);
+          destroy_comm(p, comm);
+        });
+      for (auto& t : ranks) t.join();
+      bool one_says_why = false;
+      for (int r = 0; r < 2; ++r) {
+        CAPTURE(r);
+        MESSAGE(results[r].message);
+        CHECK((results[r].code == BP_STATUS_TIMEOUT || results[r].code == BP_STATUS_COLLECTIVE));
+        CHECK(results[r].message.find("peer rank " + std::to_string(1 - r)) != std::string::npos);
+        one_says_why =
+            one_says_why || results[r].message.find("with the same arguments") != std::string::npos;
+      }
+      CHECK(one_says_why);
     }
-    CHECK(one_says_why);
   }
 }
 
@@ -1221,74 +1282,80 @@ Pair make_pair(const Plugin& p, MemoryStore& store, const std::string& prefix) {
 }  // namespace
 
 TEST_CASE("cpu_collectives: comm_abort from another thread ends a collective waiting for a silent peer") {
-  Plugin p;
-  for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {  // the direct round and the ring
-    CAPTURE(n);
-    MemoryStore store;
-    const Pair pair = make_pair(p, store, "abort-busy/");
-    Comm c0{p, pair.rank0, 0, 2};
-    Comm c1{p, pair.rank1, 1, 2};
-    // Rank 0 enters an all_reduce that rank 1 never joins.
-    std::promise<Status> result;
-    std::future<Status> waited = result.get_future();
-    std::atomic<bool> entered{false};
-    const auto start = std::chrono::steady_clock::now();
-    std::thread rank0([&] {
-      Tensor t(p, BP_DTYPE_F32, n);
-      entered = true;
-      result.set_value(c0.all_reduce(t, t, BP_REDUCE_SUM));
-    });
-    while (!entered) std::this_thread::yield();
-    std::this_thread::sleep_for(100ms);  // most likely blocked inside by now; either way it must fail
-    CHECK(c0.abort().ok());
-    REQUIRE(waited.wait_for(std::chrono::milliseconds(kLongTimeoutMs / 2)) == std::future_status::ready);
-    rank0.join();
-    const Status first = waited.get();
-    MESSAGE(first.message);
-    CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(kLongTimeoutMs));
-    CHECK(first.code == BP_STATUS_COLLECTIVE);
-    CHECK(first.message.find("all_reduce on rank 0 of 2: aborted") != std::string::npos);
-    // Later calls fail at once; a second abort is harmless.
-    Tensor t(p, BP_DTYPE_F32, 4);
-    const Status later = c0.all_reduce(t, t, BP_REDUCE_SUM);
-    CHECK(later.code == BP_STATUS_COLLECTIVE);
-    CHECK(later.message.find("aborted") != std::string::npos);
-    CHECK(c0.barrier().code == BP_STATUS_COLLECTIVE);
-    CHECK(c0.abort().ok());
-    // The peer learns why the connection went.
-    const Status peer = c1.all_reduce(t, t, BP_REDUCE_SUM);
-    MESSAGE(peer.message);
-    CHECK(peer.code == BP_STATUS_COLLECTIVE);
-    CHECK(peer.message.find("peer rank 0") != std::string::npos);
-    CHECK(peer.message.find("rank 0 of 2 aborted its communicator") != std::string::npos);
-    CHECK(destroy_comm(p, pair.rank0).ok());
-    CHECK(destroy_comm(p, pair.rank1).ok());
-    CHECK(store.freed() == store.handed_out());  // every value the store gave was freed
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {  // the direct round and the ring
+      CAPTURE(n);
+      MemoryStore store;
+      const Pair pair = make_pair(p, store, "abort-busy/");
+      Comm c0{p, pair.rank0, 0, 2};
+      Comm c1{p, pair.rank1, 1, 2};
+      // Rank 0 enters an all_reduce that rank 1 never joins.
+      std::promise<Status> result;
+      std::future<Status> waited = result.get_future();
+      std::atomic<bool> entered{false};
+      const auto start = std::chrono::steady_clock::now();
+      std::thread rank0([&] {
+        Tensor t(p, BP_DTYPE_F32, n);
+        entered = true;
+        result.set_value(c0.all_reduce(t, t, BP_REDUCE_SUM));
+      });
+      while (!entered) std::this_thread::yield();
+      std::this_thread::sleep_for(100ms);  // most likely blocked inside by now; either way it must fail
+      CHECK(c0.abort().ok());
+      REQUIRE(waited.wait_for(std::chrono::milliseconds(kLongTimeoutMs / 2)) == std::future_status::ready);
+      rank0.join();
+      const Status first = waited.get();
+      MESSAGE(first.message);
+      CHECK(std::chrono::steady_clock::now() - start < std::chrono::milliseconds(kLongTimeoutMs));
+      CHECK(first.code == BP_STATUS_COLLECTIVE);
+      CHECK(first.message.find("all_reduce on rank 0 of 2: aborted") != std::string::npos);
+      // Later calls fail at once; a second abort is harmless.
+      Tensor t(p, BP_DTYPE_F32, 4);
+      const Status later = c0.all_reduce(t, t, BP_REDUCE_SUM);
+      CHECK(later.code == BP_STATUS_COLLECTIVE);
+      CHECK(later.message.find("aborted") != std::string::npos);
+      CHECK(c0.barrier().code == BP_STATUS_COLLECTIVE);
+      CHECK(c0.abort().ok());
+      // The peer learns why the connection went.
+      const Status peer = c1.all_reduce(t, t, BP_REDUCE_SUM);
+      MESSAGE(peer.message);
+      CHECK(peer.code == BP_STATUS_COLLECTIVE);
+      CHECK(peer.message.find("peer rank 0") != std::string::npos);
+      CHECK(peer.message.find("rank 0 of 2 aborted its communicator") != std::string::npos);
+      CHECK(destroy_comm(p, pair.rank0).ok());
+      CHECK(destroy_comm(p, pair.rank1).ok());
+      CHECK(store.freed() == store.handed_out());  // every value the store gave was freed
+    }
   }
 }
 
 TEST_CASE("cpu_collectives: comm_abort on an idle rank ends its peer's wait for it") {
-  Plugin p;
-  MemoryStore store;
-  const Pair pair = make_pair(p, store, "abort-idle/");
-  Comm c1{p, pair.rank1, 1, 2};
-  std::promise<Status> result;
-  std::future<Status> waited = result.get_future();
-  std::thread rank1([&] {
-    Tensor t(p, BP_DTYPE_I64, 1000);
-    result.set_value(c1.barrier());
-  });
-  std::this_thread::sleep_for(100ms);
-  CHECK(abort_comm(p, pair.rank0).ok());
-  REQUIRE(waited.wait_for(std::chrono::milliseconds(kLongTimeoutMs / 2)) == std::future_status::ready);
-  rank1.join();
-  const Status s = waited.get();
-  MESSAGE(s.message);
-  CHECK(s.code == BP_STATUS_COLLECTIVE);
-  CHECK(s.message.find("barrier on rank 1 of 2: peer rank 0") != std::string::npos);
-  CHECK(s.message.find("aborted its communicator") != std::string::npos);
-  CHECK(destroy_comm(p, pair.rank0).ok());
-  CHECK(destroy_comm(p, pair.rank1).ok());
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    Plugin p(transport.options);
+    MemoryStore store;
+    const Pair pair = make_pair(p, store, "abort-idle/");
+    Comm c1{p, pair.rank1, 1, 2};
+    std::promise<Status> result;
+    std::future<Status> waited = result.get_future();
+    std::thread rank1([&] {
+      Tensor t(p, BP_DTYPE_I64, 1000);
+      result.set_value(c1.barrier());
+    });
+    std::this_thread::sleep_for(100ms);
+    CHECK(abort_comm(p, pair.rank0).ok());
+    REQUIRE(waited.wait_for(std::chrono::milliseconds(kLongTimeoutMs / 2)) == std::future_status::ready);
+    rank1.join();
+    const Status s = waited.get();
+    MESSAGE(s.message);
+    CHECK(s.code == BP_STATUS_COLLECTIVE);
+    CHECK(s.message.find("barrier on rank 1 of 2: peer rank 0") != std::string::npos);
+    CHECK(s.message.find("aborted its communicator") != std::string::npos);
+    CHECK(destroy_comm(p, pair.rank0).ok());
+    CHECK(destroy_comm(p, pair.rank1).ok());
+  }
 }
 
 TEST_CASE("cpu_collectives: an aborted group of one refuses collectives and destroys cleanly") {
@@ -1331,17 +1398,18 @@ std::string two_rank_sum(const Plugin& p) {
 
 TEST_CASE("cpu_collectives: the hostname and interface options choose where to listen") {
   {
-    Plugin p("{}");  // the default: this machine's name, or loopback when it does not resolve
+    // The default: this machine's name, or loopback when it does not resolve.
+    Plugin p(R"({"shared_memory": false})");
     REQUIRE(p.create_status().ok());
     CHECK(two_rank_sum(p) == "");
   }
   {
-    Plugin p(R"({"hostname": "127.0.0.1"})");
+    Plugin p(R"({"hostname": "127.0.0.1", "shared_memory": false})");
     REQUIRE(p.create_status().ok());
     CHECK(two_rank_sum(p) == "");
   }
   {
-    Plugin p(R"({"interface": "lo", "threads": 1})");
+    Plugin p(R"({"interface": "lo", "threads": 1, "shared_memory": false})");
     REQUIRE(p.create_status().ok());
     CHECK(two_rank_sum(p) == "");
   }
@@ -1383,7 +1451,7 @@ TEST_CASE("cpu_collectives: the collective option switches collectives off") {
 }
 
 TEST_CASE("cpu_collectives: GLOO_SOCKET_IFNAME wins over the options") {
-  Plugin p(R"({"interface": "no-such-if0"})");
+  Plugin p(R"({"interface": "no-such-if0", "shared_memory": false})");
   REQUIRE(p.create_status().ok());
   setenv("GLOO_SOCKET_IFNAME", "lo", 1);
   CHECK(two_rank_sum(p) == "");
@@ -1394,4 +1462,63 @@ TEST_CASE("cpu_collectives: GLOO_SOCKET_IFNAME wins over the options") {
   setenv("GLOO_SOCKET_IFNAME", "lo,eth0", 1);
   CHECK(two_rank_sum(p).find("several interfaces") != std::string::npos);
   unsetenv("GLOO_SOCKET_IFNAME");
+}
+
+namespace {
+
+// How many lines logged since `from` contain `text`.
+std::size_t logged_since(std::size_t from, const std::string& text) {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  std::size_t n = 0;
+  for (std::size_t i = from; i < g_log.size(); ++i) n += g_log[i].find(text) != std::string::npos ? 1 : 0;
+  return n;
+}
+
+std::size_t log_size() {
+  std::lock_guard<std::mutex> lock(g_log_mutex);
+  return g_log.size();
+}
+
+}  // namespace
+
+TEST_CASE("cpu_collectives: ranks on one host use shared memory unless a rank switches it off") {
+  Plugin shm(kTransports[0].options);
+  Plugin tcp(kTransports[1].options);
+  const std::size_t before = log_size();
+  CHECK(two_rank_sum(shm) == "");
+  CHECK(logged_since(before, "connected to 1 peers through shared memory") == 2);
+
+  const std::size_t off = log_size();
+  CHECK(two_rank_sum(tcp) == "");
+  CHECK(logged_since(off, "through shared memory") == 0);
+  CHECK(logged_since(off, "shared memory not used: switched off (shared_memory)") == 2);
+
+  // One rank with it off: both use Gloo, and the other says why.
+  const std::size_t mixed = log_size();
+  MemoryStore store;
+  std::vector<Status> results(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      const Plugin& p = r == 0 ? shm : tcp;
+      bp_comm* comm = nullptr;
+      results[r] = create_comm(p, &store, r, 2, 10000, "mixed/", &comm);
+      if (!results[r].ok()) return;
+      Comm c{p, comm, r, 2};
+      Tensor t(p, BP_DTYPE_F32, 1000);
+      fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, r);
+      results[r] = c.all_reduce(t, t, BP_REDUCE_SUM);
+      if (results[r].ok()) {
+        if (auto m = mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2); !m.empty())
+          results[r] = {BP_STATUS_INTERNAL, m};
+      }
+      destroy_comm(p, comm);
+    });
+  for (auto& t : ranks) t.join();
+  for (const Status& r : results) {
+    MESSAGE(r.message);
+    CHECK(r.ok());
+  }
+  CHECK(logged_since(mixed, "through shared memory") == 0);
+  CHECK(logged_since(mixed, "rank 1 has it switched off or cannot tell its host") == 1);
 }

@@ -1,0 +1,628 @@
+// The shared-memory Transport (see shm_transport.hpp).
+//
+// The segment: a header, one control block per rank (its doorbell, the
+// futex word every event for that rank bumps; whether it sleeps on it; its
+// state and process id), then one ring per ordered pair of ranks. A ring is
+// a byte stream: the sender advances `head`, the receiver `tail`, both
+// counting bytes since the start. A message is a 16-byte header (tag,
+// length) followed by its bytes; it may wrap and may be written and read in
+// pieces, so a message longer than the ring streams through it while both
+// ends make progress in their waits. There is no thread behind any of this:
+// each rank moves data only inside its own sends and waits, and every wait
+// moves everything it can, so two ranks sending to each other both progress.
+#include "shm_transport.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <backplane/plugin.hpp>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <utility>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace backplane::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr uint64_t kMagic = 0x6270736861726564ULL;  // "bpshared"
+constexpr uint32_t kVersion = 1;
+// More ranks than this on one host use Gloo: the rings grow with the square
+// of the group, and /dev/shm is often small (64 MiB in a default container).
+constexpr int32_t kMaxRanks = 16;
+// The rings of a group share this budget, each between 64 KiB and 1 MiB.
+constexpr uint64_t kRingBudget = uint64_t{32} << 20;
+constexpr uint64_t kMinRing = uint64_t{64} << 10;
+constexpr uint64_t kMaxRing = uint64_t{1} << 20;
+constexpr uint64_t kHeaderBytes = 16;  // tag, length
+// A wait first spins this long (the peer is usually a few microseconds
+// behind), then sleeps, waking at least every kSleepSlice to look for dead
+// peers.
+constexpr auto kSpin = std::chrono::microseconds(50);
+constexpr auto kSleepSlice = milliseconds(10);
+
+// A rank's state. Closed: its communicator was destroyed; what it sent
+// before may still be read. Failed: it failed or aborted a collective;
+// nothing more is read from it or written to it.
+enum RankState : uint32_t { kUnattached = 0, kLive = 1, kClosed = 2, kFailed = 3 };
+
+struct alignas(64) RankBlock {
+  uint32_t doorbell;  // futex word
+  uint32_t sleeping;
+  uint32_t state;
+  int32_t pid;
+};
+
+struct alignas(64) RingControl {
+  alignas(64) uint64_t head;  // bytes written, by the sender
+  alignas(64) uint64_t tail;  // bytes consumed, by the receiver
+};
+
+template <class T>
+std::atomic_ref<T> shared(T& value) noexcept {
+  return std::atomic_ref<T>(value);
+}
+
+uint64_t ring_bytes_for(int32_t n) {
+  const uint64_t rings = static_cast<uint64_t>(n) * static_cast<uint64_t>(n - 1);
+  uint64_t r = kMaxRing;
+  while (r > kMinRing && r * rings > kRingBudget) r /= 2;
+  return r;
+}
+
+uint64_t blocks_offset() { return 64; }
+uint64_t rings_offset(int32_t n) { return blocks_offset() + sizeof(RankBlock) * static_cast<uint64_t>(n); }
+uint64_t ring_stride(uint64_t ring_bytes) { return sizeof(RingControl) + ring_bytes; }
+uint64_t segment_bytes(int32_t n, uint64_t ring_bytes) {
+  return rings_offset(n) + ring_stride(ring_bytes) * static_cast<uint64_t>(n) * static_cast<uint64_t>(n - 1);
+}
+
+void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+void futex_wait(uint32_t* word, uint32_t expected, milliseconds timeout) noexcept {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  ts.tv_nsec = static_cast<long>((timeout.count() % 1000) * 1000000);
+  // Shared (not FUTEX_PRIVATE): the word is in memory other processes map.
+  syscall(SYS_futex, word, FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(uint32_t* word) noexcept {
+  syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+void ring_bell(RankBlock& b) noexcept {
+  shared(b.doorbell).fetch_add(1, std::memory_order_seq_cst);
+  if (shared(b.sleeping).load(std::memory_order_seq_cst) != 0) futex_wake_all(&b.doorbell);
+}
+
+std::string read_first_line(const char* path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string namespace_id(const char* kind) {
+  struct stat st {};
+  const std::string path = std::string("/proc/self/ns/") + kind;
+  if (::stat(path.c_str(), &st) != 0) return "";
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+}
+
+std::string random_hex(int bytes) {
+  std::random_device rd;
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < bytes; ++i) {
+    const unsigned v = rd() & 0xffU;
+    out += digits[v >> 4];
+    out += digits[v & 15];
+  }
+  return out;
+}
+
+std::string text_of(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+
+// A mapping of the segment, owned until handed to a ShmGroup.
+struct Mapping {
+  void* base = MAP_FAILED;
+  uint64_t bytes = 0;
+  Mapping() = default;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  ~Mapping() {
+    if (base != MAP_FAILED) munmap(base, bytes);
+  }
+  void* release() noexcept { return std::exchange(base, MAP_FAILED); }
+};
+
+// Removes a segment's name when it goes out of scope (the mapping stays).
+struct NameRemover {
+  std::string name;
+  ~NameRemover() {
+    if (!name.empty()) shm_unlink(name.c_str());
+  }
+};
+
+struct FileDescriptor {
+  int fd = -1;
+  ~FileDescriptor() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+struct ShmGroup::Segment {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t size;
+  uint64_t ring_bytes;
+  char nonce[32];
+
+  RankBlock& block(int32_t r) noexcept {
+    return reinterpret_cast<RankBlock*>(reinterpret_cast<unsigned char*>(this) + blocks_offset())[r];
+  }
+  // The ring carrying messages from `from` to `to`.
+  RingControl& ring(int32_t from, int32_t to) noexcept {
+    const int32_t n = static_cast<int32_t>(size);
+    const uint64_t index = static_cast<uint64_t>(from) * static_cast<uint64_t>(n - 1) +
+                           static_cast<uint64_t>(to < from ? to : to - 1);
+    return *reinterpret_cast<RingControl*>(reinterpret_cast<unsigned char*>(this) + rings_offset(n) +
+                                           index * ring_stride(ring_bytes));
+  }
+  static unsigned char* data(RingControl& c) noexcept {
+    return reinterpret_cast<unsigned char*>(&c) + sizeof(RingControl);
+  }
+};
+static_assert(sizeof(ShmGroup::Segment) <= 64, "the header fits before the rank blocks");
+
+std::string shared_memory_host_identity() {
+  const std::string boot = read_first_line("/proc/sys/kernel/random/boot_id");
+  const std::string net = namespace_id("net");
+  const std::string mnt = namespace_id("mnt");
+  const std::string ipc = namespace_id("ipc");
+  if (boot.empty() || net.empty() || mnt.empty() || ipc.empty()) return "";
+  return boot + "/" + net + "/" + mnt + "/" + ipc;
+}
+
+namespace {
+
+// Creates, sizes (with its pages reserved, so that a full /dev/shm is an
+// error here rather than SIGBUS later) and maps a new segment. "" and a
+// reason on failure.
+std::string create_segment(const std::string& name, int32_t n, const std::string& nonce, Mapping& map) {
+  FileDescriptor f;
+  f.fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (f.fd < 0) return std::string("shm_open: ") + std::strerror(errno);
+  const uint64_t ring = ring_bytes_for(n);
+  const uint64_t bytes = segment_bytes(n, ring);
+  if (const int e = posix_fallocate(f.fd, 0, static_cast<off_t>(bytes)); e != 0) {
+    shm_unlink(name.c_str());
+    return "reserving " + std::to_string(bytes) + " bytes: " + std::strerror(e);
+  }
+  map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  if (map.base == MAP_FAILED) {
+    shm_unlink(name.c_str());
+    return std::string("mmap: ") + std::strerror(errno);
+  }
+  map.bytes = bytes;
+  auto* s = static_cast<ShmGroup::Segment*>(map.base);
+  s->version = kVersion;
+  s->size = static_cast<uint32_t>(n);
+  s->ring_bytes = ring;
+  std::memcpy(s->nonce, nonce.data(), std::min(nonce.size(), sizeof(s->nonce)));
+  shared(s->magic).store(kMagic, std::memory_order_release);
+  return "";
+}
+
+std::string open_segment(const std::string& name, int32_t n, const std::string& nonce, Mapping& map) {
+  FileDescriptor f;
+  f.fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (f.fd < 0) return std::string("shm_open: ") + std::strerror(errno);
+  struct stat st {};
+  if (fstat(f.fd, &st) != 0) return std::string("fstat: ") + std::strerror(errno);
+  const uint64_t bytes = segment_bytes(n, ring_bytes_for(n));
+  if (static_cast<uint64_t>(st.st_size) != bytes)
+    return "the segment has " + std::to_string(st.st_size) + " bytes, not " + std::to_string(bytes);
+  map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  if (map.base == MAP_FAILED) return std::string("mmap: ") + std::strerror(errno);
+  map.bytes = bytes;
+  auto* s = static_cast<ShmGroup::Segment*>(map.base);
+  if (shared(s->magic).load(std::memory_order_acquire) != kMagic || s->version != kVersion ||
+      s->size != static_cast<uint32_t>(n) || s->ring_bytes != ring_bytes_for(n) ||
+      std::memcmp(s->nonce, nonce.data(), std::min(nonce.size(), sizeof(s->nonce))) != 0)
+    return "the segment is not the one rank 0 made";
+  return "";
+}
+
+}  // namespace
+
+std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int32_t size, bool enabled,
+                                            const std::string& where) {
+  auto skip = [&](const std::string& why) {
+    plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": shared memory not used: " + why);
+    return std::unique_ptr<ShmGroup>();
+  };
+  const std::string mine = enabled ? shared_memory_host_identity() : std::string();
+  store.set("shm/host/" + std::to_string(rank), std::vector<char>(mine.begin(), mine.end()));
+  // One key at a time, so that a rank which never comes is named. Every
+  // rank reads the same values, so every rank decides the same.
+  std::string elsewhere;  // why not, from the first rank that differs
+  for (int32_t p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const std::string key = "shm/host/" + std::to_string(p);
+    store.wait({key});
+    const std::string theirs = text_of(store.get(key));
+    if (theirs != mine && elsewhere.empty())
+      elsewhere = theirs.empty()
+                      ? "rank " + std::to_string(p) + " has it switched off or cannot tell its host"
+                      : "rank " + std::to_string(p) + " runs on another host or in other namespaces";
+  }
+  if (mine.empty())
+    return skip(enabled ? "this host's identity cannot be read" : "switched off (shared_memory)");
+  if (!elsewhere.empty()) return skip(elsewhere);
+  if (size > kMaxRanks) return skip("more than " + std::to_string(kMaxRanks) + " ranks");
+
+  // Rank 0 makes the segment and names it; each rank maps it and says so;
+  // once all have answered, rank 0 removes the name, so nothing is left in
+  // /dev/shm whatever happens to the ranks later.
+  Mapping map;
+  std::string name;
+  std::string nonce;
+  std::string problem;
+  NameRemover remover;  // rank 0: on every way out of here, the store failing included
+  if (rank == 0) {
+    nonce = random_hex(16);
+    name = "/backplane-" + std::to_string(getpid()) + "-" + random_hex(8);
+    problem = create_segment(name, size, nonce, map);
+    if (problem.empty()) remover.name = name;
+    const std::string value = problem.empty() ? name + "\n" + nonce : std::string();
+    store.set("shm/segment", std::vector<char>(value.begin(), value.end()));
+    if (!problem.empty()) return skip("rank 0 could not make the segment: " + problem);
+  } else {
+    store.wait({"shm/segment"});
+    const std::string value = text_of(store.get("shm/segment"));
+    const auto newline = value.find('\n');
+    if (newline == std::string::npos) return skip("rank 0 could not make the segment");
+    name = value.substr(0, newline);
+    nonce = value.substr(newline + 1);
+    problem = open_segment(name, size, nonce, map);
+  }
+  auto* segment = static_cast<Segment*>(map.base);
+  if (problem.empty()) {
+    RankBlock& me = segment->block(rank);
+    shared(me.pid).store(static_cast<int32_t>(getpid()), std::memory_order_relaxed);
+    shared(me.state).store(kLive, std::memory_order_release);
+  }
+  const std::string answer = problem.empty() ? "1" : "0" + problem;
+  bool all_ready = problem.empty();
+  std::string refused;
+  try {
+    store.set("shm/ready/" + std::to_string(rank), std::vector<char>(answer.begin(), answer.end()));
+    for (int32_t p = 0; p < size; ++p) {
+      if (p == rank) continue;
+      const std::string key = "shm/ready/" + std::to_string(p);
+      store.wait({key});
+      const std::string a = text_of(store.get(key));
+      if (a != "1" && all_ready)
+        refused = std::to_string(p) + ": " + a.substr(std::min<std::size_t>(1, a.size()));
+      all_ready = all_ready && a == "1";
+    }
+  } catch (...) {
+    if (rank == 0) shm_unlink(name.c_str());
+    throw;
+  }
+  if (rank == 0) shm_unlink(name.c_str());
+  if (!problem.empty()) return skip("mapping rank 0's segment: " + problem);
+  if (!all_ready) return skip("rank " + refused);
+  const uint64_t bytes = map.bytes;
+  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, map.release(), bytes));
+}
+
+ShmGroup::ShmGroup(int32_t rank, int32_t size, void* base, uint64_t bytes)
+    : rank_(rank), size_(size), base_(base), bytes_(bytes), segment_(static_cast<Segment*>(base)) {
+  // A pidfd per peer in another process shows when it exits, even killed
+  // by SIGKILL; ranks that are threads of this process need none.
+  pidfds_.assign(size, -1);
+  for (int32_t p = 0; p < size; ++p) {
+    const int32_t pid = shared(segment_->block(p).pid).load(std::memory_order_relaxed);
+    if (p != rank && pid != getpid()) pidfds_[p] = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  }
+}
+
+ShmGroup::~ShmGroup() {
+  close(false);
+  for (int fd : pidfds_)
+    if (fd >= 0) ::close(fd);
+  munmap(base_, bytes_);
+}
+
+void ShmGroup::interrupt() noexcept {
+  interrupted_.store(true, std::memory_order_release);
+  ring_bell(segment_->block(rank_));
+}
+
+void ShmGroup::close(bool failed) noexcept {
+  if (closed_.exchange(true)) return;
+  shared(segment_->block(rank_).state).store(failed ? kFailed : kClosed, std::memory_order_release);
+  for (int32_t p = 0; p < size_; ++p)
+    if (p != rank_) ring_bell(segment_->block(p));
+}
+
+bool ShmGroup::exited(int32_t peer) const noexcept {
+  if (pidfds_[peer] >= 0) {
+    pollfd pfd{pidfds_[peer], POLLIN, 0};
+    return ::poll(&pfd, 1, 0) > 0;
+  }
+  // No pidfd (a kernel before 5.3): a process that is gone, once reaped.
+  const int32_t pid = shared(segment_->block(peer).pid).load(std::memory_order_relaxed);
+  return pid != getpid() && ::kill(pid, 0) != 0 && errno == ESRCH;
+}
+
+std::string ShmGroup::describe(int32_t peer) const {
+  if (peer < 0 || peer >= size_) return "a peer";
+  const int32_t pid = shared(segment_->block(peer).pid).load(std::memory_order_relaxed);
+  return "peer rank " + std::to_string(peer) + " (pid " + std::to_string(pid) + ")";
+}
+
+// ---------------------------------------------------------------------------
+// ShmRun
+// ---------------------------------------------------------------------------
+
+struct ShmRun::ShmRegion final : Region {
+  unsigned char* data = nullptr;
+  uint64_t bytes = 0;
+  // Peers whose receives (sends) on this region completed, and how many of
+  // those a wait has returned.
+  std::vector<int> received, sent;
+  std::size_t received_taken = 0, sent_taken = 0;
+};
+
+struct ShmRun::Transfer {
+  ShmRegion* region;
+  unsigned char* data;
+  uint64_t bytes;
+  uint64_t tag;
+  uint64_t done;  // bytes moved, header included
+};
+
+struct ShmRun::Channel {
+  std::vector<Transfer> sends, recvs;  // in posting order
+  std::size_t send_at = 0, recv_at = 0;
+};
+
+ShmRun::ShmRun(ShmGroup& group, const FailureBoard& board, milliseconds timeout, uint64_t sequence,
+               std::initializer_list<uint64_t> call, CallSite site)
+    : group_(group),
+      board_(board),
+      timeout_(timeout),
+      deadline_(Clock::now() + timeout),
+      site_(site),
+      signature_(call_signature(sequence, site.op, call)),
+      channels_(static_cast<std::size_t>(group.size_)) {
+  if (group_.interrupted()) fail_aborted();
+}
+
+ShmRun::~ShmRun() = default;
+
+uint64_t ShmRun::tag(uint64_t phase, uint64_t bytes) const noexcept {
+  return message_tag(signature_, phase, bytes);
+}
+
+Region& ShmRun::region(void* data, uint64_t bytes) {
+  auto r = std::make_unique<ShmRegion>();
+  r->data = static_cast<unsigned char*>(data);
+  r->bytes = bytes;
+  regions_.push_back(std::move(r));
+  return *regions_.back();
+}
+
+void ShmRun::send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
+  if (group_.interrupted()) fail_aborted();
+  auto& r = static_cast<ShmRegion&>(from);
+  channels_[peer].sends.push_back({&r, r.data + offset, bytes, tag(phase, bytes), 0});
+  pump_out(peer);  // as much as fits now; waits move the rest
+}
+
+void ShmRun::recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
+  if (group_.interrupted()) fail_aborted();
+  auto& r = static_cast<ShmRegion&>(into);
+  channels_[peer].recvs.push_back({&r, r.data + offset, bytes, tag(phase, bytes), 0});
+}
+
+bool ShmRun::pump_out(int peer) {
+  Channel& ch = channels_[peer];
+  if (ch.send_at == ch.sends.size()) return false;
+  ShmGroup::Segment& s = *group_.segment_;
+  if (shared(s.block(peer).state).load(std::memory_order_acquire) != kLive)
+    return false;  // none will read it
+  RingControl& ring = s.ring(group_.rank_, peer);
+  unsigned char* data = ShmGroup::Segment::data(ring);
+  const uint64_t cap = s.ring_bytes;
+  uint64_t head = shared(ring.head).load(std::memory_order_relaxed);
+  const uint64_t tail = shared(ring.tail).load(std::memory_order_acquire);
+  const uint64_t start = head;
+  auto put = [&](const unsigned char* from, uint64_t n) {
+    const uint64_t at = head & (cap - 1);
+    const uint64_t first = std::min(n, cap - at);
+    std::memcpy(data + at, from, first);
+    std::memcpy(data, from + first, n - first);
+    head += n;
+  };
+  while (ch.send_at < ch.sends.size()) {
+    Transfer& t = ch.sends[ch.send_at];
+    if (t.done < kHeaderBytes) {
+      const uint64_t header[2] = {t.tag, t.bytes};
+      const uint64_t n = std::min(kHeaderBytes - t.done, cap - (head - tail));
+      put(reinterpret_cast<const unsigned char*>(header) + t.done, n);
+      t.done += n;
+    }
+    if (t.done >= kHeaderBytes) {
+      const uint64_t n = std::min(kHeaderBytes + t.bytes - t.done, cap - (head - tail));
+      put(t.data + (t.done - kHeaderBytes), n);
+      t.done += n;
+    }
+    if (t.done < kHeaderBytes + t.bytes) break;  // the ring is full
+    t.region->sent.push_back(peer);
+    ++ch.send_at;
+  }
+  if (head == start) return false;
+  shared(ring.head).store(head, std::memory_order_release);
+  ring_bell(s.block(peer));
+  return true;
+}
+
+bool ShmRun::pump_in(int peer) {
+  Channel& ch = channels_[peer];
+  if (ch.recv_at == ch.recvs.size()) return false;
+  ShmGroup::Segment& s = *group_.segment_;
+  // A failed peer's last messages belong to the collective it gave up.
+  if (shared(s.block(peer).state).load(std::memory_order_acquire) == kFailed) return false;
+  RingControl& ring = s.ring(peer, group_.rank_);
+  const unsigned char* data = ShmGroup::Segment::data(ring);
+  const uint64_t cap = s.ring_bytes;
+  uint64_t tail = shared(ring.tail).load(std::memory_order_relaxed);
+  const uint64_t head = shared(ring.head).load(std::memory_order_acquire);
+  const uint64_t start = tail;
+  auto take = [&](unsigned char* into, uint64_t n) {
+    const uint64_t at = tail & (cap - 1);
+    const uint64_t first = std::min(n, cap - at);
+    std::memcpy(into, data + at, first);
+    std::memcpy(into + first, data, n - first);
+    tail += n;
+  };
+  while (ch.recv_at < ch.recvs.size()) {
+    Transfer& t = ch.recvs[ch.recv_at];
+    if (t.done == 0) {
+      if (head - tail < kHeaderBytes) break;
+      uint64_t header[2];
+      take(reinterpret_cast<unsigned char*>(header), kHeaderBytes);
+      if (header[0] != t.tag || header[1] != t.bytes) fail_out_of_step(peer);
+      t.done = kHeaderBytes;
+    }
+    const uint64_t n = std::min(kHeaderBytes + t.bytes - t.done, head - tail);
+    take(t.data + (t.done - kHeaderBytes), n);
+    t.done += n;
+    if (t.done < kHeaderBytes + t.bytes) break;  // the rest is not written yet
+    t.region->received.push_back(peer);
+    ++ch.recv_at;
+  }
+  if (tail == start) return false;
+  shared(ring.tail).store(tail, std::memory_order_release);
+  ring_bell(s.block(peer));  // its sends may be waiting for the room
+  return true;
+}
+
+bool ShmRun::progress() {
+  bool moved = false;
+  for (int p = 0; p < group_.size_; ++p) {
+    if (p == group_.rank_) continue;
+    moved = pump_in(p) || moved;
+    moved = pump_out(p) || moved;
+  }
+  return moved;
+}
+
+int ShmRun::wait_recv(Region& region, int expected) {
+  return wait(static_cast<ShmRegion&>(region), true, expected);
+}
+int ShmRun::wait_send(Region& region, int expected) {
+  return wait(static_cast<ShmRegion&>(region), false, expected);
+}
+
+int ShmRun::wait(ShmRegion& r, bool receiving, int expected) {
+  std::vector<int>& done = receiving ? r.received : r.sent;
+  std::size_t& taken = receiving ? r.received_taken : r.sent_taken;
+  uint32_t& bell = group_.segment_->block(group_.rank_).doorbell;
+  uint32_t& sleeping = group_.segment_->block(group_.rank_).sleeping;
+  bool spun = false;
+  auto next_exit_check = Clock::now();
+  for (;;) {
+    const uint32_t rung = shared(bell).load(std::memory_order_acquire);
+    progress();
+    if (taken < done.size()) return done[taken++];
+    if (group_.interrupted()) fail_aborted();
+    check_peers(false);
+    if (!spun) {
+      spun = true;
+      const auto until = Clock::now() + kSpin;
+      while (shared(bell).load(std::memory_order_acquire) == rung && Clock::now() < until) cpu_relax();
+      continue;
+    }
+    const auto now = Clock::now();
+    // Looking for exited peers costs system calls: once per sleep slice.
+    const bool look_for_exits = now >= next_exit_check;
+    if (look_for_exits) next_exit_check = now + kSleepSlice;
+    check_peers(look_for_exits);
+    if (now >= deadline_) fail_timed_out(expected, receiving);
+    const auto left = std::chrono::ceil<milliseconds>(deadline_ - now);
+    shared(sleeping).store(1, std::memory_order_seq_cst);
+    if (shared(bell).load(std::memory_order_seq_cst) == rung)
+      futex_wait(&bell, rung, std::min(left, kSleepSlice));
+    shared(sleeping).store(0, std::memory_order_relaxed);
+  }
+}
+
+// Fails the collective when a peer it still needs has failed, closed or
+// (looked for only when `exits`: it costs a system call) exited.
+void ShmRun::check_peers(bool exits) {
+  ShmGroup::Segment& s = *group_.segment_;
+  for (int p = 0; p < group_.size_; ++p) {
+    if (p == group_.rank_) continue;
+    const Channel& ch = channels_[p];
+    if (ch.send_at == ch.sends.size() && ch.recv_at == ch.recvs.size()) continue;  // nothing owed
+    const uint32_t state = shared(s.block(p).state).load(std::memory_order_acquire);
+    if (state == kFailed) fail_peer_gone(p, "closed the connection");
+    const bool exited = state != kClosed && exits && group_.exited(p);
+    if (state != kClosed && !exited) continue;
+    // What it wrote before it went may still complete the collective.
+    progress();
+    if (ch.send_at == ch.sends.size() && ch.recv_at == ch.recvs.size()) continue;
+    fail_peer_gone(p, state == kClosed ? "closed the connection" : "exited without closing the connection");
+  }
+}
+
+void ShmRun::fail_out_of_step(int peer) const {
+  throw out_of_step_failure(
+      site_.text(), group_.describe(peer), site_.op,
+      " [shared memory: its next message belongs to another call or has another length]");
+}
+
+void ShmRun::fail_peer_gone(int peer, const char* how) const {
+  throw peer_lost_failure(site_.text(), group_.describe(peer), how, board_.read(peer),
+                          "did it exit, fail or get killed?", " [shared memory]");
+}
+
+void ShmRun::fail_timed_out(int expected, bool receiving) const {
+  throw timed_out_failure(site_.text(),
+                          std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_)),
+                          timeout_, group_.describe(expected), receiving, site_.op, " [shared memory]");
+}
+
+void ShmRun::fail_aborted() const { throw aborted_failure(site_.text()); }
+
+}  // namespace backplane::cpu

@@ -1,0 +1,137 @@
+// The collectives' Transport between ranks that share a host: one POSIX
+// shared-memory segment per communicator holding, for every ordered pair of
+// ranks, a byte ring that carries that pair's messages in order. A wait spins
+// briefly, then sleeps on a futex, so that on a loaded machine it gives the
+// core away while on an idle one a message costs a copy and no wake-up.
+//
+// Used when every rank of a communicator runs on the same host, in the same
+// network and mount namespaces (so "same host" means what the user means by
+// it, and /dev/shm is one file system); otherwise the Gloo transport
+// (gloo_transport.hpp) carries everything. The choice is made in comm_create,
+// identically on every rank, from what each rank publishes in the store.
+//
+// Failure model, the same as Gloo's as seen by the caller: a peer that failed,
+// aborted or was destroyed marks itself closed in the segment and wakes its
+// peers; a peer that died without a word is seen through its process id;
+// comm_abort ends this rank's waits at once; the collective's deadline bounds
+// every wait. A message whose header disagrees with the receive it meets
+// (other operation, arguments, sequence or length) fails the collective at
+// once as "out of step" rather than after the timeout.
+#ifndef BACKPLANE_PLUGINS_CPU_SHM_TRANSPORT_HPP_
+#define BACKPLANE_PLUGINS_CPU_SHM_TRANSPORT_HPP_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kv_store.hpp"
+#include "link_failures.hpp"
+#include "transport.hpp"
+
+namespace backplane::cpu {
+
+// What names this process's host for the choice: the kernel's boot id and
+// the network, mount and IPC namespaces. "" when any is unknown (no shared
+// memory then).
+std::string shared_memory_host_identity();
+
+// One communicator's segment, mapped by this rank.
+class ShmGroup {
+ public:
+  // Sets the segment up through `store` (keys "shm/..."), when `enabled` and
+  // every rank publishes the same host identity. Returns NULL when the group
+  // is to use Gloo instead; why is logged at debug level. Throws StoreFailure
+  // when the store fails or a rank does not take part before the deadline.
+  static std::unique_ptr<ShmGroup> connect(GlooStore& store, int32_t rank, int32_t size, bool enabled,
+                                           const std::string& where);
+  // Marks this rank closed (peers waiting on it fail at once) and unmaps.
+  ~ShmGroup();
+  ShmGroup(const ShmGroup&) = delete;
+  ShmGroup& operator=(const ShmGroup&) = delete;
+
+  int32_t rank() const noexcept { return rank_; }
+  int32_t size() const noexcept { return size_; }
+
+  // Ends this rank's waits (comm_abort): they report the abort. Any thread.
+  void interrupt() noexcept;
+  bool interrupted() const noexcept { return interrupted_.load(std::memory_order_acquire); }
+  // Marks this rank closed (destroyed) or `failed` (a failed or aborted
+  // collective), so that its peers' waits on it fail now rather than at
+  // their timeout; a failed rank's unread messages are dropped. Any thread;
+  // the first call decides.
+  void close(bool failed) noexcept;
+
+  // "peer rank 1 (pid 4242)".
+  std::string describe(int32_t peer) const;
+  // Whether `peer`'s process has exited (never for a rank of this process).
+  bool exited(int32_t peer) const noexcept;
+
+  struct Segment;  // the shared layout (shm_transport.cpp)
+
+ private:
+  friend class ShmRun;
+  ShmGroup(int32_t rank, int32_t size, void* base, uint64_t bytes);
+
+  const int32_t rank_;
+  const int32_t size_;
+  void* base_;
+  const uint64_t bytes_;
+  Segment* segment_;
+  std::vector<int> pidfds_;  // per peer: a pidfd to see it exit, -1 where none
+  std::atomic<bool> interrupted_{false};
+  std::atomic<bool> closed_{false};
+};
+
+// One collective on a group, the counterpart of GlooRun. Every exception it
+// throws is a CommFailure.
+class ShmRun final : public Transport {
+ public:
+  // `call` and `sequence` go into every message's header, as into Gloo's tags.
+  ShmRun(ShmGroup& group, const FailureBoard& board, std::chrono::milliseconds timeout, uint64_t sequence,
+         std::initializer_list<uint64_t> call, CallSite site);
+  ~ShmRun() override;
+  ShmRun(const ShmRun&) = delete;
+  ShmRun& operator=(const ShmRun&) = delete;
+
+  int rank() const noexcept override { return group_.rank_; }
+  int size() const noexcept override { return group_.size_; }
+  Region& region(void* data, uint64_t bytes) override;
+  void send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override;
+  void recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override;
+  int wait_recv(Region& region, int expected) override;
+  int wait_send(Region& region, int expected) override;
+
+ private:
+  struct ShmRegion;
+  struct Transfer;
+  struct Channel;
+
+  uint64_t tag(uint64_t phase, uint64_t bytes) const noexcept;
+  // Moves every message it can; true when anything moved.
+  bool progress();
+  bool pump_out(int peer);
+  bool pump_in(int peer);
+  int wait(ShmRegion& region, bool receiving, int expected);
+  void check_peers(bool exits);
+  [[noreturn]] void fail_out_of_step(int peer) const;
+  [[noreturn]] void fail_peer_gone(int peer, const char* how) const;
+  [[noreturn]] void fail_timed_out(int expected, bool receiving) const;
+  [[noreturn]] void fail_aborted() const;
+
+  ShmGroup& group_;
+  const FailureBoard& board_;
+  const std::chrono::milliseconds timeout_;
+  const std::chrono::steady_clock::time_point deadline_;
+  const CallSite site_;
+  uint64_t signature_;
+  std::vector<std::unique_ptr<ShmRegion>> regions_;
+  std::vector<Channel> channels_;  // per peer
+};
+
+}  // namespace backplane::cpu
+
+#endif  // BACKPLANE_PLUGINS_CPU_SHM_TRANSPORT_HPP_
