@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -53,7 +54,8 @@ constexpr uint64_t kMaxRing = uint64_t{1} << 20;
 constexpr uint64_t kHeaderBytes = 16;  // tag, length
 // A wait first spins this long (the peer is usually a few microseconds
 // behind), then sleeps, waking at least every kSleepSlice to look for dead
-// peers.
+// peers. It does not spin when the group has more ranks than this process
+// may use cores: the peer it waits for may then need this very core.
 constexpr auto kSpin = std::chrono::microseconds(50);
 constexpr auto kSleepSlice = milliseconds(10);
 
@@ -347,6 +349,11 @@ ShmGroup::ShmGroup(int32_t rank, int32_t size, void* base, uint64_t bytes)
     : rank_(rank), size_(size), base_(base), bytes_(bytes), segment_(static_cast<Segment*>(base)) {
   // A pidfd per peer in another process shows when it exits, even killed
   // by SIGKILL; ranks that are threads of this process need none.
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int cores = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+  spin_ = size <= cores ? std::chrono::duration_cast<std::chrono::nanoseconds>(kSpin)
+                        : std::chrono::nanoseconds(0);
   pidfds_.assign(size, -1);
   for (int32_t p = 0; p < size; ++p) {
     const int32_t pid = shared(segment_->block(p).pid).load(std::memory_order_relaxed);
@@ -569,7 +576,7 @@ int ShmRun::wait(ShmRegion& r, bool receiving, int expected) {
     check_peers(false);
     if (!spun) {
       spun = true;
-      const auto until = Clock::now() + kSpin;
+      const auto until = Clock::now() + group_.spin_;
       while (shared(bell).load(std::memory_order_acquire) == rung && Clock::now() < until) cpu_relax();
       continue;
     }

@@ -81,7 +81,8 @@ class ShmGroup {
   void* base_;
   const uint64_t bytes_;
   Segment* segment_;
-  std::vector<int> pidfds_;  // per peer: a pidfd to see it exit, -1 where none
+  std::vector<int> pidfds_;           // per peer: a pidfd to see it exit, -1 where none
+  std::chrono::nanoseconds spin_{0};  // how long a wait spins before it sleeps
   std::atomic<bool> interrupted_{false};
   std::atomic<bool> closed_{false};
 };
