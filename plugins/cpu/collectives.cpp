@@ -373,12 +373,11 @@ class Alone final : public Transport {
 template <class Fn>
 void run_collective(Communicator::Impl& c, const char* op, std::initializer_list<uint64_t> call,
                     Fn&& algorithm) {
-  const CallSite site{op, c.rank, c.size};
   if (c.shm != nullptr) {
-    ShmRun run(*c.shm, c.board, c.timeout, c.sequence++, call, site);
+    ShmRun run(*c.shm, c.board, CallContext(c.timeout, c.sequence++, call, {op, c.rank, c.size}));
     algorithm(run);
   } else if (c.mesh != nullptr) {
-    GlooRun run(*c.mesh, c.board, c.timeout, c.sequence++, call, site);
+    GlooRun run(*c.mesh, c.board, CallContext(c.timeout, c.sequence++, call, {op, c.rank, c.size}));
     algorithm(run);
   } else {
     Alone alone;

@@ -98,15 +98,8 @@ struct GlooRun::GlooRegion final : Region {
   std::shared_ptr<UnboundBuffer> buffer;
 };
 
-GlooRun::GlooRun(GlooMesh& mesh, const FailureBoard& board, milliseconds timeout, uint64_t sequence,
-                 std::initializer_list<uint64_t> call, CallSite site)
-    : mesh_(mesh),
-      board_(board),
-      timeout_(timeout),
-      deadline_(Clock::now() + timeout),
-      site_(site),
-      signature_(call_signature(sequence, site.op, call)),
-      exceptions_at_start_(std::uncaught_exceptions()) {
+GlooRun::GlooRun(GlooMesh& mesh, const FailureBoard& board, const CallContext& call)
+    : mesh_(mesh), board_(board), call_(call), exceptions_at_start_(std::uncaught_exceptions()) {
   check_not_interrupted();
 }
 
@@ -119,11 +112,7 @@ GlooRun::~GlooRun() {
   }
 }
 
-uint64_t GlooRun::tag(uint64_t phase, uint64_t bytes) const noexcept {
-  return message_tag(signature_, phase, bytes);
-}
-
-CommFailure GlooRun::aborted() const { return aborted_failure(site_.text()); }
+CommFailure GlooRun::aborted() const { return aborted_failure(call_.site.text()); }
 
 void GlooRun::check_not_interrupted() const {
   if (mesh_.interrupted()) throw aborted();
@@ -149,7 +138,7 @@ Region& GlooRun::region(void* data, uint64_t bytes) {
 void GlooRun::send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   check_not_interrupted();
   try {
-    static_cast<GlooRegion&>(from).buffer->send(peer, tag(phase, bytes), offset, bytes);
+    static_cast<GlooRegion&>(from).buffer->send(peer, call_.tag(phase, bytes), offset, bytes);
   } catch (const std::exception& e) {
     throw translate(e, peer, Direction::send);
   }
@@ -158,7 +147,7 @@ void GlooRun::send(Region& from, int peer, uint64_t phase, uint64_t offset, uint
 void GlooRun::recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   check_not_interrupted();
   try {
-    static_cast<GlooRegion&>(into).buffer->recv(peer, tag(phase, bytes), offset, bytes);
+    static_cast<GlooRegion&>(into).buffer->recv(peer, call_.tag(phase, bytes), offset, bytes);
   } catch (const std::exception& e) {
     throw translate(e, peer, Direction::receive);
   }
@@ -173,7 +162,7 @@ int GlooRun::wait(Region& region, int expected, Direction direction) {
   // Rounded up, and at least 1 ms (Gloo reads 0 as "no timeout" in places):
   // when Gloo gives up, the deadline has passed by this clock too, which is
   // how a timeout is told from a lost peer.
-  const auto left = std::chrono::ceil<milliseconds>(deadline_ - Clock::now());
+  const auto left = std::chrono::ceil<milliseconds>(call_.deadline - Clock::now());
   const milliseconds budget = std::max(left, milliseconds(1));
   int source = -1;
   bool done = false;
@@ -184,7 +173,7 @@ int GlooRun::wait(Region& region, int expected, Direction direction) {
   }
   if (!done) {  // Gloo returns false only for a wait aborted by interrupt()
     if (mesh_.interrupted()) throw aborted();
-    throw CommFailure{BP_STATUS_INTERNAL, site_.text() + ": a Gloo wait was aborted unexpectedly"};
+    throw CommFailure{BP_STATUS_INTERNAL, call_.site.text() + ": a Gloo wait was aborted unexpectedly"};
   }
   return source;
 }
@@ -199,26 +188,25 @@ CommFailure GlooRun::translate(const std::exception& e, int expected, Direction 
                               : "a peer at " + named + " (no rank of this group has that address)";
   const std::string gloo = " [gloo: " + text + "]";
   const bool receiving = direction == Direction::receive;
-  switch (classify(e, mesh_.interrupted(), Clock::now() >= deadline_)) {
+  switch (classify(e, mesh_.interrupted(), call_.past_deadline())) {
     case LinkError::aborted:
       return aborted();
     case LinkError::timed_out:
       // The time really waited, measured from the collective's start: not
       // the configured timeout restated.
-      return timed_out_failure(
-          site_.text(), std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_)),
-          timeout_, who, receiving, site_.op, gloo);
+      return timed_out_failure(call_.site.text(), call_.waited(), call_.timeout, who, receiving,
+                               call_.site.op, gloo);
     case LinkError::peer_lost:
-      return peer_lost_failure(site_.text(), who, "closed the connection", board_.read(peer),
+      return peer_lost_failure(call_.site.text(), who, "closed the connection", board_.read(peer),
                                "did it exit or fail?", gloo);
     case LinkError::mismatch:
-      return out_of_step_failure(site_.text(), who, site_.op, gloo);
+      return out_of_step_failure(call_.site.text(), who, call_.site.op, gloo);
     case LinkError::misuse:  // a call Gloo refuses: a bug in this plugin
-      return {BP_STATUS_INTERNAL, site_.text() + ": Gloo refused a call for " + who + gloo};
+      return {BP_STATUS_INTERNAL, call_.site.text() + ": Gloo refused a call for " + who + gloo};
     case LinkError::other:
       break;
   }
-  return {BP_STATUS_COLLECTIVE, site_.text() + ": communication with " + who + " failed" + gloo};
+  return {BP_STATUS_COLLECTIVE, call_.site.text() + ": communication with " + who + " failed" + gloo};
 }
 
 }  // namespace backplane::cpu

@@ -94,9 +94,8 @@ class GlooMesh {
 // never match, and the collective times out with an error instead.
 class GlooRun final : public Transport {
  public:
-  // `site` starts every message ("all_reduce on rank 0 of 2").
-  GlooRun(GlooMesh& mesh, const FailureBoard& board, std::chrono::milliseconds timeout, uint64_t sequence,
-          std::initializer_list<uint64_t> call, CallSite site);
+  // `call.site` starts every message ("all_reduce on rank 0 of 2").
+  GlooRun(GlooMesh& mesh, const FailureBoard& board, const CallContext& call);
   ~GlooRun() override;
   GlooRun(const GlooRun&) = delete;
   GlooRun& operator=(const GlooRun&) = delete;
@@ -116,17 +115,13 @@ class GlooRun final : public Transport {
   enum class Direction { receive, send };
   struct GlooRegion;
 
-  uint64_t tag(uint64_t phase, uint64_t bytes) const noexcept;
   void check_not_interrupted() const;
   int wait(Region& region, int expected, Direction direction);
   CommFailure translate(const std::exception& e, int expected, Direction direction) const;
 
   GlooMesh& mesh_;
   const FailureBoard& board_;
-  const std::chrono::milliseconds timeout_;
-  const std::chrono::steady_clock::time_point deadline_;
-  const CallSite site_;
-  uint64_t signature_;
+  const CallContext call_;
   const int exceptions_at_start_;
   std::vector<std::unique_ptr<GlooRegion>> regions_;
 };

@@ -422,23 +422,12 @@ struct ShmRun::Channel {
   std::size_t send_at = 0, recv_at = 0;
 };
 
-ShmRun::ShmRun(ShmGroup& group, const FailureBoard& board, milliseconds timeout, uint64_t sequence,
-               std::initializer_list<uint64_t> call, CallSite site)
-    : group_(group),
-      board_(board),
-      timeout_(timeout),
-      deadline_(Clock::now() + timeout),
-      site_(site),
-      signature_(call_signature(sequence, site.op, call)),
-      channels_(static_cast<std::size_t>(group.size_)) {
+ShmRun::ShmRun(ShmGroup& group, const FailureBoard& board, const CallContext& call)
+    : group_(group), board_(board), call_(call), channels_(static_cast<std::size_t>(group.size_)) {
   if (group_.interrupted()) fail_aborted();
 }
 
 ShmRun::~ShmRun() = default;
-
-uint64_t ShmRun::tag(uint64_t phase, uint64_t bytes) const noexcept {
-  return message_tag(signature_, phase, bytes);
-}
 
 Region& ShmRun::region(void* data, uint64_t bytes) {
   auto r = std::make_unique<ShmRegion>();
@@ -451,14 +440,14 @@ Region& ShmRun::region(void* data, uint64_t bytes) {
 void ShmRun::send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   if (group_.interrupted()) fail_aborted();
   auto& r = static_cast<ShmRegion&>(from);
-  channels_[peer].sends.push_back({&r, r.data + offset, bytes, tag(phase, bytes), 0});
+  channels_[peer].sends.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0});
   pump_out(peer);  // as much as fits now; waits move the rest
 }
 
 void ShmRun::recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   if (group_.interrupted()) fail_aborted();
   auto& r = static_cast<ShmRegion&>(into);
-  channels_[peer].recvs.push_back({&r, r.data + offset, bytes, tag(phase, bytes), 0});
+  channels_[peer].recvs.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0});
 }
 
 bool ShmRun::pump_out(int peer) {
@@ -585,8 +574,8 @@ int ShmRun::wait(ShmRegion& r, bool receiving, int expected) {
     const bool look_for_exits = now >= next_exit_check;
     if (look_for_exits) next_exit_check = now + kSleepSlice;
     check_peers(look_for_exits);
-    if (now >= deadline_) fail_timed_out(expected, receiving);
-    const auto left = std::chrono::ceil<milliseconds>(deadline_ - now);
+    if (now >= call_.deadline) fail_timed_out(expected, receiving);
+    const auto left = std::chrono::ceil<milliseconds>(call_.deadline - now);
     shared(sleeping).store(1, std::memory_order_seq_cst);
     if (shared(bell).load(std::memory_order_seq_cst) == rung)
       futex_wait(&bell, rung, std::min(left, kSleepSlice));
@@ -615,21 +604,20 @@ void ShmRun::check_peers(bool exits) {
 
 void ShmRun::fail_out_of_step(int peer) const {
   throw out_of_step_failure(
-      site_.text(), group_.describe(peer), site_.op,
+      call_.site.text(), group_.describe(peer), call_.site.op,
       " [shared memory: its next message belongs to another call or has another length]");
 }
 
 void ShmRun::fail_peer_gone(int peer, const char* how) const {
-  throw peer_lost_failure(site_.text(), group_.describe(peer), how, board_.read(peer),
+  throw peer_lost_failure(call_.site.text(), group_.describe(peer), how, board_.read(peer),
                           "did it exit, fail or get killed?", " [shared memory]");
 }
 
 void ShmRun::fail_timed_out(int expected, bool receiving) const {
-  throw timed_out_failure(site_.text(),
-                          std::chrono::duration_cast<milliseconds>(Clock::now() - (deadline_ - timeout_)),
-                          timeout_, group_.describe(expected), receiving, site_.op, " [shared memory]");
+  throw timed_out_failure(call_.site.text(), call_.waited(), call_.timeout, group_.describe(expected),
+                          receiving, call_.site.op, " [shared memory]");
 }
 
-void ShmRun::fail_aborted() const { throw aborted_failure(site_.text()); }
+void ShmRun::fail_aborted() const { throw aborted_failure(call_.site.text()); }
 
 }  // namespace backplane::cpu

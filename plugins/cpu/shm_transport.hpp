@@ -91,9 +91,8 @@ class ShmGroup {
 // throws is a CommFailure.
 class ShmRun final : public Transport {
  public:
-  // `call` and `sequence` go into every message's header, as into Gloo's tags.
-  ShmRun(ShmGroup& group, const FailureBoard& board, std::chrono::milliseconds timeout, uint64_t sequence,
-         std::initializer_list<uint64_t> call, CallSite site);
+  // `call`'s tags go into every message's header, as into Gloo's slots.
+  ShmRun(ShmGroup& group, const FailureBoard& board, const CallContext& call);
   ~ShmRun() override;
   ShmRun(const ShmRun&) = delete;
   ShmRun& operator=(const ShmRun&) = delete;
@@ -111,7 +110,6 @@ class ShmRun final : public Transport {
   struct Transfer;
   struct Channel;
 
-  uint64_t tag(uint64_t phase, uint64_t bytes) const noexcept;
   // Moves every message it can; true when anything moved.
   bool progress();
   bool pump_out(int peer);
@@ -125,10 +123,7 @@ class ShmRun final : public Transport {
 
   ShmGroup& group_;
   const FailureBoard& board_;
-  const std::chrono::milliseconds timeout_;
-  const std::chrono::steady_clock::time_point deadline_;
-  const CallSite site_;
-  uint64_t signature_;
+  const CallContext call_;
   std::vector<std::unique_ptr<ShmRegion>> regions_;
   std::vector<Channel> channels_;  // per peer
 };

@@ -7,8 +7,11 @@
 #ifndef BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_
 #define BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_
 
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
+
+#include "link_failures.hpp"
 
 namespace backplane::cpu {
 
@@ -76,6 +79,30 @@ inline uint64_t call_signature(uint64_t sequence, const char* op,
 constexpr uint64_t message_tag(uint64_t signature, uint64_t phase, uint64_t bytes) noexcept {
   return tags::hash_with(tags::hash_with(signature, phase), bytes);
 }
+
+// One collective call as a transport sees it: where it runs (for messages),
+// its deadline, and the signature every message's tag derives from.
+struct CallContext {
+  CallContext(std::chrono::milliseconds limit, uint64_t sequence, std::initializer_list<uint64_t> call,
+              CallSite at) noexcept
+      : site(at),
+        timeout(limit),
+        deadline(std::chrono::steady_clock::now() + limit),
+        signature(call_signature(sequence, at.op, call)) {}
+
+  uint64_t tag(uint64_t phase, uint64_t bytes) const noexcept { return message_tag(signature, phase, bytes); }
+  bool past_deadline() const noexcept { return std::chrono::steady_clock::now() >= deadline; }
+  // The time since the call began: what a timeout reports as waited.
+  std::chrono::milliseconds waited() const noexcept {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                                 (deadline - timeout));
+  }
+
+  CallSite site;
+  std::chrono::milliseconds timeout;
+  std::chrono::steady_clock::time_point deadline;
+  uint64_t signature;
+};
 
 }  // namespace backplane::cpu
 

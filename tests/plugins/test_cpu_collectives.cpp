@@ -111,6 +111,16 @@ constexpr TransportCase kTransports[] = {
     {"gloo", R"({"hostname": "127.0.0.1", "shared_memory": false})"},
 };
 
+// Runs `body` once with a plugin on each transport.
+template <class Body>
+void for_each_transport(Body&& body) {
+  for (const TransportCase& transport : kTransports) {
+    CAPTURE(transport.name);
+    const Plugin p(transport.options);
+    body(p);
+  }
+}
+
 // A plugin buffer holding a 1-D tensor of `count` elements at `offset` bytes.
 class Tensor {
  public:
@@ -676,38 +686,30 @@ TEST_CASE("cpu_collectives: a failing store's own message reaches the caller") {
 // ---------------------------------------------------------------------------
 
 TEST_CASE("cpu_collectives: all_reduce of every op on f32 f64 and i64 with 2 ranks") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     check_all_reduce(p, 2, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: all_reduce of every op on f32 f64 and i64 with 3 ranks") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     check_all_reduce(p, 3, {BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_I64});
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: all_reduce of every op on i32 i8 u8 f16 and bf16") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     const std::vector<int64_t> sizes{1, 7, 70001};  // the last takes the ring with 3 ranks
     check_all_reduce(p, 2, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
     check_all_reduce(p, 3, {BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8, BP_DTYPE_F16, BP_DTYPE_BF16}, &sizes);
-  }
+  });
 }
 
 namespace {
 
 // all_reduce of 16 MiB f32, sum then max on the same buffers: the ring path on
 // large, reused buffers.
-void check_large_all_reduce(int world, const TransportCase& transport) {
-  CAPTURE(transport.name);
-  Plugin p(transport.options);
+void check_large_all_reduce(const Plugin& p, int world) {
   const int64_t n = (int64_t{16} << 20) / 4;
   Report report;
   run_group(
@@ -731,17 +733,15 @@ void check_large_all_reduce(int world, const TransportCase& transport) {
 }  // namespace
 
 TEST_CASE("cpu_collectives: all_reduce of 16 MiB repeated on the same buffers with 2 ranks") {
-  for (const TransportCase& transport : kTransports) check_large_all_reduce(2, transport);
+  for_each_transport([](const Plugin& p) { check_large_all_reduce(p, 2); });
 }
 
 TEST_CASE("cpu_collectives: all_reduce of 16 MiB repeated on the same buffers with 3 ranks") {
-  for (const TransportCase& transport : kTransports) check_large_all_reduce(3, transport);
+  for_each_transport([](const Plugin& p) { check_large_all_reduce(p, 3); });
 }
 
 TEST_CASE("cpu_collectives: all_reduce in place with input and output aliased") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (int world : {2, 3}) {
       CAPTURE(world);
       Report report;
@@ -771,13 +771,11 @@ TEST_CASE("cpu_collectives: all_reduce in place with input and output aliased") 
           report);
       CHECK_NO_PROBLEMS(report);
     }
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: all_reduce of 0 elements on every rank is a no-op that keeps ranks in step") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     Report report;
     run_group(
         p, 3,
@@ -799,7 +797,7 @@ TEST_CASE("cpu_collectives: all_reduce of 0 elements on every rank is a no-op th
         },
         report);
     CHECK_NO_PROBLEMS(report);
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -807,9 +805,7 @@ TEST_CASE("cpu_collectives: all_reduce of 0 elements on every rank is a no-op th
 // ---------------------------------------------------------------------------
 
 TEST_CASE("cpu_collectives: broadcast from every root") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (int world : {2, 3}) {
       CAPTURE(world);
       Report report;
@@ -846,13 +842,11 @@ TEST_CASE("cpu_collectives: broadcast from every root") {
           report);
       CHECK_NO_PROBLEMS(report);
     }
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: all_gather puts each rank's block in rank order") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (int world : {2, 3}) {
       CAPTURE(world);
       Report report;
@@ -890,14 +884,12 @@ TEST_CASE("cpu_collectives: all_gather puts each rank's block in rank order") {
           report);
       CHECK_NO_PROBLEMS(report);
     }
-  }
+  });
 }
 
 namespace {
 
-void check_reduce_scatter(int world, const TransportCase& transport) {
-  CAPTURE(transport.name);
-  Plugin p(transport.options);
+void check_reduce_scatter(const Plugin& p, int world) {
   Report report;
   run_group(
       p, world,
@@ -934,17 +926,15 @@ void check_reduce_scatter(int world, const TransportCase& transport) {
 }  // namespace
 
 TEST_CASE("cpu_collectives: reduce_scatter gives rank r the reduction of block r with 2 ranks") {
-  for (const TransportCase& transport : kTransports) check_reduce_scatter(2, transport);
+  for_each_transport([](const Plugin& p) { check_reduce_scatter(p, 2); });
 }
 
 TEST_CASE("cpu_collectives: reduce_scatter gives rank r the reduction of block r with 3 ranks") {
-  for (const TransportCase& transport : kTransports) check_reduce_scatter(3, transport);
+  for_each_transport([](const Plugin& p) { check_reduce_scatter(p, 3); });
 }
 
 TEST_CASE("cpu_collectives: no rank leaves a barrier before every rank entered it") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (int world : {2, 3, 5}) {
       CAPTURE(world);
       std::atomic<int> arrived{0};
@@ -967,13 +957,11 @@ TEST_CASE("cpu_collectives: no rank leaves a barrier before every rank entered i
           report);
       CHECK_NO_PROBLEMS(report);
     }
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: two groups run at once in one process") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     Report report;
     auto group = [&](const std::string& prefix, int32_t op) {
       run_group(
@@ -994,7 +982,7 @@ TEST_CASE("cpu_collectives: two groups run at once in one process") {
     a.join();
     b.join();
     CHECK_NO_PROBLEMS(report);
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -1037,9 +1025,7 @@ TEST_CASE(
     "cpu_collectives: views that would reach outside their buffers are refused before anything is sent") {
   // The host never passes these; the plugin still refuses what would read or
   // write past a buffer (the SDK's make_view, and the element counts).
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     bp_comm* comm = nullptr;
     REQUIRE(create_comm(p, nullptr, 0, 1, 1000, "args/", &comm).ok());
     Comm c{p, comm, 0, 1};
@@ -1075,7 +1061,7 @@ TEST_CASE(
     CHECK(c.all_reduce(a, a, BP_REDUCE_SUM).ok());
     CHECK(mismatch(a, BP_DTYPE_F32, BP_REDUCE_SUM, 1).empty());
     destroy_comm(p, comm);
-  }
+  });
 }
 
 namespace {
@@ -1134,9 +1120,7 @@ void check_failed_and_poisoned(const Status& first, const Status& second, int ra
 }  // namespace
 
 TEST_CASE("cpu_collectives: a rank that disappears fails its peer naming it and poisons the comm") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {  // the direct round and the ring
       CAPTURE(n);
       const auto [first, second] = run_with_vanishing_rank(p, 2, n);
@@ -1145,13 +1129,11 @@ TEST_CASE("cpu_collectives: a rank that disappears fails its peer naming it and 
       CHECK(first[0].message.find("peer rank 1") != std::string::npos);
       CHECK(first[0].message.find("closed the connection") != std::string::npos);
     }
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: a rank that disappears from three fails both others") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {
       CAPTURE(n);
       const auto [first, second] = run_with_vanishing_rank(p, 3, n);
@@ -1162,13 +1144,11 @@ TEST_CASE("cpu_collectives: a rank that disappears from three fails both others"
         CHECK(first[r].message.find("peer rank 2") != std::string::npos);
       }
     }
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: a rank that never calls makes the others time out naming it") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     MemoryStore store;
     Status late;  // rank 1's call, made after rank 0 gave up
     std::promise<void> done;
@@ -1205,7 +1185,7 @@ TEST_CASE("cpu_collectives: a rank that never calls makes the others time out na
     CHECK(late.message.find("after failing itself") != std::string::npos);
     CHECK(late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
     destroy_comm(p, comm);
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: ranks that disagree on a call fail instead of crashing") {
@@ -1216,9 +1196,7 @@ TEST_CASE("cpu_collectives: ranks that disagree on a call fail instead of crashi
     int64_t count0, count1;
     int32_t op0, op1;
   };
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (const Case& k : {Case{"small counts", 1000, 2000, BP_REDUCE_SUM, BP_REDUCE_SUM},
                           Case{"large counts", 300000, 400000, BP_REDUCE_SUM, BP_REDUCE_SUM},
                           Case{"reduce ops", 1000, 1000, BP_REDUCE_SUM, BP_REDUCE_MAX}}) {
@@ -1249,7 +1227,7 @@ TEST_CASE("cpu_collectives: ranks that disagree on a call fail instead of crashi
       }
       CHECK(one_says_why);
     }
-  }
+  });
 }
 
 // ---------------------------------------------------------------------------
@@ -1282,9 +1260,7 @@ Pair make_pair(const Plugin& p, MemoryStore& store, const std::string& prefix) {
 }  // namespace
 
 TEST_CASE("cpu_collectives: comm_abort from another thread ends a collective waiting for a silent peer") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     for (int64_t n : {int64_t{16}, int64_t{1} << 20}) {  // the direct round and the ring
       CAPTURE(n);
       MemoryStore store;
@@ -1328,13 +1304,11 @@ TEST_CASE("cpu_collectives: comm_abort from another thread ends a collective wai
       CHECK(destroy_comm(p, pair.rank1).ok());
       CHECK(store.freed() == store.handed_out());  // every value the store gave was freed
     }
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: comm_abort on an idle rank ends its peer's wait for it") {
-  for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
-    Plugin p(transport.options);
+  for_each_transport([&](const Plugin& p) {
     MemoryStore store;
     const Pair pair = make_pair(p, store, "abort-idle/");
     Comm c1{p, pair.rank1, 1, 2};
@@ -1355,7 +1329,7 @@ TEST_CASE("cpu_collectives: comm_abort on an idle rank ends its peer's wait for 
     CHECK(s.message.find("aborted its communicator") != std::string::npos);
     CHECK(destroy_comm(p, pair.rank0).ok());
     CHECK(destroy_comm(p, pair.rank1).ok());
-  }
+  });
 }
 
 TEST_CASE("cpu_collectives: an aborted group of one refuses collectives and destroys cleanly") {
