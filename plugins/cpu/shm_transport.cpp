@@ -28,8 +28,10 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
+#include <string_view>
 #include <utility>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -75,6 +77,10 @@ struct alignas(64) RingControl {
   alignas(64) uint64_t head;  // bytes written, by the sender
   alignas(64) uint64_t tail;  // bytes consumed, by the receiver
 };
+
+// Atomics in memory shared between processes must not hide a lock.
+static_assert(std::atomic_ref<uint32_t>::is_always_lock_free &&
+              std::atomic_ref<uint64_t>::is_always_lock_free);
 
 template <class T>
 std::atomic_ref<T> shared(T& value) noexcept {
@@ -207,11 +213,31 @@ std::string shared_memory_host_identity() {
   const std::string net = namespace_id("net");
   const std::string mnt = namespace_id("mnt");
   const std::string ipc = namespace_id("ipc");
-  if (boot.empty() || net.empty() || mnt.empty() || ipc.empty()) return "";
-  return boot + "/" + net + "/" + mnt + "/" + ipc;
+  const std::string pid = namespace_id("pid");  // peers' process ids must mean the same here
+  if (boot.empty() || net.empty() || mnt.empty() || ipc.empty() || pid.empty()) return "";
+  return boot + "/" + net + "/" + mnt + "/" + ipc + "/" + pid;
 }
 
 namespace {
+
+// Removes the names of segments whose creator is gone: a rank 0 killed
+// between making its segment and removing the name (while the others
+// mapped it) leaves the name, and its reserved memory, in /dev/shm. The
+// name holds the creator's process id; a live process keeps its own.
+void remove_stale_segments() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string file = entry.path().filename().string();
+    constexpr std::string_view prefix = "backplane-";
+    if (file.rfind(prefix, 0) != 0) continue;
+    const auto dash = file.find('-', prefix.size());
+    const std::string digits = file.substr(prefix.size(), dash - prefix.size());
+    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (::kill(pid, 0) != 0 && errno == ESRCH) shm_unlink(("/" + file).c_str());
+  }
+}
 
 // Creates, sizes (with its pages reserved, so that a full /dev/shm is an
 // error here rather than SIGBUS later) and maps a new segment. "" and a
@@ -298,6 +324,7 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int3
   std::string problem;
   NameRemover remover;  // rank 0: on every way out of here, the store failing included
   if (rank == 0) {
+    remove_stale_segments();
     nonce = random_hex(16);
     name = "/backplane-" + std::to_string(getpid()) + "-" + random_hex(8);
     problem = create_segment(name, size, nonce, map);
@@ -335,14 +362,20 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int3
       all_ready = all_ready && a == "1";
     }
   } catch (...) {
-    if (rank == 0) shm_unlink(name.c_str());
+    // Peers that heard every answer before this rank gave up use the
+    // segment: tell them this rank is gone, so that they fail at once.
+    if (problem.empty()) {
+      shared(segment->block(rank).state).store(kFailed, std::memory_order_release);
+      for (int32_t p = 0; p < size; ++p)
+        if (p != rank) ring_bell(segment->block(p));
+    }
     throw;
   }
-  if (rank == 0) shm_unlink(name.c_str());
   if (!problem.empty()) return skip("mapping rank 0's segment: " + problem);
   if (!all_ready) return skip("rank " + refused);
-  const uint64_t bytes = map.bytes;
-  return std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, map.release(), bytes));
+  auto group = std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, map.base, map.bytes));
+  map.release();  // the group owns the mapping now
+  return group;
 }
 
 ShmGroup::ShmGroup(int32_t rank, int32_t size, void* base, uint64_t bytes)
@@ -415,11 +448,19 @@ struct ShmRun::Transfer {
   uint64_t bytes;
   uint64_t tag;
   uint64_t done;  // bytes moved, header included
+  uint64_t end;   // a send: the ring position after its last byte, once written
 };
 
+// A send is complete once the receiver has taken it out of the ring, not
+// when it is in the ring: as over Gloo, a send completes only when its peer
+// received it, so a rank that only sends cannot finish a collective its
+// peer never joined, refused or died in.
 struct ShmRun::Channel {
   std::vector<Transfer> sends, recvs;  // in posting order
-  std::size_t send_at = 0, recv_at = 0;
+  std::size_t send_at = 0;             // the next send to write
+  std::size_t taken_at = 0;            // the next send to see taken (<= send_at)
+  std::size_t recv_at = 0;
+  bool owed() const noexcept { return taken_at < sends.size() || recv_at < recvs.size(); }
 };
 
 ShmRun::ShmRun(ShmGroup& group, const FailureBoard& board, const CallContext& call)
@@ -440,14 +481,14 @@ Region& ShmRun::region(void* data, uint64_t bytes) {
 void ShmRun::send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   if (group_.interrupted()) fail_aborted();
   auto& r = static_cast<ShmRegion&>(from);
-  channels_[peer].sends.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0});
+  channels_[peer].sends.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0, 0});
   pump_out(peer);  // as much as fits now; waits move the rest
 }
 
 void ShmRun::recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   if (group_.interrupted()) fail_aborted();
   auto& r = static_cast<ShmRegion&>(into);
-  channels_[peer].recvs.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0});
+  channels_[peer].recvs.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0, 0});
 }
 
 bool ShmRun::pump_out(int peer) {
@@ -483,7 +524,7 @@ bool ShmRun::pump_out(int peer) {
       t.done += n;
     }
     if (t.done < kHeaderBytes + t.bytes) break;  // the ring is full
-    t.region->sent.push_back(peer);
+    t.end = head;
     ++ch.send_at;
   }
   if (head == start) return false;
@@ -539,6 +580,11 @@ bool ShmRun::progress() {
     if (p == group_.rank_) continue;
     moved = pump_in(p) || moved;
     moved = pump_out(p) || moved;
+    Channel& ch = channels_[p];
+    if (ch.taken_at == ch.send_at) continue;
+    const uint64_t tail = shared(group_.segment_->ring(group_.rank_, p).tail).load(std::memory_order_acquire);
+    for (; ch.taken_at < ch.send_at && ch.sends[ch.taken_at].end <= tail; ++ch.taken_at)
+      ch.sends[ch.taken_at].region->sent.push_back(p);
   }
   return moved;
 }
@@ -555,6 +601,7 @@ int ShmRun::wait(ShmRegion& r, bool receiving, int expected) {
   std::size_t& taken = receiving ? r.received_taken : r.sent_taken;
   uint32_t& bell = group_.segment_->block(group_.rank_).doorbell;
   uint32_t& sleeping = group_.segment_->block(group_.rank_).sleeping;
+  if (group_.interrupted()) fail_aborted();  // as Gloo's waits: an abort wins over what has arrived
   bool spun = false;
   auto next_exit_check = Clock::now();
   for (;;) {
@@ -590,14 +637,14 @@ void ShmRun::check_peers(bool exits) {
   for (int p = 0; p < group_.size_; ++p) {
     if (p == group_.rank_) continue;
     const Channel& ch = channels_[p];
-    if (ch.send_at == ch.sends.size() && ch.recv_at == ch.recvs.size()) continue;  // nothing owed
+    if (!ch.owed()) continue;
     const uint32_t state = shared(s.block(p).state).load(std::memory_order_acquire);
     if (state == kFailed) fail_peer_gone(p, "closed the connection");
     const bool exited = state != kClosed && exits && group_.exited(p);
     if (state != kClosed && !exited) continue;
     // What it wrote before it went may still complete the collective.
     progress();
-    if (ch.send_at == ch.sends.size() && ch.recv_at == ch.recvs.size()) continue;
+    if (!ch.owed()) continue;
     fail_peer_gone(p, state == kClosed ? "closed the connection" : "exited without closing the connection");
   }
 }

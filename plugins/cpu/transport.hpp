@@ -23,10 +23,11 @@ class Region {
 };
 
 // Matching: a message from rank a to rank b matches a receive that b posted
-// for a with the same phase and the same length. Ranks that disagree on
-// either never match, so the wait fails (times out) instead of receiving
-// wrong data. Messages that match the same receives complete in the order
-// they were posted.
+// for a with the same phase and the same length, and the receives b posts
+// for a must come in the order a sends: the shared-memory transport matches
+// strictly in order (Gloo matches by tag). Ranks that disagree on the call
+// fail instead of receiving wrong data (over Gloo by timing out, over shared
+// memory at once). A send completes once the peer has received it.
 //
 // Every member throws on failure (a peer that vanished, a timeout, an
 // abort); the exception type is the implementation's.

@@ -64,6 +64,24 @@ class Network {
   using Key = std::tuple<int, int, uint64_t, uint64_t>;  // from, to, phase, bytes
   std::map<Key, std::deque<Posted>> sends;
   std::map<Key, std::deque<Posted>> receives;
+
+  // Transport's ordering rule (the shared-memory transport matches strictly
+  // in order): the k-th receive a rank posts for a peer must be for the k-th
+  // message that peer sends it. Each posting's phase is logged per (from, to)
+  // and checked against the other side's log (lengths may differ: ranks
+  // that disagree on a count must fail by timing out here); the caller holds
+  // the mutex.
+  std::map<std::pair<int, int>, std::vector<uint64_t>> sent_log, received_log;
+  void log_in_order(bool sending, int from, int to, uint64_t phase) {
+    auto& mine = (sending ? sent_log : received_log)[{from, to}];
+    const auto& theirs = (sending ? received_log : sent_log)[{from, to}];
+    const std::size_t k = mine.size();
+    mine.push_back(phase);
+    if (k < theirs.size() && theirs[k] != phase)
+      throw std::logic_error("rank " + std::to_string(to) + "'s receive #" + std::to_string(k) +
+                             " from rank " + std::to_string(from) + " and that rank's send #" +
+                             std::to_string(k) + " are of different phases: posted out of order");
+  }
 };
 
 class MemoryTransport final : public Transport {
@@ -81,6 +99,7 @@ class MemoryTransport final : public Transport {
   void send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override {
     auto& r = checked(from, peer, offset, bytes, "send");
     std::lock_guard<std::mutex> lock(net_.mutex);
+    net_.log_in_order(true, rank_, peer, phase);
     net_.bytes_sent[rank_] += bytes;
     auto& waiting = net_.receives[{rank_, peer, phase, bytes}];
     if (waiting.empty()) {
@@ -95,6 +114,7 @@ class MemoryTransport final : public Transport {
   void recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override {
     auto& r = checked(into, peer, offset, bytes, "recv");
     std::lock_guard<std::mutex> lock(net_.mutex);
+    net_.log_in_order(false, peer, rank_, phase);
     auto& waiting = net_.sends[{peer, rank_, phase, bytes}];
     if (waiting.empty()) {
       net_.receives[{peer, rank_, phase, bytes}].push_back({&r, offset, rank_});
@@ -428,6 +448,29 @@ TEST_CASE("collective_algorithms: no rank leaves a barrier before every rank ent
     CHECK_ALL_RANKS_OK(errors);
     CHECK_ALL_RANKS_OK(problems);
   }
+}
+
+TEST_CASE(
+    "collective_algorithms: the in-memory transport catches receives posted out of the senders' order") {
+  // What the algorithms must never do, done on purpose: the check that keeps
+  // them runnable on the shared-memory transport can fail.
+  const auto errors = run_ranks(
+      2,
+      [&](Transport& t, Scratch&) {
+        std::vector<float> a(4), b(4);
+        Region& ra = t.region(a.data(), 16);
+        Region& rb = t.region(b.data(), 16);
+        if (t.rank() == 0) {
+          t.send(ra, 1, 0, 0, 16);
+          t.send(rb, 1, 1, 0, 16);
+        } else {
+          t.recv(rb, 0, 1, 0, 16);
+          t.recv(ra, 0, 0, 0, 16);
+        }
+      },
+      300ms);
+  const std::string both = errors[0] + errors[1];
+  CHECK(both.find("posted out of order") != std::string::npos);
 }
 
 TEST_CASE("collective_algorithms: ranks that disagree on the count wait and fail instead of mixing data") {

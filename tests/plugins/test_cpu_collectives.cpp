@@ -8,7 +8,11 @@
 #include <backplane/abi.h>
 #include <dlfcn.h>
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <backplane/plugin/status.hpp>
 
 #include <algorithm>
@@ -1230,6 +1234,33 @@ TEST_CASE("cpu_collectives: ranks that disagree on a call fail instead of crashi
   });
 }
 
+TEST_CASE("cpu_collectives: ranks that disagree on the broadcast root fail instead of succeeding") {
+  // Each rank only sends: a transport that completed a send before its peer
+  // received it would let both return OK with different data.
+  for_each_transport([&](const Plugin& p) {
+    MemoryStore store;
+    std::vector<Status> results(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        bp_comm* comm = nullptr;
+        results[r] = create_comm(p, &store, r, 2, 1000, "roots/", &comm);
+        if (!results[r].ok()) return;
+        Comm c{p, comm, r, 2};
+        Tensor t(p, BP_DTYPE_F32, 256);
+        results[r] = c.broadcast(t, r);  // each names itself the root
+        destroy_comm(p, comm);
+      });
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) {
+      CAPTURE(r);
+      MESSAGE(results[r].message);
+      CHECK((results[r].code == BP_STATUS_TIMEOUT || results[r].code == BP_STATUS_COLLECTIVE));
+      CHECK(results[r].message.find("peer rank " + std::to_string(1 - r)) != std::string::npos);
+    }
+  });
+}
+
 // ---------------------------------------------------------------------------
 // comm_abort
 // ---------------------------------------------------------------------------
@@ -1495,4 +1526,32 @@ TEST_CASE("cpu_collectives: ranks on one host use shared memory unless a rank sw
   }
   CHECK(logged_since(mixed, "through shared memory") == 0);
   CHECK(logged_since(mixed, "rank 1 has it switched off or cannot tell its host") == 1);
+}
+
+TEST_CASE("cpu_collectives: a segment name left by a killed rank 0 is removed by the next group") {
+  // A process that has exited: its id names a segment nobody will remove.
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  REQUIRE(child > 0);
+  REQUIRE(waitpid(child, nullptr, 0) == child);
+  const std::string stale = "/backplane-" + std::to_string(child) + "-0123456789abcdef";
+  const int fd = shm_open(stale.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+  // This process's own names stay: it is alive.
+  const std::string mine = "/backplane-" + std::to_string(getpid()) + "-fedcba9876543210";
+  const int fd2 = shm_open(mine.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd2 >= 0);
+  close(fd2);
+
+  Plugin p(kTransports[0].options);
+  CHECK(two_rank_sum(p) == "");
+  const int gone = shm_open(stale.c_str(), O_RDONLY, 0);
+  CHECK(gone < 0);
+  if (gone >= 0) close(gone);
+  const int kept = shm_open(mine.c_str(), O_RDONLY, 0);
+  CHECK(kept >= 0);
+  if (kept >= 0) close(kept);
+  shm_unlink(mine.c_str());
+  shm_unlink(stale.c_str());
 }
