@@ -213,7 +213,6 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
                                          std::to_string(args.store->struct_size) + ")");
 
   const Clock::time_point deadline = Clock::now() + c.timeout;
-  const ListenAddress listen = choose_listen_address(network);
   const std::string key_prefix = args.key_prefix != nullptr ? args.key_prefix : "";
   const std::string store_prefix = key_prefix + "cpu.gloo/";
   c.board = FailureBoard(args.store, store_prefix);
@@ -229,6 +228,8 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
     return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
   }
 
+  // Only TCP listens: ranks on shared memory need no address (nor its warnings).
+  const ListenAddress listen = choose_listen_address(network);
   const SigpipeBlock block;  // Gloo's loop thread starts here and inherits the mask
   c.mesh = std::make_unique<GlooMesh>(c.rank, c.size);
   GlooMesh& mesh = *c.mesh;

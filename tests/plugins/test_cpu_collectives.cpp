@@ -1419,7 +1419,13 @@ TEST_CASE("cpu_collectives: the hostname and interface options choose where to l
     CHECK(two_rank_sum(p) == "");
   }
   {
+    // Ranks on shared memory listen nowhere: the option is not read.
     Plugin p(R"({"interface": "no-such-if0"})");
+    REQUIRE(p.create_status().ok());
+    CHECK(two_rank_sum(p) == "");
+  }
+  {
+    Plugin p(R"({"interface": "no-such-if0", "shared_memory": false})");
     REQUIRE(p.create_status().ok());  // checked when a comm is made, not at load
     const std::string problem = two_rank_sum(p);
     CHECK(problem.find("no-such-if0") != std::string::npos);
