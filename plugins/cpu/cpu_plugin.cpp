@@ -56,7 +56,7 @@ class CpuPlugin {
 
   plugin::DeviceInfo device_info(int32_t device) {
     check_device(device);
-    return probe_device(threads_, collective_, ops_, dtypes_);
+    return probe_device(threads_, collective_, network_.shared_memory, ops_, dtypes_);
   }
 
   bool supports_op(int32_t device, int32_t op, int32_t dtype) {

@@ -100,7 +100,8 @@ int default_thread_count() noexcept {
   return online > 0 ? online : 1;
 }
 
-plugin::DeviceInfo probe_device(int threads, bool collective, const OpSet& ops, uint64_t dtypes) {
+plugin::DeviceInfo probe_device(int threads, bool collective, bool shared_memory, const OpSet& ops,
+                                uint64_t dtypes) {
   plugin::DeviceInfo info;
   info.name = "host (" + std::to_string(threads) + " threads)";
   info.capabilities = BP_CAP_HOST_VISIBLE | (dtypes & HeldDTypes::capabilities());
@@ -118,7 +119,9 @@ plugin::DeviceInfo probe_device(int threads, bool collective, const OpSet& ops, 
       {"vector_math",
        BP_CPU_VECTOR_MATH ? "glibc libmvec (vectorised exp, log, sin, cos, tanh, pow)" : "scalar libm"},
       {"rng", "philox4x32-10; element i of seed s draws counter i under key s"},
-      {"collectives", collective ? "gloo (tcp)" : "off (option \"collective\")"},
+      {"collectives", !collective     ? "off (option \"collective\")"
+                      : shared_memory ? "shared memory between ranks of one host, else gloo (tcp)"
+                                      : "gloo (tcp); shared memory off (option \"shared_memory\")"},
 #ifdef BACKPLANE_CPU_OPENMP_SPEC
       {"openmp", std::to_string(BACKPLANE_CPU_OPENMP_SPEC)},
 #endif

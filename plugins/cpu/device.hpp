@@ -23,7 +23,8 @@ int default_thread_count() noexcept;
 // when `collective`, and attributes (threads, blas, blas_threads, simd,
 // vector_math, rng, collectives, openmp, max_ndim, cpu_model; ops and dtypes when
 // the options narrow them).
-plugin::DeviceInfo probe_device(int threads, bool collective, const OpSet& ops, uint64_t dtypes);
+plugin::DeviceInfo probe_device(int threads, bool collective, bool shared_memory, const OpSet& ops,
+                                uint64_t dtypes);
 
 // MemAvailable / MemTotal of /proc/meminfo (sysinfo where that cannot be read).
 plugin::MemoryInfo host_memory();
