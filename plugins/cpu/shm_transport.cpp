@@ -504,6 +504,7 @@ bool ShmRun::pump_out(int peer) {
   const uint64_t tail = shared(ring.tail).load(std::memory_order_acquire);
   const uint64_t start = head;
   auto put = [&](const unsigned char* from, uint64_t n) {
+    if (n == 0) return;  // (a zero-length message may have no memory at all)
     const uint64_t at = head & (cap - 1);
     const uint64_t first = std::min(n, cap - at);
     std::memcpy(data + at, from, first);
@@ -546,6 +547,7 @@ bool ShmRun::pump_in(int peer) {
   const uint64_t head = shared(ring.head).load(std::memory_order_acquire);
   const uint64_t start = tail;
   auto take = [&](unsigned char* into, uint64_t n) {
+    if (n == 0) return;
     const uint64_t at = tail & (cap - 1);
     const uint64_t first = std::min(n, cap - at);
     std::memcpy(into, data + at, first);
