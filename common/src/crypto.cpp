@@ -57,16 +57,6 @@ std::optional<Sha256> Sha256Hasher::finish() noexcept {
   return out;
 }
 
-std::string to_hex(const Sha256& digest) {
-  std::string hex;
-  hex.reserve(2 * digest.size());
-  for (const uint8_t b : digest) {
-    hex += "0123456789abcdef"[b >> 4];
-    hex += "0123456789abcdef"[b & 15];
-  }
-  return hex;
-}
-
 bool equal_constant_time(std::span<const uint8_t> a, std::span<const uint8_t> b) noexcept {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }

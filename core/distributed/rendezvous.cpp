@@ -6,6 +6,7 @@
 
 #include <backplane/error.hpp>
 #include <backplane/rendezvous.hpp>
+#include <backplane_common/hex.hpp>
 
 #include <algorithm>
 #include <atomic>
@@ -32,7 +33,7 @@ namespace {
 
 constexpr uint16_t kDefaultPort = 29500;
 constexpr const char* kDefaultAddr = "127.0.0.1";
-// Under Slurm without MASTER_PORT: kSlurmPortBase + SLURM_JOB_ID %
+// Under Slurm without MASTER_PORT: kSlurmPortBase + (SLURM_JOB_ID + 4001 x SLURM_STEP_ID) %
 // kSlurmPortSpan, i.e. 10000..29999, below Linux's ephemeral ports
 // (32768..60999) so that no outgoing connection holds it by chance; jobs
 // sharing a node get different ports unless their ids differ by a multiple
@@ -250,7 +251,16 @@ Rendezvous Rendezvous::from_env() {
   } else if (auto job = std::string(family->source) == "Slurm" ? env("SLURM_JOB_ID") : std::nullopt) {
     const int64_t id =
         parse_int("SLURM_JOB_ID", *job, 0, std::numeric_limits<int64_t>::max(), "Slurm's job id (0 or more)");
-    master_port = static_cast<uint16_t>(kSlurmPortBase + id % kSlurmPortSpan);
+    // Steps of one job running at once on a node need stores of their own:
+    // the step id moves the port by a stride coprime to the span, so no two
+    // of a job's first 20000 steps share one (step 0 keeps the job's port).
+    int64_t step = 0;
+    if (auto text = env("SLURM_STEP_ID"))
+      step = parse_int("SLURM_STEP_ID", *text, 0, std::numeric_limits<uint32_t>::max(),
+                       "Slurm's step id (0 or more)");
+    constexpr int64_t kStepStride = 4001;
+    master_port = static_cast<uint16_t>(
+        kSlurmPortBase + (id % kSlurmPortSpan + (step % kSlurmPortSpan) * kStepStride) % kSlurmPortSpan);
   }
 
   std::chrono::milliseconds timeout = kDefaultTimeout;
@@ -282,13 +292,7 @@ Rendezvous Rendezvous::single_process(std::chrono::milliseconds timeout) {
   // No other rank ever joins a world of one: its store proves a secret only
   // this process knows, so no process can join it, and there is no job
   // secret to ask the user for (nor a warning that there is none).
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string token;
-  for (const uint8_t byte : store_wire::random_nonce()) {
-    token += kHex[byte >> 4];
-    token += kHex[byte & 0xF];
-  }
-  r.shared_->job_token = std::move(token);
+  r.shared_->job_token = common::to_hex(store_wire::random_nonce());
   // Made now, so that master_port() reports the port the server bound.
   r.master_port_ = port_from_store(*r.store());
   return r;

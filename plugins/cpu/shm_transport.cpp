@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -25,12 +26,12 @@
 #include <algorithm>
 #include <atomic>
 #include <backplane/plugin.hpp>
+#include <backplane_common/hex.hpp>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <random>
 #include <string_view>
 #include <utility>
 
@@ -140,16 +141,17 @@ std::string namespace_id(const char* kind) {
   return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
 }
 
-std::string random_hex(int bytes) {
-  std::random_device rd;
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (int i = 0; i < bytes; ++i) {
-    const unsigned v = rd() & 0xffU;
-    out += digits[v >> 4];
-    out += digits[v & 15];
+// `n` random bytes from the kernel, as hex; "" when the kernel has none.
+std::string random_hex(std::size_t n) {
+  std::vector<uint8_t> bytes(n);
+  std::size_t got = 0;
+  while (got < n) {
+    const ssize_t k = ::getrandom(bytes.data() + got, n - got, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k < 0) return "";
+    got += static_cast<std::size_t>(k);
   }
-  return out;
+  return common::to_hex(bytes);
 }
 
 std::string text_of(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
@@ -326,8 +328,10 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int3
   if (rank == 0) {
     remove_stale_segments();
     nonce = random_hex(16);
-    name = "/backplane-" + std::to_string(getpid()) + "-" + random_hex(8);
-    problem = create_segment(name, size, nonce, map);
+    const std::string suffix = random_hex(8);
+    name = "/backplane-" + std::to_string(getpid()) + "-" + suffix;
+    problem = nonce.empty() || suffix.empty() ? "no random bytes from the kernel (getrandom) for its name"
+                                              : create_segment(name, size, nonce, map);
     if (problem.empty()) remover.name = name;
     const std::string value = problem.empty() ? name + "\n" + nonce : std::string();
     store.set("shm/segment", std::vector<char>(value.begin(), value.end()));

@@ -4,6 +4,7 @@
 #include <backplane_common/crypto.hpp>
 #include <backplane_common/edit_distance.hpp>
 #include <backplane_common/half.hpp>
+#include <backplane_common/hex.hpp>
 #include <backplane_common/unique_fd.hpp>
 
 #include <doctest/doctest.h>

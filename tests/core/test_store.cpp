@@ -745,6 +745,21 @@ TEST_CASE("rendezvous: under Slurm the store is on the first node at a port from
     CHECK(bp::Rendezvous::from_env().master_port() == port);
   }
 
+  // Steps of one job get ports of their own (step 0 keeps the job's).
+  env.set("SLURM_JOB_ID", "0");
+  for (const auto& [step, port] : std::vector<std::pair<const char*, int>>{
+           {"0", 10000},
+           {"1", 14001},
+           {"5", 10005},
+           {"4294967294", 10000 + (4294967294 % 20000) * 4001 % 20000}}) {
+    CAPTURE(step);
+    env.set("SLURM_STEP_ID", step);
+    CHECK(bp::Rendezvous::from_env().master_port() == port);
+  }
+  env.set("SLURM_STEP_ID", "x1");
+  BP_CHECK_CONTAINS(bptest::error_from([] { bp::Rendezvous::from_env(); }).message(), "SLURM_STEP_ID");
+  env.unset("SLURM_STEP_ID");
+
   // The step's node list comes first (rank 0 runs on the step's first
   // node), then the job's, then SLURM_NODELIST.
   env.set("SLURM_STEP_NODELIST", "gpu[3-4]");

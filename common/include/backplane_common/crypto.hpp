@@ -43,9 +43,6 @@ class Sha256Hasher {
   std::unique_ptr<Context> context_;
 };
 
-// 64 lowercase hex digits.
-std::string to_hex(const Sha256& digest);
-
 // Whether a and b hold the same bytes, in time that depends only on their
 // length; false when the lengths differ.
 bool equal_constant_time(std::span<const uint8_t> a, std::span<const uint8_t> b) noexcept;
