@@ -155,6 +155,32 @@ TEST_CASE("train checkpoints: a damaged newest checkpoint is skipped with a warn
   expect_identical(outcome(tmp, "resumed"), full);
 }
 
+TEST_CASE("train checkpoints: damaged later checkpoints never push out the ones a resumed run writes") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  Result r = cli(tmp, train_args(tmp, "1", "3", {"--checkpoint-dir", dir.string(), "--keep", "3"}));
+  REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+  const std::vector<std::string> files = checkpoint_files(dir);  // epochs 1, 2, 3
+  REQUIRE(files.size() == 3);
+  for (const std::string& damaged : {files[1], files[2]}) {
+    std::fstream f(dir / damaged, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-4, std::ios::end);
+    f.put('\x7f');
+  }
+  // Resumes from epoch 1 and writes epoch 2 with --keep 1: the damaged epoch
+  // 3 must go, not the checkpoint just written.
+  r = cli(tmp, train_args(tmp, "1", "2", {"--checkpoint-dir", dir.string(), "--keep", "1"}));
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.out, "resuming from " + (dir / files[0]).string());
+  CHECK(checkpoint_files(dir) == std::vector<std::string>{files[1]});
+  // And it reads back whole: a third run resumes from it.
+  r = cli(tmp, train_args(tmp, "1", "2", {"--checkpoint-dir", dir.string()}));
+  REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+  BP_CHECK_CONTAINS(r.out, "resuming from " + (dir / files[1]).string());
+  CHECK(r.err.find("skipping checkpoint") == std::string::npos);
+}
+
 TEST_CASE("train checkpoints: one made by another run is refused, naming each option that differs") {
   TempDir tmp;
   const fs::path dir = tmp / "checkpoints";

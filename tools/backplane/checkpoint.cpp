@@ -1,8 +1,10 @@
 // `backplane train`'s checkpoints (see checkpoint.hpp).
 #include "checkpoint.hpp"
 
+#include <backplane/log.hpp>
 #include <backplane/safetensors.hpp>
 #include <backplane_common/crypto.hpp>
+#include <backplane_common/hex.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -48,12 +50,14 @@ std::string file_name(int64_t step) {
   return name;
 }
 
+// A number exact_text wrote. A loss may be nan or inf (a run that diverged
+// still resumes where it stopped); to_chars writes those as strtod reads them.
 double parse_exact(const fs::path& file, const std::string& key, const std::string& text) {
   errno = 0;
   char* end = nullptr;
   const double value = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(value))
-    invalid(file, "metadata \"" + key + "\" holds \"" + text + "\", which is not a finite number");
+  if (text.empty() || end != text.c_str() + text.size() || (errno == ERANGE && std::isfinite(value)))
+    invalid(file, "metadata \"" + key + "\" holds \"" + text + "\", which is not a number");
   return value;
 }
 
@@ -135,7 +139,9 @@ std::string tensors_sha256(const std::vector<const NamedTensors*>& groups) {
     }
   }
   const std::optional<common::Sha256> digest = hasher.finish();
-  if (!digest) throw Error(Errc::internal, "SHA-256 failed (libcrypto)");
+  if (!digest)
+    throw Error(Errc::internal,
+                "train: checkpoint checksum: SHA-256 failed in libcrypto (check the OpenSSL installation)");
   return common::to_hex(*digest);
 }
 
@@ -159,15 +165,28 @@ fs::path save_checkpoint(const fs::path& dir, const TrainPosition& position, con
   metadata["epoch_loss"] = numbers_text(position.epoch_loss);
   metadata["step_loss"] = numbers_text(position.step_loss);
   metadata["args"] = nlohmann::json(identity).dump();
-  metadata["command"] = nlohmann::json(command).dump();
+  // Arguments need not be UTF-8 (a path in another encoding): replaced, not refused.
+  metadata["command"] =
+      nlohmann::json(command).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   metadata["checksum"] = "sha256:" + tensors_sha256({&tensors});
 
   const fs::path file = dir / file_name(position.step);
   save_safetensors(file, tensors, metadata);
-  const auto all = list_checkpoints(dir);
-  for (std::size_t i = static_cast<std::size_t>(std::max(keep, 1)); i < all.size(); ++i) {
+  // Keep this one and the newest keep - 1 before it. Checkpoints of later
+  // steps are what a resume skipped as damaged (a valid one would have been
+  // resumed from): left, they would count among the kept and push out the
+  // ones this run can resume from.
+  std::size_t kept = 0;
+  for (const auto& [step, path] : list_checkpoints(dir)) {
+    const bool keep_it = step <= position.step && kept < static_cast<std::size_t>(std::max(keep, 1));
+    if (keep_it) {
+      ++kept;
+      continue;
+    }
     std::error_code rm;
-    fs::remove(all[i].second, rm);
+    if (!fs::remove(path, rm) && rm)
+      log(LogLevel::warning, "train: cannot remove the old checkpoint " + path.string() + ": " +
+                                 rm.message() + " (remove it by hand, or the folder keeps growing)");
   }
   return file;
 }
@@ -199,6 +218,9 @@ Checkpoint load_checkpoint(const fs::path& file, const Device& device) {
   p.loss_sums = parse_numbers(file, "loss_sums", required(file, meta, "loss_sums"));
   p.epoch_loss = parse_numbers(file, "epoch_loss", required(file, meta, "epoch_loss"));
   p.step_loss = parse_numbers(file, "step_loss", required(file, meta, "step_loss"));
+  if (p.epoch_step > 0 && p.loss_sums.empty())
+    invalid(file, "it stops inside an epoch (step " + std::to_string(p.epoch_step) +
+                      " of it) but records no partial loss sums");
   if (p.epoch_loss.size() != static_cast<std::size_t>(p.completed_epochs))
     invalid(file, "it records " + std::to_string(p.epoch_loss.size()) + " epoch losses for " +
                       std::to_string(p.completed_epochs) + " completed epochs");

@@ -18,6 +18,7 @@
 #include <backplane/safetensors.hpp>
 #include <backplane_common/atomic_file.hpp>
 #include <backplane_common/crypto.hpp>
+#include <backplane_common/hex.hpp>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -30,6 +31,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <numeric>
@@ -70,11 +72,14 @@ struct TrainOptions {
   std::vector<std::string> raw_args;  // as given, to start the ranks with
 };
 
-bool in_a_job() {
+// This process's rank as its launcher or scheduler set it, if any did.
+const char* job_rank() {
   for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
-    if (std::getenv(v) != nullptr) return true;
-  return false;
+    if (const char* value = std::getenv(v); value != nullptr) return value;
+  return nullptr;
 }
+
+bool in_a_job() { return job_rank() != nullptr; }
 
 // --data, else the copy beside the default config (share_dir(): the build
 // tree's or the install tree's), wherever the tool is run from.
@@ -119,10 +124,12 @@ void progress(bool tty, int epoch, int epochs, std::size_t step, std::size_t ste
   if (tty) {
     constexpr int kWidth = 28;
     const int filled = static_cast<int>(kWidth * static_cast<double>(step) / static_cast<double>(steps));
-    std::string bar(static_cast<std::size_t>(filled), '#');
-    bar.resize(kWidth, '.');
-    std::printf("\repoch %2d/%d [%s] %3zu/%zu  loss %.4f  %8.0f samples/s%s", epoch, epochs, bar.c_str(),
-                step, steps, loss, rate, done ? "\n" : "");
+    char bar[kWidth + 1];  // drawn every few steps: no allocation
+    std::memset(bar, '#', static_cast<std::size_t>(filled));
+    std::memset(bar + filled, '.', static_cast<std::size_t>(kWidth - filled));
+    bar[kWidth] = '\0';
+    std::printf("\repoch %2d/%d [%s] %3zu/%zu  loss %.4f  %8.0f samples/s%s", epoch, epochs, bar, step, steps,
+                loss, rate, done ? "\n" : "");
     std::fflush(stdout);
   } else if (done) {
     std::printf("epoch %d/%d: %zu steps, loss %.4f, %.0f samples/s\n", epoch, epochs, steps, loss, rate);
@@ -228,9 +235,8 @@ void check_writable(const std::string& path, const char* flag) {
 // Whether this process is rank 0 of its job (or not in a job at all): the
 // one that writes the outputs.
 bool is_lead_rank() {
-  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
-    if (const char* value = std::getenv(v); value != nullptr) return std::string_view(value) == "0";
-  return true;
+  const char* rank = job_rank();
+  return rank == nullptr || std::string_view(rank) == "0";
 }
 
 // Makes the checkpoint folder now and checks that a checkpoint can be
@@ -243,6 +249,14 @@ void check_checkpoint_dir(const std::string& dir) {
   if (!fs::is_directory(dir, ec))
     throw CommandError(kExitFailed, "--checkpoint-dir: " + dir + " is not a folder");
   check_writable((fs::path(dir) / "step-0000000000.safetensors").string(), "--checkpoint-dir");
+}
+
+// Every output a run writes, checked before it trains.
+void check_outputs(const TrainOptions& o) {
+  check_writable(o.metrics_out, "--metrics-out");
+  check_writable(o.plot, "--plot");
+  check_writable(o.save_model, "--save-model");
+  check_checkpoint_dir(o.checkpoint_dir);
 }
 
 // Writes an output file whole or not at all (common::AtomicFileWriter): a
@@ -309,7 +323,10 @@ std::optional<Checkpoint> agree_on_checkpoint(const TrainOptions& o, const Rende
         found = std::move(c);
         break;
       }
-    } catch (const CommandError& e) {
+    } catch (const std::exception& e) {
+      // Whatever stops rank 0 here (a refused checkpoint, a file system
+      // error, memory), the other ranks learn it now rather than at their
+      // store timeout.
       if (distributed) rdzv.store()->set(kKey, bytes_of("!" + std::string(e.what())));
       throw;
     }
@@ -351,7 +368,9 @@ void confirm_same_model(const Rendezvous& rdzv, const NamedTensors& model, const
                 hashes[r].substr(0, 16);
   if (!differ.empty())
     throw CommandError(kExitFailed, "the ranks hold different models after " + source + ": rank 0 sha256 " +
-                                        hashes[0].substr(0, 16) + ", " + differ);
+                                        hashes[0].substr(0, 16) + ", " + differ +
+                                        "; every rank must read the same --checkpoint-dir and --data, with "
+                                        "the same backend and build");
 }
 
 // Every rank's partial loss sum of the running epoch, gathered on rank 0
@@ -367,7 +386,14 @@ std::vector<double> gather_loss_sums(const Rendezvous& rdzv, bool distributed, i
   std::vector<double> sums{mine};
   for (int r = 1; r < rdzv.world_size(); ++r) {
     const std::string key = prefix + std::to_string(r);
-    sums.push_back(std::strtod(text_of(store->get(key, store->timeout())).c_str(), nullptr));
+    const std::string text = text_of(store->get(key, store->timeout()));
+    char* end = nullptr;
+    const double sum = std::strtod(text.c_str(), &end);
+    if (text.empty() || end != text.c_str() + text.size())
+      throw CommandError(kExitFailed, "rank " + std::to_string(r) + " posted \"" + text +
+                                          "\" as its loss sum (" + key +
+                                          "), which is not a number: are all ranks the same backplane?");
+    sums.push_back(sum);
     store->remove(key);
   }
   return sums;
@@ -441,13 +467,19 @@ int train_rank(const TrainOptions& o) {
     if (resumed) {
       NoGradGuard no_grad;
       std::map<std::string, Tensor> saved(resumed->model.begin(), resumed->model.end());
-      for (const auto& [name, p] : model_tensors(l1, l2)) {
-        const auto it = saved.find(name);
-        if (it == saved.end())
-          throw CommandError(kExitFailed, resumed->path.string() + ": the model has no tensor " + name);
-        p.copy_(it->second);
+      try {
+        for (const auto& [name, p] : model_tensors(l1, l2)) {
+          const auto it = saved.find(name);
+          if (it == saved.end())
+            throw CommandError(kExitFailed, resumed->path.string() + ": the model has no tensor " + name);
+          p.copy_(it->second);
+        }
+        opt->load_state(resumed->optimizer);
+      } catch (const Error& e) {
+        throw CommandError(kExitFailed, "cannot resume from " + resumed->path.string() + ": " + e.message() +
+                                            "; remove that file to resume from an older checkpoint, or pass "
+                                            "another --checkpoint-dir");
       }
-      opt->load_state(resumed->optimizer);
       start = resumed->position;
       if (!start.loss_sums.empty() && start.loss_sums.size() != static_cast<std::size_t>(world))
         throw CommandError(kExitFailed, resumed->path.string() + ": it holds the loss sums of " +
@@ -518,6 +550,16 @@ int train_rank(const TrainOptions& o) {
     const std::size_t n_steps = (rows.size() + o.batch_size - 1) / static_cast<std::size_t>(o.batch_size);
     // A resumed epoch goes on from its checkpoint's step and loss sum.
     const bool resuming = epoch == start.completed_epochs + 1 && start.epoch_step > 0;
+    if (resuming &&
+        (static_cast<std::size_t>(start.epoch_step) >= n_steps ||
+         start.step !=
+             static_cast<int64_t>(start.completed_epochs) * static_cast<int64_t>(n_steps) + start.epoch_step))
+      throw CommandError(kExitFailed,
+                         resumed->path.string() + ": its position (step " + std::to_string(start.step) +
+                             ", step " + std::to_string(start.epoch_step) + " of epoch " +
+                             std::to_string(epoch) + ") does not fit this run's " + std::to_string(n_steps) +
+                             " steps per epoch: the file is damaged; remove it to resume from an "
+                             "older one");
     const std::size_t first = resuming ? static_cast<std::size_t>(start.epoch_step) : 0;
     double loss_sum =
         resuming && !start.loss_sums.empty() ? start.loss_sums[static_cast<std::size_t>(rank)] : 0;
@@ -529,7 +571,9 @@ int train_rank(const TrainOptions& o) {
       Tensor loss = nn::cross_entropy(forward(batch.x), batch.y);
       Gradients grads = loss.backward();
       opt->step(grads);
-      const double l = loss.to_vector<float>()[0];
+      float loss_value = 0;  // read back into a local, every step: no vector
+      loss.read_into(DType::f32, &loss_value, 1);
+      const double l = loss_value;
       train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
       ++steps;
       ++timed_steps;
@@ -668,12 +712,7 @@ int run_train(TrainOptions o) {
         "--max-restarts is ignored: this process is a rank of a job started by a launcher or "
         "scheduler, which restarts it (backplane launch --max-restarts, sbatch --requeue)");
   if (in_a_job() || (o.nproc == 1 && o.max_restarts == 0)) {
-    if (is_lead_rank()) {
-      check_writable(o.metrics_out, "--metrics-out");
-      check_writable(o.plot, "--plot");
-      check_writable(o.save_model, "--save-model");
-      check_checkpoint_dir(o.checkpoint_dir);
-    }
+    if (is_lead_rank()) check_outputs(o);
     return train_rank(o);
   }
 
@@ -685,10 +724,7 @@ int run_train(TrainOptions o) {
     const Backend backend = chosen_backend(registry, o.backend, config);
     for (const Device& device : backend.devices()) check_training_support(device, o.nproc, o.optimizer);
     load_split(o, find_data(o.data));
-    check_writable(o.metrics_out, "--metrics-out");
-    check_writable(o.plot, "--plot");
-    check_writable(o.save_model, "--save-model");
-    check_checkpoint_dir(o.checkpoint_dir);
+    check_outputs(o);
     if (o.max_restarts > 0 && o.checkpoint_dir.empty())
       print_warning(
           "--max-restarts without --checkpoint-dir: a restarted job trains again from the first step");

@@ -8,6 +8,7 @@
 #include "cli.hpp"
 #include "progress.hpp"
 
+#include <backplane_common/hex.hpp>
 #include <backplane_common/unique_fd.hpp>
 
 #include <algorithm>
@@ -61,7 +62,7 @@ using common::UniqueFd;
 
 // A fresh job secret: 32 random bytes from the kernel, as 64 hex digits.
 std::string fresh_job_token() {
-  unsigned char bytes[32];
+  uint8_t bytes[32];
   std::size_t got = 0;
   while (got < sizeof bytes) {
     const ssize_t n = ::getrandom(bytes + got, sizeof bytes - got, 0);
@@ -69,12 +70,7 @@ std::string fresh_job_token() {
     if (n < 0) fail_system("cannot make a job secret (getrandom; set BACKPLANE_JOB_TOKEN yourself)", errno);
     got += static_cast<std::size_t>(n);
   }
-  std::string hex;
-  for (unsigned char b : bytes) {
-    hex += "0123456789abcdef"[b >> 4];
-    hex += "0123456789abcdef"[b & 15];
-  }
-  return hex;
+  return common::to_hex(bytes);
 }
 
 [[noreturn]] void fail_system(const std::string& what, int err) {
@@ -320,6 +316,14 @@ class Launcher {
       while (running_ > 0) poll_once();
       finish_streams();
       if (!failure_ || signalled_) return exit_code_;
+      // A usage error (exit 64: bad arguments or options) fails the same way
+      // on every start: restarting would only repeat it.
+      if (spec_.max_restarts > 0 && WIFEXITED(failure_->status) &&
+          WEXITSTATUS(failure_->status) == kExitUsage) {
+        say("backplane launch: not restarting: rank " + std::to_string(failure_->rank) +
+            " exited with 64, a usage error, which a restart would repeat");
+        return exit_code_;
+      }
       if (restart == spec_.max_restarts) {
         if (spec_.max_restarts > 0)
           say("backplane launch: giving up: the job failed again after " +

@@ -12,6 +12,7 @@
 #include <string_view>
 #include <utility>
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -29,6 +30,9 @@ std::optional<int64_t> env_integer(const char* name) {
   return out;
 }
 
+// The seals of a board: its size is fixed, and so are the seals.
+constexpr int kBoardSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+
 std::optional<int64_t> known(int64_t value) {
   return value < 0 ? std::nullopt : std::optional<int64_t>(value);
 }
@@ -38,10 +42,15 @@ std::optional<int64_t> known(int64_t value) {
 ProgressBoard::ProgressBoard(int32_t nproc) : nproc_(nproc) {
   bytes_ = sizeof(ProgressSlot) * static_cast<std::size_t>(nproc);
   // Not close-on-exec: the ranks inherit it.
-  fd_ = common::UniqueFd(::memfd_create("backplane-progress", 0));
-  if (!fd_.valid() || ::ftruncate(fd_.get(), static_cast<off_t>(bytes_)) != 0)
-    throw CommandError(
-        kExitFailed, std::string("launch: cannot make the progress board (memfd): ") + std::strerror(errno));
+  // Sealed at its size: a rank checks the seals before it writes, so a
+  // descriptor number that means another file in the rank (the variable
+  // survived, the descriptor did not) is never written to.
+  fd_ = common::UniqueFd(::memfd_create("backplane-progress", MFD_ALLOW_SEALING));
+  if (!fd_.valid() || ::ftruncate(fd_.get(), static_cast<off_t>(bytes_)) != 0 ||
+      ::fcntl(fd_.get(), F_ADD_SEALS, kBoardSeals) != 0)
+    throw CommandError(kExitFailed, std::string("launch: cannot make the progress board (memfd): ") +
+                                        std::strerror(errno) +
+                                        " (check the open-file limit, `ulimit -n`, and free memory)");
   void* map = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
   if (map == MAP_FAILED)
     throw CommandError(kExitFailed,
@@ -74,10 +83,11 @@ ProgressReporter ProgressReporter::from_env() noexcept {
   const std::optional<int64_t> rank = env_integer("RANK");
   if (!fd || !rank || *fd < 0 || *fd > 1'000'000 || *rank < 0) return r;
   struct stat st {};
+  if (::fcntl(static_cast<int>(*fd), F_GET_SEALS) != kBoardSeals ||
+      ::fstat(static_cast<int>(*fd), &st) != 0 || !S_ISREG(st.st_mode) ||
+      *rank >= st.st_size / static_cast<off_t>(sizeof(ProgressSlot)))
+    return r;  // not the launcher's board: report nothing
   const std::size_t need = sizeof(ProgressSlot) * static_cast<std::size_t>(*rank + 1);
-  if (::fstat(static_cast<int>(*fd), &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<std::size_t>(st.st_size) < need)
-    return r;
   void* map = ::mmap(nullptr, need, PROT_READ | PROT_WRITE, MAP_SHARED, static_cast<int>(*fd), 0);
   if (map == MAP_FAILED) return r;
   r.map_ = map;
