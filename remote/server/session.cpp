@@ -146,7 +146,7 @@ bool aligned(const wire::Message& m) {
 
 std::optional<Route> route(const wire::Message& m, uint64_t payload_bytes, std::string& why) {
   const wire::Body type = m.body_type();
-  const std::string name = wire::body_name(type);
+  const char* name = wire::body_name(type);  // a std::string only when refusing (every message comes here)
   const uint64_t expected_payload = type == wire::Body::Write ? m.body_as_Write()->size() : 0;
   std::optional<Route> r;
   switch (type) {
@@ -176,7 +176,7 @@ std::optional<Route> route(const wire::Message& m, uint64_t payload_bytes, std::
       break;
     case wire::Body::Hello:
     case wire::Body::Proof:
-      why = "sent a " + name + " after its handshake had finished";
+      why = std::string("sent a ") + name + " after its handshake had finished";
       return std::nullopt;
     case wire::Body::Challenge:
     case wire::Body::Welcome:
@@ -185,7 +185,7 @@ std::optional<Route> route(const wire::Message& m, uint64_t payload_bytes, std::
     case wire::Body::MemoryReply:
     case wire::Body::Fatal:
     case wire::Body::KvRequest:
-      why = "sent a " + name + ", which only a server sends";
+      why = std::string("sent a ") + name + ", which only a server sends";
       return std::nullopt;
     default:
       why = "sent a message of unknown type " + std::to_string(static_cast<int>(type)) +
@@ -193,11 +193,12 @@ std::optional<Route> route(const wire::Message& m, uint64_t payload_bytes, std::
       return std::nullopt;
   }
   if (!aligned(m)) {
-    why = "sent a " + name + " whose shape or strides are not 8-byte aligned (a forged message)";
+    why = std::string("sent a ") + name + " whose shape or strides are not 8-byte aligned (a forged message)";
     return std::nullopt;
   }
   if (payload_bytes != expected_payload) {
-    why = "sent a " + name + " whose frame carries " + std::to_string(payload_bytes) + " payload bytes" +
+    why = std::string("sent a ") + name + " whose frame carries " + std::to_string(payload_bytes) +
+          " payload bytes" +
           (type == wire::Body::Write ? " but whose size field says " + std::to_string(expected_payload)
                                      : std::string(" (only a Write carries a payload)"));
     return std::nullopt;
@@ -248,12 +249,11 @@ void Session::run(const wire::Message& m, std::span<const uint8_t> payload) {
       break;
   }
   // Synchronising: the reply carries the sticky failure first, else this request's result.
-  const std::string what = label(m);
   int32_t code = BP_STATUS_OK;
   std::string text;
-  auto fail = [&](int32_t c, const std::string& why) {
+  auto fail = [&](int32_t c, const std::string& why) {  // the request's label only when it fails
     code = c;
-    text = what + ": " + why;
+    text = label(m) + ": " + why;
   };
   try {
     switch (m.body_type()) {
