@@ -130,6 +130,18 @@ double accuracy(const Tensor& logits, const Tensor& labels) {
 
 Optimizer::~Optimizer() = default;
 
+std::vector<std::pair<std::string, Tensor>> Optimizer::state() const {
+  throw Error(Errc::invalid_argument,
+              "nn::Optimizer::state: this optimizer does not say what its state is; override state() and "
+              "load_state() to save and resume it (checkpoints need both)");
+}
+
+void Optimizer::load_state(const std::vector<std::pair<std::string, Tensor>>&) {
+  throw Error(Errc::invalid_argument,
+              "nn::Optimizer::load_state: this optimizer cannot take a saved state; override state() and "
+              "load_state() to save and resume it (checkpoints need both)");
+}
+
 Optimizer::Optimizer(std::vector<Tensor> params) : params_(std::move(params)) {
   for (const Tensor& p : params_) check_param(p, "nn::Optimizer");
 }

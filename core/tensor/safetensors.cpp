@@ -435,4 +435,8 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device
   return Reader(path).read(device, mode);
 }
 
+SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device) {
+  return load_safetensors(path, device, SafetensorsLoad::map_if_possible);
+}
+
 }  // namespace backplane

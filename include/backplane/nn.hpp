@@ -58,7 +58,10 @@ class BACKPLANE_API Optimizer {
   // parameter's index: SGD "velocity.<i>"; Adam "m.<i>", "v.<i>" and
   // "step.<i>" (the step count, [1] i64). A parameter that has not taken a
   // step yet has no entries. Like PyTorch's Optimizer.state_dict().
-  virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+  // The defaults of both throw Errc::invalid_argument naming what to
+  // override: an optimizer written before these existed still builds, and
+  // fails only when checkpointed.
+  virtual std::vector<std::pair<std::string, Tensor>> state() const;
   // Replaces the whole state with `state` (as state() names it; every entry
   // is copied, so later changes to the given tensors do not reach this
   // optimizer): a parameter without entries starts afresh. Throws
@@ -66,7 +69,7 @@ class BACKPLANE_API Optimizer {
   // an index beyond the parameters, an entry missing its partners (Adam's
   // m, v and step come together), or a shape, dtype or device that differs
   // from the parameter's.
-  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state) = 0;
+  virtual void load_state(const std::vector<std::pair<std::string, Tensor>>& state);
 
  protected:
   explicit Optimizer(std::vector<Tensor> params);

@@ -83,7 +83,10 @@ enum class SafetensorsLoad {
 // metadata that is not an object of strings, a BOOL byte other than 0 or 1;
 // Errc::capability_missing when `device` does not hold a dtype of the file.
 BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device,
-                                               SafetensorsLoad mode = SafetensorsLoad::map_if_possible);
+                                               SafetensorsLoad mode);
+// The same with SafetensorsLoad::map_if_possible (kept as its own function,
+// so programs linked against the library before `mode` existed still run).
+BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device);
 
 }  // namespace backplane
 

@@ -181,6 +181,24 @@ TEST_CASE("nn: an optimizer's state() loaded into a fresh one resumes bit-exactl
   }
 }
 
+TEST_CASE("nn: an optimizer that does not override state() says so when asked for it") {
+  // Written before state() and load_state() existed: it still builds.
+  class Plain final : public nn::Optimizer {
+   public:
+    explicit Plain(std::vector<Tensor> params) : Optimizer(std::move(params)) {}
+    void step(const Gradients&) override {}
+  };
+  Registry r = cpu_registry();
+  Device d = cpu(r);
+  Plain plain({Tensor::from_vector<float>(d, {2}, {1.0f, 2.0f}).require_grad()});
+  const Error saving = bptest::error_from([&] { (void)plain.state(); });
+  CHECK(saving.code() == Errc::invalid_argument);
+  BP_CHECK_CONTAINS(saving.message(), "override state() and load_state()");
+  const Error loading = bptest::error_from([&] { plain.load_state({}); });
+  CHECK(loading.code() == Errc::invalid_argument);
+  BP_CHECK_CONTAINS(loading.message(), "nn::Optimizer::load_state");
+}
+
 TEST_CASE("nn: load_state refuses a state that does not fit, naming the entry, and changes nothing") {
   Registry r = cpu_registry();
   Device d = cpu(r);
