@@ -398,6 +398,27 @@ void run_group(const Plugin& p, int world, const std::function<void(Comm&, Repor
   for (auto& t : threads) t.join();
 }
 
+// Two ranks, rank r on plugin r, each running `body` once on its
+// communicator; returns each rank's comm_create failure or body's status.
+std::vector<Status> run_two_ranks(const Plugin& p0, const Plugin& p1, int64_t timeout_ms,
+                                  const std::string& prefix, const std::function<Status(Comm&)>& body) {
+  MemoryStore store;
+  std::vector<Status> results(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r)
+    ranks.emplace_back([&, r] {
+      const Plugin& p = r == 0 ? p0 : p1;
+      bp_comm* comm = nullptr;
+      results[r] = create_comm(p, &store, r, 2, timeout_ms, prefix, &comm);
+      if (!results[r].ok()) return;
+      Comm c{p, comm, r, 2};
+      results[r] = body(c);
+      destroy_comm(p, comm);
+    });
+  for (auto& t : ranks) t.join();
+  return results;
+}
+
 // ---------------------------------------------------------------------------
 // Values and expected results
 // ---------------------------------------------------------------------------
@@ -1206,20 +1227,10 @@ TEST_CASE("cpu_collectives: ranks that disagree on a call fail instead of crashi
                           Case{"reduce ops", 1000, 1000, BP_REDUCE_SUM, BP_REDUCE_MAX}}) {
       const std::string name = k.name;
       CAPTURE(name);
-      MemoryStore store;
-      std::vector<Status> results(2);
-      std::vector<std::thread> ranks;
-      for (int r = 0; r < 2; ++r)
-        ranks.emplace_back([&, r] {
-          bp_comm* comm = nullptr;
-          results[r] = create_comm(p, &store, r, 2, 1000, "disagree/", &comm);
-          if (!results[r].ok()) return;
-          Comm c{p, comm, r, 2};
-          Tensor t(p, BP_DTYPE_F32, r == 0 ? k.count0 : k.count1);
-          results[r] = c.all_reduce(t, t, r == 0 ? k.op0 : k.op1);
-          destroy_comm(p, comm);
-        });
-      for (auto& t : ranks) t.join();
+      const std::vector<Status> results = run_two_ranks(p, p, 1000, "disagree/", [&](Comm& c) {
+        Tensor t(p, BP_DTYPE_F32, c.rank == 0 ? k.count0 : k.count1);
+        return c.all_reduce(t, t, c.rank == 0 ? k.op0 : k.op1);
+      });
       bool one_says_why = false;
       for (int r = 0; r < 2; ++r) {
         CAPTURE(r);
@@ -1238,20 +1249,10 @@ TEST_CASE("cpu_collectives: ranks that disagree on the broadcast root fail inste
   // Each rank only sends: a transport that completed a send before its peer
   // received it would let both return OK with different data.
   for_each_transport([&](const Plugin& p) {
-    MemoryStore store;
-    std::vector<Status> results(2);
-    std::vector<std::thread> ranks;
-    for (int r = 0; r < 2; ++r)
-      ranks.emplace_back([&, r] {
-        bp_comm* comm = nullptr;
-        results[r] = create_comm(p, &store, r, 2, 1000, "roots/", &comm);
-        if (!results[r].ok()) return;
-        Comm c{p, comm, r, 2};
-        Tensor t(p, BP_DTYPE_F32, 256);
-        results[r] = c.broadcast(t, r);  // each names itself the root
-        destroy_comm(p, comm);
-      });
-    for (auto& t : ranks) t.join();
+    const std::vector<Status> results = run_two_ranks(p, p, 1000, "roots/", [&](Comm& c) {
+      Tensor t(p, BP_DTYPE_F32, 256);
+      return c.broadcast(t, c.rank);  // each names itself the root
+    });
     for (int r = 0; r < 2; ++r) {
       CAPTURE(r);
       MESSAGE(results[r].message);
@@ -1506,26 +1507,14 @@ TEST_CASE("cpu_collectives: ranks on one host use shared memory unless a rank sw
 
   // One rank with it off: both use Gloo, and the other says why.
   const std::size_t mixed = log_size();
-  MemoryStore store;
-  std::vector<Status> results(2);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r)
-    ranks.emplace_back([&, r] {
-      const Plugin& p = r == 0 ? shm : tcp;
-      bp_comm* comm = nullptr;
-      results[r] = create_comm(p, &store, r, 2, 10000, "mixed/", &comm);
-      if (!results[r].ok()) return;
-      Comm c{p, comm, r, 2};
-      Tensor t(p, BP_DTYPE_F32, 1000);
-      fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, r);
-      results[r] = c.all_reduce(t, t, BP_REDUCE_SUM);
-      if (results[r].ok()) {
-        if (auto m = mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2); !m.empty())
-          results[r] = {BP_STATUS_INTERNAL, m};
-      }
-      destroy_comm(p, comm);
-    });
-  for (auto& t : ranks) t.join();
+  const std::vector<Status> results = run_two_ranks(shm, tcp, 10000, "mixed/", [&](Comm& c) {
+    Tensor t(c.p, BP_DTYPE_F32, 1000);
+    fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+    Status s = c.all_reduce(t, t, BP_REDUCE_SUM);
+    if (auto m = s.ok() ? mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2) : std::string(); !m.empty())
+      s = {BP_STATUS_INTERNAL, m};
+    return s;
+  });
   for (const Status& r : results) {
     MESSAGE(r.message);
     CHECK(r.ok());
