@@ -68,9 +68,7 @@ struct Communicator::Impl {
   std::atomic<bool> aborted{false};
   std::atomic<bool> published{false};  // this rank's error is on the board: the first one stays
 
-  std::string where(const char* op) const {
-    return std::string(op) + " on rank " + std::to_string(rank) + " of " + std::to_string(size);
-  }
+  std::string where(const char* op) const { return CallSite{op, rank, size}.text(); }
   // What the peers read once this rank aborted, whichever thread says it first.
   std::string abort_notice() const {
     return "rank " + std::to_string(rank) + " of " + std::to_string(size) +

@@ -27,6 +27,7 @@
 #include <atomic>
 #include <backplane/plugin.hpp>
 #include <backplane_common/hex.hpp>
+#include <backplane_common/unique_fd.hpp>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -177,13 +178,6 @@ struct NameRemover {
   }
 };
 
-struct FileDescriptor {
-  int fd = -1;
-  ~FileDescriptor() {
-    if (fd >= 0) ::close(fd);
-  }
-};
-
 }  // namespace
 
 struct ShmGroup::Segment {
@@ -245,16 +239,15 @@ void remove_stale_segments() {
 // error here rather than SIGBUS later) and maps a new segment. "" and a
 // reason on failure.
 std::string create_segment(const std::string& name, int32_t n, const std::string& nonce, Mapping& map) {
-  FileDescriptor f;
-  f.fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (f.fd < 0) return std::string("shm_open: ") + std::strerror(errno);
+  const common::UniqueFd f(shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!f.valid()) return std::string("shm_open: ") + std::strerror(errno);
   const uint64_t ring = ring_bytes_for(n);
   const uint64_t bytes = segment_bytes(n, ring);
-  if (const int e = posix_fallocate(f.fd, 0, static_cast<off_t>(bytes)); e != 0) {
+  if (const int e = posix_fallocate(f.get(), 0, static_cast<off_t>(bytes)); e != 0) {
     shm_unlink(name.c_str());
     return "reserving " + std::to_string(bytes) + " bytes: " + std::strerror(e);
   }
-  map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.get(), 0);
   if (map.base == MAP_FAILED) {
     shm_unlink(name.c_str());
     return std::string("mmap: ") + std::strerror(errno);
@@ -270,15 +263,14 @@ std::string create_segment(const std::string& name, int32_t n, const std::string
 }
 
 std::string open_segment(const std::string& name, int32_t n, const std::string& nonce, Mapping& map) {
-  FileDescriptor f;
-  f.fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (f.fd < 0) return std::string("shm_open: ") + std::strerror(errno);
+  const common::UniqueFd f(shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
+  if (!f.valid()) return std::string("shm_open: ") + std::strerror(errno);
   struct stat st {};
-  if (fstat(f.fd, &st) != 0) return std::string("fstat: ") + std::strerror(errno);
+  if (fstat(f.get(), &st) != 0) return std::string("fstat: ") + std::strerror(errno);
   const uint64_t bytes = segment_bytes(n, ring_bytes_for(n));
   if (static_cast<uint64_t>(st.st_size) != bytes)
     return "the segment has " + std::to_string(st.st_size) + " bytes, not " + std::to_string(bytes);
-  map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.fd, 0);
+  map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.get(), 0);
   if (map.base == MAP_FAILED) return std::string("mmap: ") + std::strerror(errno);
   map.bytes = bytes;
   auto* s = static_cast<ShmGroup::Segment*>(map.base);
