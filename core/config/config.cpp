@@ -27,7 +27,9 @@ using nlohmann::json;
 constexpr int kSchemaVersion = 1;
 
 const std::initializer_list<std::string_view> kTopKeys = {"schema_version", "plugin_dirs", "default_backend",
-                                                          "backends"};
+                                                          "backends", "torch_devices"};
+// The torch device types whose tensors the PyTorch bridge can hand a backend.
+const std::initializer_list<std::string_view> kTorchDeviceKeys = {"cpu", "cuda"};
 const std::initializer_list<std::string_view> kBackendKeys = {
     "name", "library", "required", "options", "collective_fallback", "op_fallback"};
 
@@ -522,14 +524,28 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
     check_host_target(c, cfg, b, kOpHost);
   }
 
+  const auto require_backend = [&](const std::string& name, const std::string& at) {
+    if (first_seen.find(name) != first_seen.end()) return;
+    std::string names, best;
+    names_near(cfg, name, std::string(), names, best);
+    c.fail(at, quote(name) + " is not the name of any entry in backends" +
+                   (best.empty() ? "" : " (did you mean " + quote(best) + "?)") +
+                   (names.empty() ? "" : "; configured: " + names));
+  };
   if (root.contains("default_backend")) {
     cfg.default_backend = c.string_at(root["default_backend"], "default_backend");
-    if (first_seen.find(cfg.default_backend) == first_seen.end()) {
-      std::string names, best;
-      names_near(cfg, cfg.default_backend, std::string(), names, best);
-      c.fail("default_backend", quote(cfg.default_backend) + " is not the name of any entry in backends" +
-                                    (best.empty() ? "" : " (did you mean " + quote(best) + "?)") +
-                                    (names.empty() ? "" : "; configured: " + names));
+    require_backend(cfg.default_backend, "default_backend");
+  }
+  if (root.contains("torch_devices")) {
+    const json& td = root["torch_devices"];
+    if (!td.is_object())
+      c.fail("torch_devices",
+             "expected an object mapping torch device types to backend names, got " + describe(td));
+    c.known_keys(td, "torch_devices", kTorchDeviceKeys);
+    for (const auto& [type, name] : td.items()) {
+      const std::string at = "torch_devices." + type;
+      cfg.torch_devices.emplace_back(type, c.string_at(name, at));
+      require_backend(cfg.torch_devices.back().second, at);
     }
   }
   return cfg;

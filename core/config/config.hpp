@@ -31,6 +31,9 @@ struct Config {
   std::vector<std::filesystem::path> plugin_dirs;  // absolute
   std::string default_backend;
   std::vector<BackendConfig> backends;
+  // "torch_devices": which backend serves tensors of a torch device type
+  // ("cpu", "cuda") in the PyTorch bridge; names are checked against backends.
+  std::vector<std::pair<std::string, std::string>> torch_devices;
 };
 
 // Limits checked before a document is built, so that no input can make the

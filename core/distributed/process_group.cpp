@@ -297,9 +297,38 @@ struct ProcessGroup::Impl {
     try {
       check(st, op);
     } catch (const Error& e) {
-      abort(e.message());
+      // abi.h: a collective refused as unsupported moved nothing, so the
+      // communicator is still in step (the refusal is the same on every rank).
+      if (e.code() != Errc::unsupported_op) abort(e.message());
       throw;
     }
+  }
+
+  // The bytes an in-place collective works on: the caller's own when they
+  // are on the collective device (direct), else a private copy there that
+  // finish() copies back. `x` must be contiguous.
+  std::shared_ptr<TensorImpl> writable(const TensorImpl& x, Tensor& t, const char* op, bool& direct) const {
+    direct = !staged() && x.storage->backend == route.backend && x.storage->device == route.device;
+    return direct ? detail::Access::impl(t) : private_copy(x, t, op);
+  }
+  void finish(bool direct, const TensorImpl& work, const TensorImpl& x, const char* op) const {
+    if (direct)
+      x.storage->invalidate_replica();
+    else
+      detail::copy_dense(work, x, where(op) + ": copy back");
+  }
+  // The caller's output of an `into` collective: on this group's device,
+  // contiguous, of `dtype`.
+  const TensorImpl& output_operand(const Tensor& t, DType dtype, const char* op) const {
+    const TensorImpl& x = operand(t, op);
+    if (!detail::is_contiguous(x))
+      throw Error(Errc::invalid_argument, "ProcessGroup::" + std::string(op) +
+                                              ": the output must be contiguous (it is written in place)");
+    if (x.dtype != dtype)
+      throw Error(Errc::dtype_mismatch, "ProcessGroup::" + std::string(op) + ": the output is " +
+                                            std::string(to_string(x.dtype)) + " but the input is " +
+                                            std::string(to_string(dtype)));
+    return x;
   }
 
   BackendImpl& coll() const { return *route.backend; }
@@ -459,16 +488,78 @@ void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
   g.require_not_aborted(name.c_str());
   // In place on the caller's bytes when they are on the collective device;
   // otherwise on a private copy there, copied back.
-  const bool direct =
-      !g.staged() && x.storage->backend == g.route.backend && x.storage->device == g.route.device;
-  std::shared_ptr<TensorImpl> work =
-      direct ? detail::Access::impl(tensor) : g.private_copy(x, tensor, "ProcessGroup::all_reduce_");
+  bool direct = false;
+  std::shared_ptr<TensorImpl> work = g.writable(x, tensor, "ProcessGroup::all_reduce_", direct);
   const bp_tensor d = detail::describe(*work);
   g.run(g.coll().api.all_reduce, "all_reduce", &d, &d, rop, 0, name.c_str());
-  if (direct)
-    x.storage->invalidate_replica();
-  else
-    detail::copy_dense(*work, x, g.where(name.c_str()) + ": copy back");
+  g.finish(direct, *work, x, name.c_str());
+}
+
+void ProcessGroup::broadcast_(Tensor& tensor, int32_t root) {
+  Impl& g = checked(impl_, "broadcast_");
+  g.require_not_aborted("broadcast_");
+  const TensorImpl& x = g.output_operand(tensor, g.operand(tensor, "broadcast_").dtype, "broadcast_");
+  if (root < 0 || root >= g.world_size)
+    throw Error(Errc::invalid_argument, "ProcessGroup::broadcast_: root " + std::to_string(root) +
+                                            " is not a rank of this group (world_size " +
+                                            std::to_string(g.world_size) + ")");
+  if (g.local()) return;
+  bool direct = false;
+  std::shared_ptr<TensorImpl> work = g.writable(x, tensor, "ProcessGroup::broadcast_", direct);
+  const bp_tensor d = detail::describe(*work);
+  g.run(g.coll().api.broadcast, "broadcast", &d, &d, BP_REDUCE_SUM, root, "broadcast_");
+  g.finish(direct, *work, x, "broadcast_");
+}
+
+void ProcessGroup::all_gather_into(const Tensor& input, Tensor& output) {
+  Impl& g = checked(impl_, "all_gather_into");
+  g.require_not_aborted("all_gather_into");
+  const TensorImpl& in0 = g.operand(input, "all_gather_into");
+  const TensorImpl& out = g.output_operand(output, in0.dtype, "all_gather_into");
+  if (out.shape.numel() != in0.shape.numel() * g.world_size)
+    throw Error(Errc::shape_mismatch,
+                "ProcessGroup::all_gather_into: the output has " + std::to_string(out.shape.numel()) +
+                    " elements; it must hold world_size (" + std::to_string(g.world_size) + ") x " +
+                    std::to_string(in0.shape.numel()) + " (the input's)");
+  if (g.local()) {
+    detail::copy_dense(*detail::as_contiguous(detail::Access::impl(input), "ProcessGroup::all_gather_into"),
+                       out, "ProcessGroup::all_gather_into");
+    return;
+  }
+  auto in = g.on_collective_device(input, "ProcessGroup::all_gather_into");
+  bool direct = false;
+  std::shared_ptr<TensorImpl> work = g.writable(out, output, "ProcessGroup::all_gather_into", direct);
+  const bp_tensor di = detail::describe(*in);
+  const bp_tensor dout = detail::describe(*work);
+  g.run(g.coll().api.all_gather, "all_gather", &di, &dout, BP_REDUCE_SUM, 0, "all_gather_into");
+  g.finish(direct, *work, out, "all_gather_into");
+}
+
+void ProcessGroup::reduce_scatter_into(const Tensor& input, Tensor& output, ReduceOp op) {
+  Impl& g = checked(impl_, "reduce_scatter_into");
+  g.require_not_aborted("reduce_scatter_into");
+  const TensorImpl& in0 = g.operand(input, "reduce_scatter_into");
+  const TensorImpl& out = g.output_operand(output, in0.dtype, "reduce_scatter_into");
+  const int32_t rop = abi_reduce_op(op);
+  if (in0.shape.numel() != out.shape.numel() * g.world_size)
+    throw Error(Errc::shape_mismatch,
+                "ProcessGroup::reduce_scatter_into: the input has " + std::to_string(in0.shape.numel()) +
+                    " elements; it must hold world_size (" + std::to_string(g.world_size) + ") x " +
+                    std::to_string(out.shape.numel()) + " (the output's)");
+  if (g.local()) {
+    detail::copy_dense(
+        *detail::as_contiguous(detail::Access::impl(input), "ProcessGroup::reduce_scatter_into"), out,
+        "ProcessGroup::reduce_scatter_into");
+    return;
+  }
+  const std::string name = std::string("reduce_scatter_into(") + to_string(op) + ")";
+  auto in = g.on_collective_device(input, "ProcessGroup::reduce_scatter_into");
+  bool direct = false;
+  std::shared_ptr<TensorImpl> work = g.writable(out, output, "ProcessGroup::reduce_scatter_into", direct);
+  const bp_tensor di = detail::describe(*in);
+  const bp_tensor dout = detail::describe(*work);
+  g.run(g.coll().api.reduce_scatter, "reduce_scatter", &di, &dout, rop, 0, name.c_str());
+  g.finish(direct, *work, out, name.c_str());
 }
 
 Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {

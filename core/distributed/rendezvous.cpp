@@ -298,6 +298,20 @@ Rendezvous Rendezvous::single_process(std::chrono::milliseconds timeout) {
   return r;
 }
 
+Rendezvous Rendezvous::with_store(int32_t rank, int32_t world_size, std::shared_ptr<Store> store,
+                                  std::chrono::milliseconds timeout, int32_t local_rank) {
+  if (!store) throw Error(Errc::invalid_argument, "Rendezvous::with_store: the store is null");
+  // The constructor validates rank, world and timeout; the address and port
+  // only name the store in messages (port 1: never used to connect).
+  std::string address = store->address();
+  if (address.empty()) address = "the host's store";
+  Rendezvous r(rank, world_size, std::move(address), 1, timeout, local_rank);
+  r.master_port_ = 0;
+  r.source_ = "the host's store";
+  r.shared_->store = std::move(store);
+  return r;
+}
+
 std::shared_ptr<Store> Rendezvous::store() const {
   std::lock_guard<std::mutex> lock(shared_->mutex);
   if (!shared_->store) {

@@ -182,6 +182,7 @@ struct BackendImpl {
 struct RegistryImpl {
   std::filesystem::path config_path;
   std::string default_backend;
+  std::vector<std::pair<std::string, std::string>> torch_devices;  // config's "torch_devices"
   std::vector<std::shared_ptr<BackendImpl>> backends;
 };
 

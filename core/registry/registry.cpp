@@ -253,6 +253,7 @@ void load_now(BackendImpl& b, const BackendConfig& entry, const Config& cfg) {
 std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
   auto reg = std::make_shared<RegistryImpl>();
   reg->default_backend = cfg.default_backend;
+  reg->torch_devices = cfg.torch_devices;
   const auto shared_cfg = std::make_shared<const Config>(cfg);  // the optional backends' loaders keep it
   for (std::size_t i = 0; i < cfg.backends.size(); ++i) {
     const BackendConfig& entry = cfg.backends[i];
@@ -414,6 +415,13 @@ Backend Registry::backend(std::string_view name) const {
   throw Error(Errc::not_found, "no backend named \"" + std::string(name) + "\" in " + where +
                                    detail::did_you_mean(name, names) +
                                    "; configured: " + (known.empty() ? "none" : known));
+}
+
+std::optional<Backend> Registry::torch_backend(std::string_view torch_device_type) const {
+  for (const auto& [type, name] : impl_->torch_devices)
+    if (type == torch_device_type) return backend(name);
+  if (torch_device_type == "cpu") return default_backend();
+  return std::nullopt;
 }
 
 Backend Registry::default_backend() const {

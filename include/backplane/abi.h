@@ -844,7 +844,10 @@ typedef struct bp_comm_args {
  * view). broadcast: output in place from `root`. all_gather: output holds
  * world_size inputs back to back. reduce_scatter: input holds world_size
  * outputs back to back. barrier: no tensors. Inputs and outputs are
- * contiguous. */
+ * contiguous. A collective that returns BP_STATUS_UNSUPPORTED (a dtype or
+ * reduce op the device cannot reduce) has moved nothing and refused alike on
+ * every rank: the host keeps using the communicator. Any other failure
+ * leaves it in an unknown state: the host aborts it. */
 typedef struct bp_collective_args {
   size_t struct_size;
   bp_plugin* plugin;

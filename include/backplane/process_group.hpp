@@ -6,7 +6,9 @@
 // shapes and dtypes (as in MPI, NCCL and c10d). Every collective obeys the
 // group's timeout; a peer that dies or stalls makes every survivor throw
 // backplane::Error (Errc::collective_error or Errc::timeout) naming it; that
-// failure aborts the group (see abort()).
+// failure aborts the group (see abort()), except a refusal before anything
+// moved (Errc::unsupported_op: the device cannot reduce that dtype), which is
+// the same on every rank and leaves the group usable.
 // A group serialises its own collectives; it may be used from any thread.
 #ifndef BACKPLANE_PROCESS_GROUP_HPP_
 #define BACKPLANE_PROCESS_GROUP_HPP_
@@ -75,6 +77,20 @@ class BACKPLANE_API ProcessGroup {
   // of slice [r] over all ranks: shape tensor.shape[1:].
   Tensor reduce_scatter(const Tensor& tensor, ReduceOp op = ReduceOp::sum);
   void barrier();
+
+  // Into the caller's memory, for hosts that own their tensors (the PyTorch
+  // bridge: torch's tensors, imported through DLPack, are written where they
+  // are). Every output must be contiguous, on this group's device, of the
+  // input's dtype. When its bytes are on the collective device the plugin
+  // writes them directly; otherwise through a private copy, copied back.
+  // broadcast_: root's tensor into `tensor` on every rank.
+  void broadcast_(Tensor& tensor, int32_t root);
+  // every rank's input back to back: output holds world_size x input.numel()
+  // elements (any shape).
+  void all_gather_into(const Tensor& input, Tensor& output);
+  // input holds world_size x output.numel() elements; rank r receives the
+  // reduction of block r over all ranks.
+  void reduce_scatter_into(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::sum);
 
   // Interrupts the group: the plugin's comm_abort makes pending collectives
   // (on any thread, on every rank's communicator) fail promptly, and every

@@ -218,6 +218,10 @@ class BACKPLANE_API Registry {
   Backend backend(std::string_view name) const;
   // The config's default_backend, else the first loaded backend.
   Backend default_backend() const;
+  // The backend that serves tensors of a torch device type ("cpu", "cuda")
+  // in the PyTorch bridge: the config's "torch_devices" entry; without one,
+  // default_backend() for "cpu" and nullopt for any other type.
+  std::optional<Backend> torch_backend(std::string_view torch_device_type) const;
   // Sets backend `name`'s op fallback, with the config's rules: the target
   // exists, is loaded, is not `name` and does not itself fall back, and no
   // backend falls back to `name` while it falls back (Errc::config_error

@@ -113,6 +113,16 @@ class BACKPLANE_API Rendezvous {
   static Rendezvous from_env();
   // A world of one on this process (rank 0, an ephemeral loopback port).
   static Rendezvous single_process(std::chrono::milliseconds timeout = kDefaultTimeout);
+  // A rendezvous over a store the host already has, shared by every rank of
+  // the job (a framework's own store: the PyTorch bridge wraps the c10d Store
+  // that torch hands a process-group backend). No second port, no second
+  // store: store() returns `store`, master_addr() its address(), master_port()
+  // 0. Groups made from it take their key prefixes in order as usual; keys
+  // are the store owner's to namespace (torch hands each group a prefixed
+  // store). Throws Errc::invalid_argument for a null store, a rank outside
+  // the world or a non-positive timeout.
+  static Rendezvous with_store(int32_t rank, int32_t world_size, std::shared_ptr<Store> store,
+                               std::chrono::milliseconds timeout = kDefaultTimeout, int32_t local_rank = -1);
 
   int32_t rank() const noexcept { return rank_; }
   int32_t world_size() const noexcept { return world_size_; }
