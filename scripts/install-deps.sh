@@ -10,7 +10,7 @@ packages=(
   libopenmpi-dev openmpi-bin zlib1g-dev
   iproute2 clang-format
   libflatbuffers-dev flatbuffers-compiler clang libclang-rt-14-dev
-  pybind11-dev python3-dev python3-numpy python3-torch python3-pytest
+  pybind11-dev python3-dev python3-numpy python3-torch libtorch-dev python3-pytest
   munge slurmctld slurmd slurm-client
 )
 
