@@ -401,6 +401,34 @@ TEST_CASE("config: default_backend naming no backend throws config_error naming 
   BP_CHECK_CONTAINS(e.message(), "\"ghost\"");
 }
 
+TEST_CASE("config: torch_devices maps torch device types to backends; cpu defaults to default_backend") {
+  Registry plain = load(config_json({backend_json("first", "good_c"), backend_json("second", "good_c")},
+                                    R"("default_backend": "second")"));
+  REQUIRE(plain.torch_backend("cpu").has_value());
+  CHECK(plain.torch_backend("cpu")->name() == "second");
+  CHECK_FALSE(plain.torch_backend("cuda").has_value());
+  Registry mapped = load(config_json({backend_json("first", "good_c"), backend_json("second", "good_c")},
+                                     R"("torch_devices": {"cpu": "first", "cuda": "second"})"));
+  CHECK(mapped.torch_backend("cpu")->name() == "first");
+  CHECK(mapped.torch_backend("cuda")->name() == "second");
+}
+
+TEST_CASE("config: a bad torch_devices throws config_error naming the path") {
+  const auto error_of = [](const std::string& value) {
+    return error_from(
+        [&] { load(config_json({backend_json("good", "good_c")}, R"("torch_devices": )" + value)); });
+  };
+  const Error ghost = error_of(R"({"cpu": "ghost"})");
+  CHECK(ghost.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(ghost.message(), "torch_devices.cpu");
+  BP_CHECK_CONTAINS(ghost.message(), "\"ghost\" is not the name of any entry");
+  const Error key = error_of(R"({"cudaa": "good"})");
+  BP_CHECK_CONTAINS(key.message(), "torch_devices.cudaa");
+  BP_CHECK_CONTAINS(key.message(), "did you mean \"cuda\"");
+  BP_CHECK_CONTAINS(error_of(R"(["cpu"])").message(), "expected an object");
+  BP_CHECK_CONTAINS(error_of(R"({"cpu": 1})").message(), "expected a string");
+}
+
 TEST_CASE("config: a backend name that is not a string makes the config invalid naming the path") {
   const std::string msg = config_error_of(
       config_json({R"({"name": 7, "library": "good_c", "required": true})", backend_json("good", "good_c")}),

@@ -6,6 +6,8 @@
 #include "test_support.hpp"
 
 #include <functional>
+#include <map>
+#include <mutex>
 
 using namespace backplane;
 using namespace bptest;
@@ -255,4 +257,119 @@ TEST_CASE("process group: a host fallback whose backend lacks collective names b
   const Error reg = error_from(
       [&] { set_distributed_params(Tensor::from_vector<float>(d, {1}, {1}), DistributedParamId{1}); });
   CHECK(reg.code() == Errc::capability_missing);
+}
+
+namespace {
+// A store in this process, as a host's own store would be (the PyTorch
+// bridge's is torch's c10d Store): for Rendezvous::with_store.
+class MemoryStore final : public Store {
+ public:
+  void set(const std::string& key, const std::vector<uint8_t>& value) override {
+    std::lock_guard lock(mutex_);
+    values_[key] = value;
+  }
+  std::vector<uint8_t> get(const std::string& key, std::chrono::milliseconds) override {
+    std::lock_guard lock(mutex_);
+    auto it = values_.find(key);
+    if (it == values_.end()) throw Error(Errc::timeout, "no key " + key);
+    return it->second;
+  }
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds t) override {
+    for (const auto& k : keys) get(k, t);
+  }
+  int64_t add(const std::string&, int64_t) override { throw Error(Errc::internal, "unused"); }
+  bool check(const std::vector<std::string>& keys) override {
+    std::lock_guard lock(mutex_);
+    for (const auto& k : keys)
+      if (!values_.count(k)) return false;
+    return true;
+  }
+  bool remove(const std::string& key) override {
+    std::lock_guard lock(mutex_);
+    return values_.erase(key) > 0;
+  }
+  std::chrono::milliseconds timeout() const override { return std::chrono::seconds(5); }
+  std::string address() const override { return ""; }
+
+ private:
+  std::mutex mutex_;
+  std::map<std::string, std::vector<uint8_t>> values_;
+};
+}  // namespace
+
+TEST_CASE("rendezvous: with_store joins through the host's store and checks its arguments") {
+  auto store = std::make_shared<MemoryStore>();
+  Rendezvous rv = Rendezvous::with_store(0, 1, store, std::chrono::seconds(5));
+  CHECK(rv.store() == store);
+  CHECK(rv.master_port() == 0);
+  CHECK(rv.source() == "the host's store");
+  CHECK_FALSE(rv.master_addr().empty());
+  CHECK(rv.next_group_prefix() == "pg/0/");
+  CHECK(error_from([] { Rendezvous::with_store(0, 1, nullptr); }).code() == Errc::invalid_argument);
+  CHECK(error_from([&] { Rendezvous::with_store(2, 2, store); }).code() == Errc::invalid_argument);
+  CHECK(error_from([&] { Rendezvous::with_store(0, 1, store, std::chrono::milliseconds(0)); }).code() ==
+        Errc::invalid_argument);
+
+  Registry r = load(config_json({backend_json("world", "collective_world1")}));
+  Device d = r.backend("world").device(0);
+  ProcessGroup pg = ProcessGroup::create(d, rv);
+  Tensor t = Tensor::from_vector<float>(d, {2}, {3, 4});
+  pg.all_reduce_(t);
+  CHECK(t.to_vector<float>() == std::vector<float>{3, 4});
+}
+
+TEST_CASE("process group: collectives into caller memory, and their argument checks") {
+  Registry r =
+      load(config_json({backend_json("world", "collective_world1"), backend_json("plain", "good_c")}));
+  Device d = r.backend("world").device(0);
+  ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
+  Tensor t = Tensor::from_vector<float>(d, {2, 2}, {1, 2, 3, 4});
+  pg.broadcast_(t, 0);
+  CHECK(t.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor out = Tensor::from_vector<float>(d, {4}, {0, 0, 0, 0});
+  pg.all_gather_into(t, out);
+  CHECK(out.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+  Tensor block = Tensor::from_vector<float>(d, {2, 2}, {0, 0, 0, 0});
+  pg.reduce_scatter_into(t, block, ReduceOp::max);
+  CHECK(block.to_vector<float>() == std::vector<float>{1, 2, 3, 4});
+
+  const Error count = error_from([&] {
+    Tensor small = Tensor::from_vector<float>(d, {3}, {0, 0, 0});
+    pg.all_gather_into(t, small);
+  });
+  CHECK(count.code() == Errc::shape_mismatch);
+  BP_CHECK_CONTAINS(count.message(), "world_size (1) x 4");
+  CHECK(error_from([&] {
+          Tensor small = Tensor::from_vector<float>(d, {3}, {0, 0, 0});
+          pg.reduce_scatter_into(t, small);
+        }).code() == Errc::shape_mismatch);
+  const Error dtype = error_from([&] {
+    Tensor wrong = Tensor::from_vector<double>(d, {4}, {0, 0, 0, 0});
+    pg.all_gather_into(t, wrong);
+  });
+  CHECK(dtype.code() == Errc::dtype_mismatch);
+  Tensor strided = transpose(Tensor::from_vector<float>(d, {2, 2}, {1, 2, 3, 4}), 0, 1);
+  CHECK(error_from([&] { pg.broadcast_(strided, 0); }).code() == Errc::invalid_argument);
+  CHECK(error_from([&] { pg.all_gather_into(t, strided); }).code() == Errc::invalid_argument);
+  CHECK(error_from([&] { pg.broadcast_(t, 1); }).code() == Errc::invalid_argument);
+  Tensor elsewhere = Tensor::from_vector<float>(r.backend("plain").device(0), {4}, {0, 0, 0, 0});
+  CHECK(error_from([&] { pg.all_gather_into(t, elsewhere); }).code() == Errc::device_mismatch);
+}
+
+TEST_CASE("process group: into-collectives through a host fallback copy back to the caller's device") {
+  Registry r =
+      load(config_json({backend_json("staged", "good_c", false, R"("collective_fallback": "host:world")"),
+                        backend_json("world", "collective_world1")}));
+  Device d = r.backend("staged").device(0);
+  ProcessGroup pg = ProcessGroup::create(d, Rendezvous::single_process(std::chrono::seconds(5)));
+  Tensor t = Tensor::from_vector<float>(d, {3}, {1, 2, 3});
+  Tensor out = Tensor::from_vector<float>(d, {3}, {0, 0, 0});
+  pg.all_gather_into(t, out);
+  CHECK(out.device() == d);
+  CHECK(out.to_vector<float>() == std::vector<float>{1, 2, 3});
+  Tensor rs = Tensor::from_vector<float>(d, {3}, {0, 0, 0});
+  pg.reduce_scatter_into(t, rs);
+  CHECK(rs.to_vector<float>() == std::vector<float>{1, 2, 3});
+  pg.broadcast_(t, 0);
+  CHECK(t.to_vector<float>() == std::vector<float>{1, 2, 3});
 }

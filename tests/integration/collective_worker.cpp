@@ -119,7 +119,26 @@ int run_dtype(ProcessGroup& pg, const Device& d, const std::vector<Shape>& shape
       Tensor b = pg.broadcast(make<T>(d, shape, rank), root);
       expect_values<T>(b, shape, "broadcast(root " + std::to_string(root) + ") " + sz,
                        [&](int64_t i) { return value_for(root, i); });
-      ++checks;
+      Tensor own = make<T>(d, shape, rank);
+      pg.broadcast_(own, root);
+      expect_values<T>(own, shape, "broadcast_(root " + std::to_string(root) + ") " + sz,
+                       [&](int64_t i) { return value_for(root, i); });
+      checks += 2;
+    }
+    {
+      // Into caller memory: flat outputs, any shape of the right count.
+      const int64_t n = shape.numel();
+      Tensor gathered = Tensor::empty(d, Shape{world * n}, dtype_of_v<T>);
+      pg.all_gather_into(make<T>(d, shape, rank), gathered);
+      expect_values<T>(gathered, Shape{world * n}, "all_gather_into " + sz, [&](int64_t i) {
+        return value_for(static_cast<int>(n == 0 ? 0 : i / n), n == 0 ? 0 : i % n);
+      });
+      Tensor block = Tensor::empty(d, Shape{n}, dtype_of_v<T>);
+      pg.reduce_scatter_into(make<T>(d, Shape{world * n}, rank), block, ReduceOp::sum);
+      expect_values<T>(block, Shape{n}, "reduce_scatter_into(sum) " + sz, [&](int64_t i) {
+        return reduce_ref(ReduceOp::sum, world, static_cast<int64_t>(rank) * n + i, integer);
+      });
+      checks += 2;
     }
     if (shape.rank() < Shape::kMaxRank) {
       std::vector<int64_t> gdims{world};
