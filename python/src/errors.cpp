@@ -104,7 +104,10 @@ void bind_errors(py::module_& m) {
     m.add_object(c.name, py::handle(cls), /*overwrite=*/true);
   }
 
-  py::register_exception_translator([](std::exception_ptr p) {
+  // Local to this module: pybind11's translators are shared by every module
+  // built with the same pybind11, torch's own among them, and a global one
+  // would turn torch's RuntimeErrors into backplane errors.
+  py::register_local_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const Error& e) {

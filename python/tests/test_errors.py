@@ -106,3 +106,19 @@ def test_bad_arguments_are_typed():
 def test_error_can_be_raised_and_caught_from_python():
     with pytest.raises(bp.Error):
         raise bp.CapabilityMissing("made in Python")
+
+
+def test_other_extensions_keep_their_own_exception_types():
+    # pybind11 shares exception translators between modules built with the same
+    # version; backplane's must stay local, or importing backplane would turn
+    # torch's RuntimeErrors into backplane errors.
+    torch = pytest.importorskip("torch")
+    import datetime
+    import torch.distributed as dist
+
+    from conftest import free_port
+
+    with pytest.raises((RuntimeError, TimeoutError)) as info:  # torch's own: TimeoutError
+        dist.TCPStore("127.0.0.1", free_port(), 1, False, timeout=datetime.timedelta(seconds=0.2))
+    assert not isinstance(info.value, bp.Error), type(info.value).__mro__
+    assert torch.ones(1).item() == 1.0

@@ -401,7 +401,7 @@ TEST_CASE("config: default_backend naming no backend throws config_error naming 
   BP_CHECK_CONTAINS(e.message(), "\"ghost\"");
 }
 
-TEST_CASE("config: torch_devices maps torch device types to backends; cpu defaults to default_backend") {
+TEST_CASE("config: torch_devices maps torch device types to backends, cpu defaults to default_backend") {
   Registry plain = load(config_json({backend_json("first", "good_c"), backend_json("second", "good_c")},
                                     R"("default_backend": "second")"));
   REQUIRE(plain.torch_backend("cpu").has_value());

@@ -8,6 +8,8 @@
 #include <backplane/dlpack.hpp>
 #include <backplane/error.hpp>
 
+#include <Python.h>
+
 #include <ATen/DLConvertor.h>
 #include <ATen/core/ivalue.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -251,13 +253,20 @@ void check_rank(int64_t r, int size, const char* op, const char* what) {
 
 Executor::Executor() : thread_([this] { loop(); }) {}
 
-Executor::~Executor() {
+Executor::~Executor() { shutdown(); }
+
+void Executor::shutdown() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
   ready_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Executor::busy() {
+  std::lock_guard lock(mutex_);
+  return running_ || !queue_.empty();
 }
 
 void Executor::post(std::function<void()> task) {
@@ -277,8 +286,12 @@ void Executor::loop() {
       if (queue_.empty()) return;  // stopping, and everything ran
       task = std::move(queue_.front());
       queue_.pop_front();
+      running_ = true;
     }
     task();  // never throws: enqueue's bodies catch
+    task = nullptr;  // its tensors go before the executor reads as idle
+    std::lock_guard lock(mutex_);
+    running_ = false;
   }
 }
 
@@ -294,13 +307,64 @@ ProcessGroupBackplane::ProcessGroupBackplane(const c10::intrusive_ptr<c10d::Stor
           rank, size, std::make_shared<C10dStoreAdapter>(store, "backplane/", timeout), timeout)) {
   TORCH_CHECK(timeout.count() > 0, "backplane: the process group's timeout must be positive");
   // The cpu group now: a capability or fallback error belongs to init_process_group.
-  group(target(at::empty({0}), "init_process_group"));
+  Target& cpu = target(at::empty({0}), "init_process_group");
+  group(cpu);
+  cpu_target_ = &cpu;
   init();
 }
 
-ProcessGroupBackplane::~ProcessGroupBackplane() = default;
+namespace {
+// Releases the GIL for a scope when this thread holds it. Python destroys the
+// group holding the GIL, while a worker finishing its task may need it (a
+// tensor whose last reference the worker drops frees its Python object).
+class GilReleased {
+ public:
+  GilReleased() : state_(Py_IsInitialized() && PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~GilReleased() {
+    if (state_ != nullptr) PyEval_RestoreThread(state_);
+  }
+  GilReleased(const GilReleased&) = delete;
+  GilReleased& operator=(const GilReleased&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+}  // namespace
+
+ProcessGroupBackplane::~ProcessGroupBackplane() {
+  GilReleased unlocked;
+  // Work still queued or running at destruction (an irecv never matched, a
+  // collective other ranks never join) fails now instead of at the timeout:
+  // its group is aborted first. An idle group is left to close cleanly.
+  std::vector<Executor*> executors{&executor_};
+  std::vector<backplane::ProcessGroup*> groups;
+  {
+    std::lock_guard lock(channels_mutex_);
+    for (auto& [key, ch] : channels_) {
+      if (ch->executor.busy() && ch->group) groups.push_back(ch->group.get());
+      executors.push_back(&ch->executor);
+    }
+  }
+  if (executor_.busy()) {
+    std::lock_guard lock(targets_mutex_);
+    for (auto& [key, tg] : targets_)
+      if (tg->group) groups.push_back(tg->group.get());
+  }
+  for (backplane::ProcessGroup* g : groups) {
+    try {
+      g->abort();
+    } catch (const std::exception&) {  // a destructor cannot fail; the join below still ends
+    }
+  }
+  for (Executor* e : executors) e->shutdown();
+  channels_.clear();
+  targets_.clear();
+}
 
 Target& ProcessGroupBackplane::target(const at::Tensor& t, const char* op) {
+  // The common case, without a string or a lock: the cpu target exists from
+  // the constructor on and never changes.
+  if (t.device().is_cpu() && cpu_target_ != nullptr) return *cpu_target_;
   const std::string type = device_type_of(t);
   const int32_t index = t.device().has_index() ? t.device().index() : 0;
   const std::string key = type + ":" + std::to_string(index);

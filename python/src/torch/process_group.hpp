@@ -47,12 +47,17 @@ class Executor {
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
   void post(std::function<void()> task);
+  // True while a task runs or waits.
+  bool busy();
+  // Runs what is queued, then joins the thread; idempotent.
+  void shutdown();
 
  private:
   void loop();
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<std::function<void()>> queue_;
+  bool running_ = false;  // a task is running
   bool stopping_ = false;
   std::thread thread_;  // last: starts once the rest exists
 };
@@ -145,6 +150,7 @@ class ProcessGroupBackplane final : public c10d::ProcessGroup {
   Rendezvous rendezvous_;
   std::mutex targets_mutex_;  // guards the maps, not the groups (the worker owns those)
   std::map<std::string, std::unique_ptr<Target>> targets_;
+  Target* cpu_target_ = nullptr;  // set by the constructor, then constant
   std::mutex channels_mutex_;
   std::map<std::tuple<int, int, int, std::string>, std::unique_ptr<Channel>> channels_;
   Executor executor_;  // last: drains before the groups and channels go
