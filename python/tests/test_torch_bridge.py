@@ -8,8 +8,10 @@
 # reported with every rank's output rather than as a timeout.
 # Skipped without PyTorch, or when the build has no backplane.torch (the
 # extension is optional).
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -152,3 +154,39 @@ def test_under_backplane_launch(cli):
                           env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 ok" in proc.stdout and "rank 1 ok" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_remote_backend_serves_cpu_tensors(cli, plugin_dir, tmp_path):
+    # Two `backplane serve` processes, one per rank; each rank's backends.json
+    # sends torch's CPU tensors to its server ("torch_devices"), and the
+    # servers' cpu devices run the collectives.
+    servers, ports = [], [free_port() for _ in range(2)]
+    config = os.environ["BACKPLANE_CONFIG"]
+    try:
+        for port in ports:
+            servers.append(subprocess.Popen([cli, "serve", "--config", config, "--backend", "cpu",
+                                             "--listen", f"127.0.0.1:{port}"],
+                                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for port, server in zip(ports, servers):  # listening before the ranks connect
+            deadline = time.monotonic() + 30
+            while True:
+                assert server.poll() is None, f"backplane serve exited: {server.stderr.read()}"
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"backplane serve never listened on {port}"
+                    time.sleep(0.05)
+        for rank, port in enumerate(ports):
+            (tmp_path / f"rank{rank}.json").write_text(json.dumps({
+                "schema_version": 1, "plugin_dirs": [plugin_dir], "default_backend": "cpu",
+                "torch_devices": {"cpu": "remote"},
+                "backends": [
+                    {"name": "cpu", "library": "backplane_cpu", "required": True},
+                    {"name": "remote", "library": "backplane_remote", "required": True,
+                     "options": {"endpoints": [f"127.0.0.1:{port}"]}}]}))
+        run("remote", 2, tmp_path)
+    finally:
+        for s in servers:
+            s.terminate()
+            s.wait(timeout=30)

@@ -603,6 +603,31 @@ def init_store(directory, tcp_port):
         dist.destroy_process_group()
 
 
+# --- a remote backend serving torch's CPU tensors ---------------------------
+
+def remote(config_dir):
+    # Each rank's config maps torch's cpu to a `remote` backend on its own
+    # `backplane serve`; the servers' cpu devices form the group. Set before
+    # the package's default registry is made (at init_process_group).
+    os.environ["BACKPLANE_CONFIG"] = os.path.join(config_dir, f"rank{RANK}.json")
+    init("backplane")
+    where = dist.group.WORLD.target("cpu")
+    expect(where.startswith("remote:0"), f"torch's cpu tensors go to {where}, not the remote backend")
+    x = torch.arange(6, dtype=torch.float32).view(2, 3) * (RANK + 1)
+    dist.all_reduce(x)
+    expect(x.flatten().tolist() == [float(i * sum(range(1, WORLD + 1))) for i in range(6)], f"all_reduce: {x}")
+    y = torch.arange(6, dtype=torch.float32).view(2, 3) * (RANK + 1)
+    dist.all_reduce(y.t(), op=dist.ReduceOp.MAX)  # not contiguous: copied, reduced, written back
+    expect(y.flatten().tolist() == [float(i * WORLD) for i in range(6)], f"all_reduce(MAX) of a view: {y}")
+    out = [torch.zeros(2, dtype=torch.int64) for _ in range(WORLD)]
+    dist.all_gather(out, torch.full((2,), RANK, dtype=torch.int64))
+    expect([o.tolist() for o in out] == [[r, r] for r in range(WORLD)], f"all_gather: {out}")
+    b = torch.full((3,), float(RANK))
+    dist.broadcast(b, WORLD - 1)
+    expect(b.tolist() == [float(WORLD - 1)] * 3, f"broadcast: {b}")
+    dist.destroy_process_group()
+
+
 # --- failures --------------------------------------------------------------
 
 def killed():
@@ -698,6 +723,7 @@ SCENARIOS = {
     "killed": killed,
     "errors": errors,
     "exit": exit_without_destroy,
+    "remote": remote,
 }
 
 
