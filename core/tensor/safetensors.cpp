@@ -317,8 +317,9 @@ class Reader {
       bool end_array() override { return close(); }
       bool key(string_t& key) override {
         if (!keys.back().insert(key).second)
-          reader.fail(keys.size() == 1 ? "the header names " + shown(key) + " twice; each name may appear once"
-                                       : "the header repeats the key " + shown(key) + " inside one object");
+          reader.fail(keys.size() == 1
+                          ? "the header names " + shown(key) + " twice; each name may appear once"
+                          : "the header repeats the key " + shown(key) + " inside one object");
         if (keys.size() == 1) order.push_back(key);
         return true;
       }

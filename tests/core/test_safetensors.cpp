@@ -171,7 +171,8 @@ TEST_CASE("safetensors: a header of a million entries loads, in the header's ord
   std::string header = "{";
   header.reserve(static_cast<std::size_t>(kEntries) * 64);
   for (int i = kEntries - 1; i >= 0; --i) {  // descending: not the sorted order
-    header += "\"t" + std::to_string(i) + "\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [0, 0]}";
+    header +=
+        "\"t" + std::to_string(i) + "\": {\"dtype\": \"F32\", \"shape\": [0], \"data_offsets\": [0, 0]}";
     if (i > 0) header += ",";
   }
   header += "}";

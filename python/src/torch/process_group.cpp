@@ -288,7 +288,7 @@ void Executor::loop() {
       queue_.pop_front();
       running_ = true;
     }
-    task();  // never throws: enqueue's bodies catch
+    task();          // never throws: enqueue's bodies catch
     task = nullptr;  // its tensors go before the executor reads as idle
     std::lock_guard lock(mutex_);
     running_ = false;

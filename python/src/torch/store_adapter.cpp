@@ -69,8 +69,9 @@ void C10dStoreAdapter::await(const std::vector<std::string>& keys, std::chrono::
   using clock = std::chrono::steady_clock;
   const auto start = clock::now();
   if (timeout.count() < 0)
-    throw Error(Errc::invalid_argument, std::string("torch.distributed's store: ") + op + ": a negative timeout (" +
-                                            std::to_string(timeout.count()) + " ms); pass 0 or more");
+    throw Error(Errc::invalid_argument, std::string("torch.distributed's store: ") + op +
+                                            ": a negative timeout (" + std::to_string(timeout.count()) +
+                                            " ms); pass 0 or more");
   // 0 looks once (as backplane's TCP store: a key that is there already or never).
   const auto limit = timeout;
   std::chrono::microseconds pause{50};
