@@ -328,7 +328,7 @@ void Registry::check_config_permissions(const std::filesystem::path& path) {
   detail::require_private_file(path, "config file", Errc::config_error);
 }
 
-Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
+std::string Registry::read_config(const fs::path& path) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (!fs::exists(st)) {
@@ -369,6 +369,11 @@ Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
     got += static_cast<std::size_t>(n);
   }
   text.resize(got);
+  return text;
+}
+
+Registry Registry::from_config(const fs::path& path, RequiredPolicy policy) {
+  const std::string text = read_config(path);
   const fs::path abs = fs::absolute(path);
   detail::Config cfg = detail::parse_config(text, abs.parent_path(), path.string());
   Registry r(detail::build(cfg, policy));

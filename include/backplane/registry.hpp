@@ -208,6 +208,13 @@ class BACKPLANE_API Registry {
   // other than its owner and root can write `path` or its folder (a sticky
   // folder such as /tmp excepted), saying how to fix the permissions.
   static void check_config_permissions(const std::filesystem::path& path);
+  // The text of the config file `path` as from_config reads it, for tools
+  // that take it apart themselves: it exists, is a regular file (a FIFO or a
+  // device is refused at once, never read), passes
+  // check_config_permissions, and is read up to one byte past the size
+  // limit (parse_config names the limit). Errc::config_error naming the file
+  // otherwise.
+  static std::string read_config(const std::filesystem::path& path);
   // The path from_env() would read.
   static std::filesystem::path default_config_path();
 

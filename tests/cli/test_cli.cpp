@@ -568,6 +568,31 @@ TEST_CASE("check: a directory as --config exits 2 with a clear message") {
   }
 }
 
+TEST_CASE("check, list --isolate and train refuse a FIFO at once instead of waiting on it") {
+  // A FIFO nobody writes: reading it would block forever (ctest's timeout
+  // fails this test if any command does).
+  TempDir tmp;
+  const fs::path fifo = tmp / "pipe";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"check", "--config", fifo.string()},
+        std::vector<std::string>{"list", "--isolate", "--config", fifo.string()}}) {
+    CAPTURE(args[0]);
+    const Result r = cli(tmp, args);
+    INFO(r.describe());
+    CHECK(r.code == kExitConfig);
+    BP_CHECK_CONTAINS(r.err, fifo.string());
+    BP_CHECK_CONTAINS(r.err, "not a regular file");
+  }
+  const fs::path config = tmp.write("backends.json", cpu_and_missing_config(false));
+  const Result t = cli(tmp, {"train", "--epochs", "1", "--nproc", "1", "--config", config.string(),
+                             "--backend", "cpu", "--data", fifo.string()});
+  INFO(t.describe());
+  CHECK(t.code != kExitOk);
+  BP_CHECK_CONTAINS(t.err, fifo.string());
+  BP_CHECK_CONTAINS(t.err, "not a regular file");
+}
+
 TEST_CASE("check: a directory in BACKPLANE_CONFIG exits 2 naming the variable") {
   TempDir tmp;
   const fs::path dir = tmp.mkdir("configs");

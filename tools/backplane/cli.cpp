@@ -43,8 +43,12 @@ std::vector<fs::path> library_search_dirs(const fs::path& config) {
   std::error_code ec;
   const fs::path base = fs::absolute(config, ec).parent_path();
   std::vector<fs::path> dirs{base};
-  std::ifstream in(config);
-  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  std::string text;
+  try {
+    text = Registry::read_config(config);  // never blocks on a FIFO, as an ifstream would
+  } catch (const Error&) {                 // the caller reports the config's own error
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("plugin_dirs") && j["plugin_dirs"].is_array())
     for (const nlohmann::json& d : j["plugin_dirs"])
       if (d.is_string()) {

@@ -6,9 +6,14 @@
 #ifndef BACKPLANE_EXAMPLES_DIGITS_HPP_
 #define BACKPLANE_EXAMPLES_DIGITS_HPP_
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -29,11 +34,24 @@ struct Dataset {
 // Reads a gzip'd (or plain) CSV. Throws std::runtime_error naming the file,
 // line and column of the first malformed value.
 inline Dataset load(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (f == nullptr)
+  // Opened without blocking and checked on the descriptor: a FIFO or a device
+  // is refused at once instead of stalling the job on its first read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0)
+    throw std::runtime_error(path + ": cannot open (" + std::strerror(errno) +
+                             "; pass the digits CSV with --data; the repository ships data/digits.csv.gz)");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || ::fcntl(fd, F_SETFL, O_RDONLY) != 0) {
+    ::close(fd);
     throw std::runtime_error(path +
-                             ": cannot open (pass the digits CSV with --data; the repository ships "
-                             "data/digits.csv.gz)");
+                             ": not a regular file (a FIFO, a device or a folder?); pass the digits CSV "
+                             "file itself with --data");
+  }
+  gzFile f = gzdopen(fd, "rb");
+  if (f == nullptr) {
+    ::close(fd);
+    throw std::runtime_error(path + ": cannot read it (out of memory)");
+  }
   std::string text;
   char buf[1 << 16];
   int n = 0;

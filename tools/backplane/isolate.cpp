@@ -80,12 +80,14 @@ Json device_json(const Device& device) {
   return j;
 }
 
+// The core's reader: a FIFO or a device named as the config is refused at
+// once (an ifstream would block on it).
 std::string read_config_text(const fs::path& config) {
-  std::ifstream in(config, std::ios::binary);
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  return text;
+  try {
+    return Registry::read_config(config);
+  } catch (const Error& e) {
+    throw CommandError(kExitConfig, e.message());
+  }
 }
 
 // The config as a document, or nullopt for anything the core refuses by
@@ -315,7 +317,11 @@ int run_load_backend(const LoadBackendOptions& options) {
     }
   };
   const fs::path config = options.config;
-  const std::optional<Json> doc = parse_config_document(read_config_text(config));
+  std::optional<Json> doc;
+  try {
+    doc = parse_config_document(read_config_text(config));
+  } catch (const CommandError&) {  // replaced by something else since the parent read it
+  }
   if (!doc || options.index >= (*doc)["backends"].size()) {
     answer({{"config_error", "the config changed while it was being checked; run the command again"}});
     return kExitConfig;
