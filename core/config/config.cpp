@@ -34,6 +34,7 @@ const std::initializer_list<std::string_view> kBackendKeys = {
     "name", "library", "required", "options", "collective_fallback", "op_fallback"};
 
 std::string describe(const json& v) {
+  if (v.is_null()) return "null";  // not "null null"
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 40) text = text.substr(0, 37) + "...";
   return std::string(v.type_name()) + " " + text;

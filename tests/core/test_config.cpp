@@ -237,7 +237,11 @@ TEST_CASE("config: an op_fallback of the wrong type or spelling makes the config
                      backend_json("cpu", "good_c")}));
     BP_CHECK_CONTAINS(msg, "backends[0].op_fallback");
     BP_CHECK_CONTAINS(msg, R"(expected "error" or "host:<backend>", got )");
+    CHECK(msg.find("null null") == std::string::npos);  // a null is named once
   }
+  msg = config_error_of(config_json(
+      {backend_json("accel", "good_c", false, R"("op_fallback": null)"), backend_json("cpu", "good_c")}));
+  BP_CHECK_CONTAINS(msg, R"(expected "error" or "host:<backend>", got null)");
   msg = config_error_of(config_json({backend_json("accel", "good_c", false, R"("op_fallbak": "error")")}));
   BP_CHECK_CONTAINS(msg, "backends[0].op_fallbak");
   BP_CHECK_CONTAINS(msg, "did you mean \"op_fallback\"");
