@@ -223,6 +223,11 @@ TEST_CASE("train checkpoints: --keep keeps the newest, interrupted writes are cl
     CHECK(r.code == kExitUsage);
     BP_CHECK_CONTAINS(r.err, std::string(flag) + " needs --checkpoint-dir");
   }
+  // An empty folder name (a script's unset variable) is a usage error, not "no checkpoints".
+  r = cli(tmp, train_args(tmp, "1", "1", {"--checkpoint-dir", ""}));
+  CHECK(r.code == kExitUsage);
+  BP_CHECK_CONTAINS(r.err, "--checkpoint-dir");
+  BP_CHECK_CONTAINS(r.err, "is empty");
   tmp.write("a_file", "x");
   r = cli(tmp, train_args(tmp, "1", "1", {"--checkpoint-dir", (tmp / "a_file").string()}));
   CHECK(r.code == kExitFailed);

@@ -775,7 +775,16 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--bucket-mb", o->bucket_mb, "Gradient bucket size in MiB (default 25)")
       ->check(CLI::Range(1.0 / 1024, 1024.0 * 1024));
   app->add_option("--checkpoint-dir", o->checkpoint_dir,
-                  "Save checkpoints in this folder and resume from the newest valid one in it");
+                  "Save checkpoints in this folder and resume from the newest valid one in it")
+      ->check(
+          [](const std::string& v) {
+            // An empty value is a script's unset variable, not "no checkpoints".
+            return v.empty() ? std::string(
+                                   "is empty (an unset variable in a script?); omit the option to "
+                                   "train without checkpoints")
+                             : std::string();
+          },
+          "FOLDER");
   app->add_option("--checkpoint-every", o->checkpoint_every,
                   "Steps between checkpoints (default: one at the end of every epoch)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
