@@ -460,7 +460,7 @@ SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device
 }
 
 SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device) {
-  return load_safetensors(path, device, SafetensorsLoad::map_if_possible);
+  return load_safetensors(path, device, SafetensorsLoad::copy);
 }
 
 }  // namespace backplane

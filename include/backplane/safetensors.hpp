@@ -56,7 +56,10 @@ BACKPLANE_API void save_safetensors(const std::filesystem::path& path,
                                     const std::vector<std::pair<std::string, Tensor>>& tensors,
                                     const std::map<std::string, std::string>& metadata = {});
 
-// How load_safetensors makes its tensors.
+// How load_safetensors makes its tensors. Copying is the default: a mapped
+// tensor changes when another program rewrites the file in place (`cp`, any
+// writer that opens it with O_TRUNC), and reading it after the file was
+// truncated kills the process with SIGBUS. Map only files nothing rewrites.
 enum class SafetensorsLoad {
   // On a host_visible device that takes host memory (from_dlpack's rule),
   // each tensor whose data in the file is aligned to its element size views
@@ -84,8 +87,9 @@ enum class SafetensorsLoad {
 // Errc::capability_missing when `device` does not hold a dtype of the file.
 BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device,
                                                SafetensorsLoad mode);
-// The same with SafetensorsLoad::map_if_possible (kept as its own function,
-// so programs linked against the library before `mode` existed still run).
+// The same with SafetensorsLoad::copy (kept as its own function, so programs
+// linked against the library before `mode` existed still run; before this
+// release it mapped).
 BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device);
 
 }  // namespace backplane

@@ -44,9 +44,10 @@ py::dict tensors_of(SafetensorsFile& file) {
   return out;
 }
 
-SafetensorsFile load(const std::filesystem::path& path, py::handle device) {
+SafetensorsFile load(const std::filesystem::path& path, py::handle device, bool mmap) {
   const Device d = to_device(device);
-  return nogil([&] { return load_safetensors(path, d); });
+  const SafetensorsLoad mode = mmap ? SafetensorsLoad::map_if_possible : SafetensorsLoad::copy;
+  return nogil([&] { return load_safetensors(path, d, mode); });
 }
 
 }  // namespace
@@ -58,21 +59,23 @@ void bind_safetensors(py::module_& m) {
       "values that are not tensors go through backplane.tensor()");
   m.def(
       "load",
-      [](const std::filesystem::path& path, py::handle device) {
-        SafetensorsFile file = load(path, device);
+      [](const std::filesystem::path& path, py::handle device, bool mmap) {
+        SafetensorsFile file = load(path, device, mmap);
         return tensors_of(file);
       },
-      py::arg("path"), py::arg("device") = py::none(),
+      py::arg("path"), py::arg("device") = py::none(), py::kw_only(), py::arg("mmap") = false,
       "Reads a safetensors file: a dict of name -> tensor on `device` (default: the default device), in the "
-      "file's order");
+      "file's order. The tensors are copies; mmap=True makes them views of a private map of the file where "
+      "the device allows (nothing read until used), which change if the file is rewritten in place and "
+      "kill the process (SIGBUS) if it is truncated");
   m.def(
       "load_with_metadata",
-      [](const std::filesystem::path& path, py::handle device) {
-        SafetensorsFile file = load(path, device);
+      [](const std::filesystem::path& path, py::handle device, bool mmap) {
+        SafetensorsFile file = load(path, device, mmap);
         py::dict tensors = tensors_of(file);
         return py::make_tuple(tensors, py::cast(file.metadata));
       },
-      py::arg("path"), py::arg("device") = py::none(),
+      py::arg("path"), py::arg("device") = py::none(), py::kw_only(), py::arg("mmap") = false,
       "As load(), and the file's \"__metadata__\": a (tensors, metadata) tuple");
 }
 

@@ -158,3 +158,31 @@ def test_the_safetensors_package_reads_what_save_writes(tmp_path):
     numpy_api.save_file({"z": np.arange(4, dtype=np.float32)}, str(path), metadata={"a": "b"})
     tensors, metadata = bp.load_with_metadata(path)
     assert tensors["z"].tolist() == [0.0, 1.0, 2.0, 3.0] and metadata == {"a": "b"}
+
+
+def test_load_copies_so_rewriting_or_truncating_the_file_changes_nothing(tmp_path):
+    path = tmp_path / "w.safetensors"
+    bp.save(path, {"w": np.ones(1024, dtype=np.float32)})
+    w = bp.load(path)["w"]
+    # What `cp other.safetensors w.safetensors` does: the same file, truncated, rewritten.
+    header, buffer, n = read_by_hand(path)
+    with open(path, "r+b") as f:
+        data = f.read()
+        f.seek(0)
+        f.truncate()
+        f.write(data[:8 + n] + np.full(1024, 2.0, dtype=np.float32).tobytes())
+    assert w.numpy().tolist() == [1.0] * 1024
+    os.truncate(path, 0)  # a view of a mapped page past the end would be SIGBUS
+    assert w.numpy().tolist() == [1.0] * 1024
+
+
+def test_load_with_mmap_views_the_file(tmp_path):
+    path = tmp_path / "w.safetensors"
+    bp.save(path, {"w": np.arange(1024, dtype=np.float32)})
+    w = bp.load(path, mmap=True)["w"]
+    tensors, metadata = bp.load_with_metadata(path, mmap=True)
+    assert tensors["w"].numpy().tolist() == w.numpy().tolist() == list(range(1024))
+    with open("/proc/self/maps") as maps:
+        assert any(line.rstrip().endswith(str(path.resolve())) for line in maps)
+    with pytest.raises(TypeError):
+        bp.load(path, None, True)  # mmap is keyword-only

@@ -368,7 +368,7 @@ TEST_CASE("safetensors: on a host-visible device aligned tensors view a private 
                           {"late", Tensor::from_vector<float>(cpu(), {2}, {7.0f, 8.0f})}});
   const std::string before = read_file(file);
   {
-    SafetensorsFile loaded = load_safetensors(file, cpu());
+    SafetensorsFile loaded = load_safetensors(file, cpu(), SafetensorsLoad::map_if_possible);
     REQUIRE(loaded.tensors.size() == 4);
     const Tensor& w = loaded.tensors[0].second;
     CHECK(w.to_vector<float>() == weights);
@@ -393,4 +393,27 @@ TEST_CASE("safetensors: on a host-visible device aligned tensors view a private 
     CHECK_FALSE(in_map_of(data_of(t), file));
   }
   CHECK(copied.tensors[0].second.to_vector<float>() == weights);
+}
+
+TEST_CASE(
+    "safetensors: by default tensors are copied: a file rewritten or truncated under them changes nothing") {
+  TempDir tmp;
+  const fs::path file = tmp / "weights.safetensors";
+  const std::vector<float> ones(1024, 1.0f);
+  save_safetensors(file, {{"w", Tensor::from_vector<float>(cpu(), {1024}, ones)}});
+  const std::string original = read_file(file);
+  const SafetensorsFile loaded = load_safetensors(file, cpu());
+  const Tensor& w = loaded.tensors[0].second;
+  CHECK_FALSE(in_map_of(data_of(w), file));
+  // As `cp other file` does: the same inode, truncated, then written.
+  std::string other = original;
+  const std::size_t data = other.size() - 1024 * sizeof(float);
+  const float two = 2.0f;
+  for (std::size_t i = 0; i < 1024; ++i)
+    std::memcpy(other.data() + data + i * sizeof(float), &two, sizeof two);
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << other;
+  CHECK(w.to_vector<float>() == ones);
+  // Truncated to nothing: reading a mapped page past the end would be SIGBUS.
+  fs::resize_file(file, 0);
+  CHECK(w.to_vector<float>() == ones);
 }
