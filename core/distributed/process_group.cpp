@@ -317,6 +317,21 @@ struct ProcessGroup::Impl {
     else
       detail::copy_dense(work, x, where(op) + ": copy back");
   }
+  // An `into` collective: `input` in, the caller's `output` (checked as
+  // `out`) written. Directly when its bytes are on the collective device;
+  // otherwise through a fresh tensor there (nothing to copy in: it is all
+  // overwritten), copied back.
+  void into(bp_status* (*entry)(bp_collective_args*), const char* entry_name, const Tensor& input,
+            const TensorImpl& out, Tensor& output, int32_t reduce_op, const char* name) {
+    auto in = on_collective_device(input, name);
+    const bool direct =
+        !staged() && out.storage->backend == route.backend && out.storage->device == route.device;
+    std::shared_ptr<TensorImpl> work = direct ? detail::Access::impl(output) : allocate(out.shape, out.dtype);
+    const bp_tensor di = detail::describe(*in);
+    const bp_tensor dout = detail::describe(*work);
+    run(entry, entry_name, &di, &dout, reduce_op, 0, name);
+    finish(direct, *work, out, name);
+  }
   // The caller's output of an `into` collective: on this group's device,
   // contiguous, of `dtype`.
   const TensorImpl& output_operand(const Tensor& t, DType dtype, const char* op) const {
@@ -526,13 +541,7 @@ void ProcessGroup::all_gather_into(const Tensor& input, Tensor& output) {
                        out, "ProcessGroup::all_gather_into");
     return;
   }
-  auto in = g.on_collective_device(input, "ProcessGroup::all_gather_into");
-  bool direct = false;
-  std::shared_ptr<TensorImpl> work = g.writable(out, output, "ProcessGroup::all_gather_into", direct);
-  const bp_tensor di = detail::describe(*in);
-  const bp_tensor dout = detail::describe(*work);
-  g.run(g.coll().api.all_gather, "all_gather", &di, &dout, BP_REDUCE_SUM, 0, "all_gather_into");
-  g.finish(direct, *work, out, "all_gather_into");
+  g.into(g.coll().api.all_gather, "all_gather", input, out, output, BP_REDUCE_SUM, "all_gather_into");
 }
 
 void ProcessGroup::reduce_scatter_into(const Tensor& input, Tensor& output, ReduceOp op) {
@@ -553,13 +562,7 @@ void ProcessGroup::reduce_scatter_into(const Tensor& input, Tensor& output, Redu
     return;
   }
   const std::string name = std::string("reduce_scatter_into(") + to_string(op) + ")";
-  auto in = g.on_collective_device(input, "ProcessGroup::reduce_scatter_into");
-  bool direct = false;
-  std::shared_ptr<TensorImpl> work = g.writable(out, output, "ProcessGroup::reduce_scatter_into", direct);
-  const bp_tensor di = detail::describe(*in);
-  const bp_tensor dout = detail::describe(*work);
-  g.run(g.coll().api.reduce_scatter, "reduce_scatter", &di, &dout, rop, 0, name.c_str());
-  g.finish(direct, *work, out, name.c_str());
+  g.into(g.coll().api.reduce_scatter, "reduce_scatter", input, out, output, rop, name.c_str());
 }
 
 Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {

@@ -853,43 +853,41 @@ backplane::ProcessGroup& pair_group(std::unique_ptr<backplane::ProcessGroup>& sl
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::send(std::vector<at::Tensor>& tensors, int dst_rank,
                                                            int tag) {
-  check_single(tensors, "send");
-  check_rank(dst_rank, size_, "send", "destination");
-  TORCH_CHECK(dst_rank != rank_, "backplane: send: rank ", rank_, " cannot send to itself");
-  const at::Tensor t = tensors[0];
-  Target& tg = target(t, "send");
-  check_dtype(t, tg, "send");
-  Channel& ch = channel(rank_, dst_rank, tag, tg);
-  const int src = rank_;
-  return enqueue(
-      c10d::OpType::SEND, "backplane:send", tensors,
-      [this, &ch, &tg, t, src, dst_rank, tag] {
-        backplane::ProcessGroup& g = pair_group(ch.group, store_, src, dst_rank, tag, tg, true, timeout_);
-        if (t.numel() == 0) return;
-        settle(t);
-        at::Tensor flat = carried(t.contiguous());
-        Tensor b = wrap(tg, flat);
-        g.broadcast_(b, 0);
-      },
-      &ch.executor);
+  return point_to_point(tensors, dst_rank, tag, true);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recv(std::vector<at::Tensor>& tensors, int src_rank,
                                                            int tag) {
-  check_single(tensors, "recv");
-  check_rank(src_rank, size_, "recv", "source");
-  TORCH_CHECK(src_rank != rank_, "backplane: recv: rank ", rank_, " cannot receive from itself");
+  return point_to_point(tensors, src_rank, tag, false);
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::point_to_point(std::vector<at::Tensor>& tensors,
+                                                                     int peer, int tag, bool sending) {
+  const char* op = sending ? "send" : "recv";
+  check_single(tensors, op);
+  check_rank(peer, size_, op, sending ? "destination" : "source");
+  TORCH_CHECK(peer != rank_, "backplane: ", op, ": rank ", rank_,
+              sending ? " cannot send to itself" : " cannot receive from itself");
   const at::Tensor t = tensors[0];
-  Target& tg = target(t, "recv");
-  check_dtype(t, tg, "recv");
-  Channel& ch = channel(src_rank, rank_, tag, tg);
-  const int dst = rank_;
+  Target& tg = target(t, op);
+  check_dtype(t, tg, op);
+  const int src = sending ? rank_ : peer;
+  const int dst = sending ? peer : rank_;
+  Channel& ch = channel(src, dst, tag, tg);
   return enqueue(
-      c10d::OpType::RECV, "backplane:recv", tensors,
-      [this, &ch, &tg, t, src_rank, dst, tag] {
-        backplane::ProcessGroup& g = pair_group(ch.group, store_, src_rank, dst, tag, tg, false, timeout_);
+      sending ? c10d::OpType::SEND : c10d::OpType::RECV, sending ? "backplane:send" : "backplane:recv",
+      tensors,
+      [this, &ch, &tg, t, src, dst, tag, sending] {
+        // The sender is the pair's rank 0, the root of the broadcast.
+        backplane::ProcessGroup& g = pair_group(ch.group, store_, src, dst, tag, tg, sending, timeout_);
         if (t.numel() == 0) return;
         settle(t);
+        if (sending) {
+          at::Tensor flat = carried(t.contiguous());
+          Tensor b = wrap(tg, flat);
+          g.broadcast_(b, 0);
+          return;
+        }
         in_place(t, [&](const at::Tensor& c) {
           at::Tensor flat = carried(c);
           Tensor b = wrap(tg, flat);
@@ -897,7 +895,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recv(std::vector<at::Tenso
           writeback(tg, b, flat);
         });
       },
-      &ch.executor, src_rank);
+      &ch.executor, sending ? -1 : src);
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupBackplane::recvAnysource(std::vector<at::Tensor>&, int) {

@@ -136,6 +136,9 @@ class ProcessGroupBackplane final : public c10d::ProcessGroup {
                                          std::vector<at::Tensor> outputs, std::function<void()> body,
                                          Executor* on = nullptr, int source_rank = -1);
   Channel& channel(int src, int dst, int tag, const Target& tg);
+  // send (sending) or recv: a broadcast from the sender on the channel's pair group.
+  c10::intrusive_ptr<c10d::Work> point_to_point(std::vector<at::Tensor>& tensors, int peer, int tag,
+                                                bool sending);
 
   // The reductions: in place on `t` (any layout), with the bitwise and
   // bool rules; used by allreduce, allreduce_coalesced and reduce.
