@@ -14,13 +14,18 @@ namespace backplane::remote::server {
 struct ServerLimits {
   // Time from accept to the end of the handshake (TLS, Hello, Proof).
   std::chrono::milliseconds handshake_timeout{5000};
-  // Connections still in their handshake. At the limit the server stops
-  // accepting (new connections wait in the kernel's listen queue) until one
-  // finishes or times out, so a flood delays clients instead of refusing them.
+  // Connections still in their handshake. Over it (or over the limit per
+  // address) a new connection waits, without a buffer, until a slot frees:
+  // those that have sent something (a client's Hello) start first, silent
+  // ones after them. A connection waits at most handshake_timeout, and its
+  // handshake then has handshake_timeout of its own; so a flood of silent
+  // connections delays a client by at most one handshake_timeout and never
+  // closes it. Waiting connections are bounded by half the process's
+  // descriptor limit; past it the one that waited longest in silence is closed.
   int32_t max_handshakes = 128;
-  // Connections in their handshake from one source address; over it a new
-  // one from that address is closed at once, so one address can never hold
-  // every handshake slot.
+  // Connections in their handshake from one source address, so that one
+  // address (or one NAT) never holds every handshake slot; more from it wait
+  // as above.
   int32_t max_handshakes_per_address = 16;
   // Authenticated sessions; over it a new one gets a Fatal and is closed.
   int32_t max_sessions = 64;

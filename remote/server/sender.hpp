@@ -45,6 +45,9 @@ class Sender {
   // `wait`; a timeout or a closed session is a failed result (status
   // BP_STATUS_TIMEOUT or BP_STATUS_UNAVAILABLE), never an exception.
   virtual KvResult kv(const KvCall& call, std::chrono::milliseconds wait) = 0;
+  // Frees what the connection keeps for reuse (payload buffers), so that
+  // an allocation the server's memory account refuses can try once more.
+  virtual void release_spares() {}
 };
 
 }  // namespace backplane::remote::server

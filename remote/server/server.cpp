@@ -22,13 +22,17 @@
 #include <deque>
 #include <functional>
 #include <future>
+#include <list>
 #include <map>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
+
+#include <sys/resource.h>
 
 namespace backplane::remote::server {
 
@@ -102,32 +106,72 @@ bool is_loopback(const asio::ip::address& a) {
   return false;
 }
 
-// A payload's bytes: allocated without zero-filling, grown keeping its contents.
+// A payload's bytes: allocated without zero-filling, grown keeping its
+// contents; its capacity is taken from the server's memory account while it lives.
 class ByteBuffer {
  public:
+  ByteBuffer() = default;
+  ByteBuffer(ByteBuffer&& o) noexcept
+      : data_(std::move(o.data_)),
+        size_(std::exchange(o.size_, 0)),
+        capacity_(std::exchange(o.capacity_, 0)),
+        account_(o.account_) {}
+  ByteBuffer& operator=(ByteBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::move(o.data_);
+      size_ = std::exchange(o.size_, 0);
+      capacity_ = std::exchange(o.capacity_, 0);
+      account_ = o.account_;
+    }
+    return *this;
+  }
+  ~ByteBuffer() { release(); }
+
   uint8_t* data() noexcept { return data_.get(); }
   std::size_t size() const noexcept { return size_; }
   std::size_t capacity() const noexcept { return capacity_; }
   void set_size(std::size_t n) noexcept { size_ = n; }
-  void reserve(std::size_t n) {
-    if (n <= capacity_) return;
-    auto bigger = std::make_unique_for_overwrite<uint8_t[]>(n);
+  // Grows to `n` bytes, the growth taken from `account`; false (nothing
+  // changed) when the account would then hold more than `cap`.
+  bool reserve(std::size_t n, MemoryAccount& account, uint64_t cap) {
+    if (n <= capacity_) return true;
+    const std::size_t more = n - capacity_;
+    if (!account.take(more, cap)) return false;
+    std::unique_ptr<uint8_t[]> bigger;
+    try {
+      bigger = std::make_unique_for_overwrite<uint8_t[]>(n);
+    } catch (...) {
+      account.give(more);
+      throw;
+    }
     if (size_ != 0) std::memcpy(bigger.get(), data_.get(), size_);
     data_ = std::move(bigger);
     capacity_ = n;
+    account_ = &account;
+    return true;
   }
 
  private:
+  void release() noexcept {
+    if (account_ != nullptr && capacity_ != 0) account_->give(capacity_);
+    data_.reset();
+    size_ = capacity_ = 0;
+  }
+
   std::unique_ptr<uint8_t[]> data_;
   std::size_t size_ = 0;
   std::size_t capacity_ = 0;
+  MemoryAccount* account_ = nullptr;  // where capacity_ was taken from
 };
 
-// A request for the worker: the verified message and a Write's payload.
+// A request for the worker: the verified message and a Write's payload, or
+// why the connection could not take the request in (then it fails in its place).
 struct Request {
   std::vector<uint8_t> message;
   ByteBuffer payload;
   bool goodbye = false;
+  std::string refusal;
 };
 
 // A frame to write: the header and message, then an optional payload the
@@ -157,11 +201,17 @@ struct Server::Impl {
   void on_accept_error(const error_code& ec);
   void remove(const std::shared_ptr<Connection>& c);
   void stop();
-  void log_unauthenticated(LogLevel level, const std::string& line);
-  // Counts a new connection from `address` into the handshake limits; false
-  // (nothing counted) when that address is at --max-handshakes-per-address.
-  bool admit(const asio::ip::address& address);
-  // A connection from `address` left its handshake; resumes a paused accept.
+  void log_limited(LogLevel level, const std::string& line);
+  // A new connection waits (parked) until it may start its handshake; on accept_strand.
+  void park(tcp::socket socket, asio::ip::address address);
+  // Starts the handshakes of waiting connections while slots are free (those
+  // that sent something first, then the oldest), and resumes a paused
+  // accept once there is room to wait again; on accept_strand.
+  void promote();
+  // Closes the connection that waited longest without sending a byte, to
+  // make room for a new one; false when every waiting one has sent something.
+  bool evict_silent();
+  // A connection from `address` left its handshake: a waiting one may start.
   void handshake_ended(const asio::ip::address& address);
 
   std::shared_ptr<const Hosted> hosted;
@@ -172,10 +222,8 @@ struct Server::Impl {
   tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
   milliseconds accept_backoff{0};
-  std::chrono::steady_clock::time_point last_refusal_log{};  // accept_strand
-  uint64_t refused_since_log = 0;                            // accept_strand
-  // At --max-handshakes the acceptor waits: set on accept_strand, cleared
-  // there by the first handshake that ends.
+  // With max_waiting connections waiting, each of which has sent something,
+  // the acceptor waits: set and cleared on accept_strand.
   std::atomic<bool> accept_paused{false};
   std::unique_ptr<asio::ssl::context> tls;
   std::vector<std::thread> threads;
@@ -184,12 +232,19 @@ struct Server::Impl {
   std::atomic<int64_t> handshakes{0};
   std::mutex handshake_mutex;  // guards handshakes_by_address
   std::map<asio::ip::address, int32_t> handshakes_by_address;
+  // Connections accepted but not in their handshake yet (over
+  // --max-handshakes or --max-handshakes-per-address), oldest first. They
+  // cost a descriptor each and no buffer; at most max_waiting of them.
+  struct Waiting;
+  std::list<std::shared_ptr<Waiting>> waiting;  // accept_strand
+  std::atomic<int64_t> waiting_count{0};
+  std::size_t max_waiting = 0;
   std::atomic<uint64_t> next_session{1};
   std::string bound;
   uint16_t port = 0;
   bool loopback_only = false;
 
-  std::mutex log_mutex;  // the rate limit of log_unauthenticated
+  std::mutex log_mutex;  // the rate limit of log_limited
   std::chrono::steady_clock::time_point log_window{};
   int logged_in_window = 0;
   uint64_t log_suppressed = 0;
@@ -208,7 +263,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   // `socket` comes from the acceptor with a strand of its own as its
   // executor: every handler of this connection (socket, timers, posts) runs
   // on that one strand.
-  // The server has counted it into the handshake limits (admit) already.
+  // The server has counted it into the handshake limits (promote) already.
   Connection(Server::Impl& server, tcp::socket socket, asio::ip::address address)
       : server_(server),
         address_(std::move(address)),
@@ -226,6 +281,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
 
   ~Connection() override {
     if (in_handshake_) server_.handshake_ended(address_);
+    server_.counters.memory.give(unsent_held_);  // frames that were never written
     if (worker_.joinable()) {
       if (worker_.get_id() == std::this_thread::get_id()) {
         worker_.detach();
@@ -253,14 +309,15 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   // ---- Sender: the session's worker and the hosted plugin's kv calls -------
   void send(wire::Encoded frame) override {
     const uint64_t n = frame.bytes.size();
-    if (!reserve_unsent(n)) return;
+    if (!reserve_unsent(n, n)) return;
     auto o = std::make_shared<Outgoing>(Outgoing{std::move(frame.bytes), {}, {}});
     asio::post(strand_, [self = shared_from_this(), o] { self->enqueue_out(std::move(*o)); });
   }
 
   bool send_with_payload(wire::Encoded frame, std::span<const uint8_t> payload) override {
+    // The payload is a buffer's memory or the session's staging, both counted already.
     const uint64_t n = frame.bytes.size() + payload.size();
-    if (!reserve_unsent(n)) return false;
+    if (!reserve_unsent(n, frame.bytes.size())) return false;
     auto written = std::make_shared<std::promise<bool>>();
     std::future<bool> result = written->get_future();
     auto o = std::make_shared<Outgoing>(
@@ -297,7 +354,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
 
  private:
   enum class Phase { tls, hello, proof, session, draining, closed };
-  enum class Part { header, message, payload };
+  enum class Part { header, message, payload, discard };
 
   // ---- handshake ----------------------------------------------------------
   void begin() {
@@ -430,10 +487,23 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
           if (!on_message()) return;
           continue;
         }
+        if (part_ == Part::discard) {  // a Write refused for want of memory: its bytes are dropped
+          const std::size_t drop = static_cast<std::size_t>(std::min<uint64_t>(avail, discard_left_));
+          in_begin_ += drop;
+          discard_left_ -= drop;
+          if (discard_left_ != 0) break;
+          part_ = Part::header;
+          queue(Request{std::move(message_), {}, false, std::move(refusal_)});
+          refusal_.clear();
+          continue;
+        }
         // Part::payload: what is buffered already, then straight into the payload buffer.
         const std::size_t take = std::min<std::size_t>(avail, header_.payload_bytes - payload_.size());
         if (take != 0) {  // an empty payload buffer has no storage yet
-          payload_.reserve(payload_.size() + take);
+          if (!stage(payload_.size() + take)) {
+            no_room();
+            return;
+          }
           std::memcpy(payload_.data() + payload_.size(), inbuf_.data() + in_begin_, take);
           payload_.set_size(payload_.size() + take);
         }
@@ -501,7 +571,10 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     std::size_t target = payload_.capacity() >= total
                              ? total
                              : std::min<uint64_t>(total, std::max(kFirstPayloadChunk, got * 2));
-    payload_.reserve(target);
+    if (!stage(target)) {
+      no_room();
+      return;
+    }
     // A step at a time while the worker may still free up for a direct read.
     if (direct_candidate_) target = std::min<uint64_t>(target, got + kStagingStep);
     arm_idle();
@@ -525,6 +598,48 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     } else {
       asio::async_read(stream_.socket(), room, whole_transfer, std::move(handler));
     }
+  }
+
+  // Room in the server's memory account for `n` bytes of the payload being
+  // staged, after what this connection keeps for reuse if need be.
+  bool stage(std::size_t n) {
+    MemoryAccount& account = server_.counters.memory;
+    const uint64_t cap = server_.options.limits.max_total_bytes;
+    if (payload_.reserve(n, account, cap)) return true;
+    release_spares();
+    return payload_.reserve(n, account, cap);
+  }
+
+  // No room to stage more of this Write's payload. While earlier requests
+  // hold staged payloads, reading waits for the worker to run them; once
+  // nothing else is held the payload goes straight into the buffer if it
+  // can, else its bytes are dropped and the Write fails with out_of_memory
+  // in its place: the session and the server go on.
+  void no_room() {
+    {
+      std::lock_guard lock(queue_mutex_);
+      if (!worker_idle_ || !queue_.empty()) {
+        memory_waits_ = true;
+        paused_ = true;
+        idle_timer_.cancel();  // the client is waiting for us, not idle
+        return;
+      }
+    }
+    direct_candidate_ = false;
+    const std::size_t got = payload_.size();
+    const wire::Message* m = wire::GetMessage(message_.data());  // verified in on_message
+    if (const auto target = session_->direct_write(*m->body_as_Write())) {
+      if (got != 0) std::memcpy(target->data(), payload_.data(), got);
+      payload_ = ByteBuffer();
+      if (read_direct(target->subspan(got))) pump();
+      return;
+    }
+    refusal_ = no_room_text(server_.counters, header_.payload_bytes, server_.options.limits.max_total_bytes,
+                            "staging a write of");
+    discard_left_ = header_.payload_bytes - got;
+    payload_ = ByteBuffer();
+    part_ = Part::discard;
+    pump();
   }
 
   void on_read_error(const error_code& ec) {
@@ -584,7 +699,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       case Route::worker:
         if (header_.payload_bytes == 0) {
           part_ = Part::header;
-          queue(Request{std::move(message_), {}, false});
+          queue(Request{std::move(message_), {}, false, {}});
           return !paused_;
         }
         direct_candidate_ = false;
@@ -619,7 +734,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       case Route::goodbye:
         part_ = Part::header;
         phase_ = Phase::draining;  // nothing more is read; the worker finishes what is queued
-        queue(Request{{}, {}, true});
+        queue(Request{{}, {}, true, {}});
         return false;
     }
     return true;
@@ -668,7 +783,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   void on_frame_done() {
     part_ = Part::header;
     direct_candidate_ = false;
-    queue(Request{std::move(message_), std::move(payload_), false});
+    queue(Request{std::move(message_), std::move(payload_), false, {}});
   }
 
   void on_kv_reply(uint64_t id, const wire::KvReply& r) {
@@ -702,7 +817,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     bool wake = false;
     {
       std::lock_guard lock(queue_mutex_);
-      queued_bytes_ += r.payload.size();
+      queued_bytes_ += r.payload.size() + r.message.size();
       queue_.push_back(std::move(r));
       if (message_.capacity() == 0 && !spare_messages_.empty()) {  // the next message's buffer
         message_ = std::move(spare_messages_.back());
@@ -752,13 +867,24 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
         if (handled.capacity() != 0 && handled.capacity() <= kMaxSpareMessageBytes &&
             spare_messages_.size() < kSpareMessages)
           spare_messages_.push_back(std::move(handled));
+        if (memory_waits_) {  // the last request's payload is freed: the reader may find room now
+          memory_waits_ = false;
+          asio::post(strand_, [self = shared_from_this()] { self->resume(); });
+        }
         worker_idle_ = true;
+        if (queue_.empty() && large_spares_.load()) {
+          // Nothing to do: large spare buffers go back (the next large write
+          // is read straight into its buffer while the worker is idle).
+          lock.unlock();
+          drop_large_spares();
+          lock.lock();
+        }
         queue_cv_.wait(lock, [&] { return stop_worker_ || !queue_.empty(); });
         worker_idle_ = false;
         if (stop_worker_) break;
         r = std::move(queue_.front());
         queue_.pop_front();
-        queued_bytes_ -= r.payload.size();
+        queued_bytes_ -= r.payload.size() + r.message.size();
         if (reader_waits_ && !queue_full_locked()) {
           reader_waits_ = false;
           asio::post(strand_, [self = shared_from_this()] { self->resume(); });
@@ -770,7 +896,11 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       }
       try {
         const wire::Message* m = wire::GetMessage(r.message.data());  // verified by the reader
-        session_->handle(*m, std::span<const uint8_t>(r.payload.data(), r.payload.size()));
+        if (!r.refusal.empty()) {
+          session_->fail(*m, BP_STATUS_OUT_OF_MEMORY, r.refusal);
+        } else {
+          session_->handle(*m, std::span<const uint8_t>(r.payload.data(), r.payload.size()));
+        }
       } catch (const std::exception& e) {
         log_line(LogLevel::error,
                  "session " + std::to_string(session_->id()) + ": unexpected error: " + e.what());
@@ -803,16 +933,51 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   void give_spare(ByteBuffer b) {
     if (b.capacity() == 0 || b.capacity() > kMaxSpareBytes) return;
     std::lock_guard lock(spare_mutex_);
-    if (spares_.size() < kSpareBuffers) spares_.push_back(std::move(b));
+    if (spares_.size() >= kSpareBuffers) return;
+    if (b.capacity() > kDirectWriteBytes) large_spares_ = true;
+    spares_.push_back(std::move(b));
+  }
+
+  // Sender: frees the spare payload buffers (the session's allocation found no room).
+  void release_spares() override {
+    std::vector<ByteBuffer> dropped;
+    std::lock_guard lock(spare_mutex_);
+    dropped.swap(spares_);
+    large_spares_ = false;
+  }
+
+  void drop_large_spares() {
+    std::vector<ByteBuffer> dropped;
+    std::lock_guard lock(spare_mutex_);
+    for (ByteBuffer& b : spares_)
+      if (b.capacity() > kDirectWriteBytes) dropped.push_back(std::move(b));
+    std::erase_if(spares_, [](const ByteBuffer& b) { return b.capacity() == 0; });
+    large_spares_ = false;
   }
 
   // ---- writing: queued frames leave in gathered writes -------------------
-  // Waits while too many bytes are unsent; false once the connection is gone.
-  bool reserve_unsent(uint64_t n) {
+  // Waits while too many bytes are unsent, or while the server's memory
+  // account has no room for the `held` bytes this frame makes the server hold
+  // and earlier frames are still unsent (with nothing unsent, one frame goes
+  // past the cap: replies must get out). False once the connection is gone.
+  bool reserve_unsent(uint64_t n, uint64_t held) {
+    MemoryAccount& account = server_.counters.memory;
+    const uint64_t cap = server_.options.limits.max_total_bytes;
     std::unique_lock lock(send_mutex_);
-    send_cv_.wait(lock, [&] { return dead_ || unsent_ < kMaxUnsentBytes; });
-    if (dead_) return false;
+    bool taken = false;
+    send_cv_.wait(lock, [&] {
+      if (dead_) return true;
+      if (unsent_ >= kMaxUnsentBytes) return false;
+      taken = account.take(held, cap);
+      return taken || unsent_ == 0;
+    });
+    if (dead_) {
+      if (taken) account.give(held);
+      return false;
+    }
+    if (!taken) account.force(held);
     unsent_ += n;
+    unsent_held_ += held;
     return true;
   }
 
@@ -823,8 +988,10 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     {
       std::lock_guard lock(send_mutex_);
       unsent_ += frame.bytes.size();
+      unsent_held_ += frame.bytes.size();
       unsent = unsent_;
     }
+    server_.counters.memory.force(frame.bytes.size());  // small, and bounded by kMaxUnsentBytes
     enqueue_out(Outgoing{std::move(frame.bytes), {}, {}});
     return unsent;
   }
@@ -859,8 +1026,10 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       self->write_timer_.cancel();
       self->writing_ = false;
       uint64_t written = 0;
+      uint64_t heads = 0;
       for (std::size_t i = 0; i < self->in_flight_; ++i) {
         written += self->out_.front().bytes();
+        heads += self->out_.front().head.size();
         if (self->out_.front().done) self->out_.front().done(!ec);
         self->out_.pop_front();
       }
@@ -868,7 +1037,10 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
       {
         std::lock_guard lock(self->send_mutex_);
         self->unsent_ -= std::min(self->unsent_, written);
+        heads = std::min(self->unsent_held_, heads);
+        self->unsent_held_ -= heads;
       }
+      self->server_.counters.memory.give(heads);
       self->send_cv_.notify_all();
       if (ec) {
         self->close(LogLevel::info, "could not be written to (" + ec.message() + ")");
@@ -964,8 +1136,8 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
                                  " buffer(s), " + std::to_string(freed_bytes_) + " bytes");
       session_.reset();
     } else {
-      server_.log_unauthenticated(close_level_ == LogLevel::info ? LogLevel::debug : close_level_,
-                                  peer_ + " " + close_why_);
+      server_.log_limited(close_level_ == LogLevel::info ? LogLevel::debug : close_level_,
+                          peer_ + " " + close_why_);
     }
     release_slot();
     server_.remove(shared_from_this());
@@ -1009,6 +1181,8 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   std::vector<uint8_t> message_;
   ByteBuffer payload_;
   bool paused_ = false;
+  uint64_t discard_left_ = 0;      // Part::discard: payload bytes still to drop
+  std::string refusal_;            // Part::discard: why the Write fails
   bool direct_read_ = false;       // a read into a hosted buffer's memory is in flight
   bool direct_candidate_ = false;  // the payload being staged may switch to a direct read
 
@@ -1019,6 +1193,7 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   std::mutex send_mutex_;
   std::condition_variable send_cv_;
   uint64_t unsent_ = 0;
+  uint64_t unsent_held_ = 0;  // the frames' own bytes among them, taken from the memory account
   bool dead_ = false;
 
   // Worker.
@@ -1031,11 +1206,13 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   uint64_t queued_bytes_ = 0;
   bool worker_idle_ = false;
   bool reader_waits_ = false;
+  bool memory_waits_ = false;  // the reader waits for staged payloads to be freed
   bool stop_worker_ = false;
   std::size_t freed_buffers_ = 0;
   uint64_t freed_bytes_ = 0;
   std::mutex spare_mutex_;
   std::vector<ByteBuffer> spares_;
+  std::atomic<bool> large_spares_{false};  // a spare is larger than kDirectWriteBytes
 
   // Key-value requests to the client.
   std::mutex kv_mutex_;
@@ -1065,6 +1242,12 @@ Server::Impl::Impl(std::shared_ptr<const Hosted> h, ServerOptions o)
     throw std::runtime_error("every server limit must be positive");
   if (options.io_threads < 1) options.io_threads = 1;
   if (!options.tls_cert.empty()) tls = wire::server_tls_context(options.tls_cert, options.tls_key);
+  // Waiting connections may take half the descriptors this process may open.
+  rlimit files{};
+  const uint64_t descriptors = ::getrlimit(RLIMIT_NOFILE, &files) != 0 ? 1024
+                               : files.rlim_cur == RLIM_INFINITY       ? uint64_t{1} << 20
+                                                                       : files.rlim_cur;
+  max_waiting = static_cast<std::size_t>(std::clamp<uint64_t>(descriptors / 2, 16, uint64_t{1} << 16));
   listen();
   accept();
   for (int i = 0; i < options.io_threads; ++i) {
@@ -1150,7 +1333,7 @@ void Server::Impl::accept() {
       return;
     }
     if (accept_backoff.count() != 0) {
-      log_line(LogLevel::warning, "accepting connections again");
+      log_limited(LogLevel::warning, "accepting connections again");
       accept_backoff = milliseconds(0);
     }
     error_code ignored;
@@ -1158,58 +1341,140 @@ void Server::Impl::accept() {
     asio::ip::address address = peer.address();
     if (address.is_v6() && address.to_v6().is_v4_mapped())
       address = asio::ip::make_address_v4(asio::ip::v4_mapped, address.to_v6());
-    if (!admit(address)) {
-      // One address at its share of the handshake slots: closed at once, so
-      // a flood from one host costs that host, never the others.
-      socket.close(ignored);
-      ++refused_since_log;
-      const auto now = std::chrono::steady_clock::now();
-      if (now - last_refusal_log >= std::chrono::seconds(1)) {
-        log_line(LogLevel::warning,
-                 "closed " + std::to_string(refused_since_log) + " new connection(s) from addresses with " +
-                     std::to_string(options.limits.max_handshakes_per_address) +
-                     " connections in their handshake, the limit per address (--max-handshakes-per-address); "
-                     "last from " +
-                     address.to_string());
-        refused_since_log = 0;
-        last_refusal_log = now;
-      }
-      accept();
-      return;
-    }
-    socket.set_option(tcp::no_delay(true), ignored);
-    socket.set_option(asio::socket_base::keep_alive(true), ignored);
-    auto c = std::make_shared<Connection>(*this, std::move(socket), address);
-    {
-      std::lock_guard lock(mutex);
-      connections.insert(c);
-    }
-    c->start();
-    if (handshakes.load() >= options.limits.max_handshakes) {
-      // Every slot is taken: stop accepting until a handshake ends (new
-      // connections wait in the listen queue; nothing is closed).
+    // Every new connection waits its turn: at once when a slot is free, else
+    // until one frees (nothing is closed for being over a limit).
+    park(std::move(socket), address);
+    promote();
+    if (waiting.size() >= max_waiting && !evict_silent()) {
+      // Every waiting connection has sent its first bytes: new ones wait in
+      // the kernel's listen queue until one starts its handshake or times out.
       accept_paused = true;
-      if (handshakes.load() >= options.limits.max_handshakes) {
-        log_line(LogLevel::warning, "paused accepting: " + std::to_string(handshakes.load()) +
-                                        " connections are in their handshake, the limit (--max-handshakes); "
-                                        "new ones wait until one finishes or times out");
-        return;
-      }
-      accept_paused = false;  // one ended meanwhile and saw no pause
+      log_limited(
+          LogLevel::warning,
+          "paused accepting: " + std::to_string(waiting.size()) +
+              " connections wait for a handshake slot, the most this server keeps (half of `ulimit -n`), "
+              "and " +
+              std::to_string(handshakes.load()) +
+              " are in their handshake (--max-handshakes, --max-handshakes-per-address); new ones wait "
+              "until one starts or times out");
+      return;
     }
     accept();
   });
 }
 
-bool Server::Impl::admit(const asio::ip::address& address) {
-  std::lock_guard lock(handshake_mutex);
-  int32_t& n = handshakes_by_address[address];
-  if (n >= options.limits.max_handshakes_per_address) {
-    if (n == 0) handshakes_by_address.erase(address);
-    return false;
+struct Server::Impl::Waiting {
+  Waiting(tcp::socket s, asio::ip::address a, const Strand& strand)
+      : socket(std::move(s)), address(std::move(a)), timer(strand) {}
+  tcp::socket socket;
+  asio::ip::address address;
+  asio::steady_timer timer;  // how long it may wait: --handshake-timeout-ms
+  std::list<std::shared_ptr<Waiting>>::iterator place;
+  bool readable = false;  // it sent something (a Hello, a TLS ClientHello) or closed
+  bool done = false;      // started or closed: late handlers do nothing
+};
+
+void Server::Impl::park(tcp::socket socket, asio::ip::address address) {
+  auto w = std::make_shared<Waiting>(std::move(socket), std::move(address), accept_strand);
+  waiting.push_back(w);
+  w->place = std::prev(waiting.end());
+  ++waiting_count;
+  const milliseconds timeout = options.limits.handshake_timeout;
+  w->timer.expires_after(timeout);
+  w->timer.async_wait([this, w, timeout](const error_code& ec) {
+    if (ec || w->done) return;
+    w->done = true;
+    error_code ignored;
+    w->socket.close(ignored);
+    waiting.erase(w->place);
+    --waiting_count;
+    log_limited(LogLevel::warning, w->address.to_string() + " waited " + ms_text(timeout) +
+                                       " (--handshake-timeout-ms) for a handshake slot and was closed: " +
+                                       std::to_string(handshakes.load()) +
+                                       " connections are in their handshake (--max-handshakes " +
+                                       std::to_string(options.limits.max_handshakes) +
+                                       ", --max-handshakes-per-address " +
+                                       std::to_string(options.limits.max_handshakes_per_address) + ")");
+    promote();
+  });
+  // A connection that sends first goes first: a client sends its Hello at
+  // once, a flood of silent connections never does.
+  w->socket.async_wait(tcp::socket::wait_read, [this, w](const error_code& ec) {
+    if (ec) return;
+    asio::post(accept_strand, [this, w] {
+      if (w->done) return;
+      w->readable = true;
+      promote();
+    });
+  });
+}
+
+void Server::Impl::promote() {
+  {
+    std::lock_guard lock(mutex);
+    if (stopping) return;
   }
-  ++n;
-  ++handshakes;
+  const int32_t per_address = options.limits.max_handshakes_per_address;
+  while (!waiting.empty()) {
+    auto pick = waiting.end();
+    {
+      std::lock_guard lock(handshake_mutex);
+      if (handshakes.load() >= options.limits.max_handshakes) break;
+      auto first_silent = waiting.end();
+      for (auto it = waiting.begin(); it != waiting.end(); ++it) {
+        const auto n = handshakes_by_address.find((*it)->address);
+        if (n != handshakes_by_address.end() && n->second >= per_address) continue;
+        if ((*it)->readable) {
+          pick = it;
+          break;
+        }
+        if (first_silent == waiting.end()) first_silent = it;
+      }
+      if (pick == waiting.end()) pick = first_silent;
+      if (pick == waiting.end()) break;
+      ++handshakes_by_address[(*pick)->address];
+      ++handshakes;
+    }
+    const std::shared_ptr<Waiting> w = *pick;
+    waiting.erase(pick);
+    --waiting_count;
+    w->done = true;
+    w->timer.cancel();
+    error_code ignored;
+    w->socket.cancel(ignored);
+    w->socket.set_option(tcp::no_delay(true), ignored);
+    w->socket.set_option(asio::socket_base::keep_alive(true), ignored);
+    auto c = std::make_shared<Connection>(*this, std::move(w->socket), w->address);
+    {
+      std::lock_guard lock(mutex);
+      connections.insert(c);
+    }
+    c->start();
+  }
+  if (accept_paused.load() && waiting.size() < max_waiting) {
+    accept_paused = false;
+    log_limited(LogLevel::info, "accepting connections again (there is room to wait for a handshake slot)");
+    accept();
+  }
+}
+
+bool Server::Impl::evict_silent() {
+  const auto it = std::find_if(waiting.begin(), waiting.end(),
+                               [](const std::shared_ptr<Waiting>& w) { return !w->readable; });
+  if (it == waiting.end()) return false;
+  const std::shared_ptr<Waiting> w = *it;
+  waiting.erase(it);
+  --waiting_count;
+  w->done = true;
+  w->timer.cancel();
+  error_code ignored;
+  w->socket.close(ignored);
+  log_limited(
+      LogLevel::warning,
+      "closed a connection from " + w->address.to_string() +
+          " that waited longest for a handshake slot without sending anything: " +
+          std::to_string(max_waiting) +
+          " connections wait, the most this server keeps (half of `ulimit -n`; raise it to keep more)");
   return true;
 }
 
@@ -1220,17 +1485,10 @@ void Server::Impl::handshake_ended(const asio::ip::address& address) {
     if (it != handshakes_by_address.end() && --it->second <= 0) handshakes_by_address.erase(it);
     --handshakes;
   }
-  if (!accept_paused.load()) return;
-  asio::post(accept_strand, [this] {
-    if (!accept_paused.load() || handshakes.load() >= options.limits.max_handshakes) return;
-    accept_paused = false;
-    {
-      std::lock_guard lock(mutex);
-      if (stopping) return;
-    }
-    log_line(LogLevel::info, "accepting connections again (a handshake slot is free)");
-    accept();
-  });
+  // The acceptor parks a connection before it promotes: one parked after
+  // this check sees the free slot then.
+  if (waiting_count.load() == 0 && !accept_paused.load()) return;
+  asio::post(accept_strand, [this] { promote(); });
 }
 
 // Out of file descriptors (EMFILE, ENFILE) or another transient failure:
@@ -1238,11 +1496,11 @@ void Server::Impl::handshake_ended(const asio::ip::address& address) {
 void Server::Impl::on_accept_error(const error_code& ec) {
   if (ec == asio::error::operation_aborted) return;
   if (accept_backoff.count() == 0)
-    log_line(LogLevel::warning, "accepting a connection failed: " + ec.message() +
-                                    (ec.value() == EMFILE || ec.value() == ENFILE
-                                         ? " (out of file descriptors; raise `ulimit -n`)"
-                                         : "") +
-                                    "; retrying with backoff");
+    log_limited(LogLevel::warning, "accepting a connection failed: " + ec.message() +
+                                       (ec.value() == EMFILE || ec.value() == ENFILE
+                                            ? " (out of file descriptors; raise `ulimit -n`)"
+                                            : "") +
+                                       "; retrying with backoff");
   accept_backoff = std::min(kMaxAcceptBackoff, std::max(milliseconds(10), accept_backoff * 2));
   accept_retry.expires_after(accept_backoff);
   accept_retry.async_wait([this](const error_code& e) {
@@ -1256,8 +1514,9 @@ void Server::Impl::on_accept_error(const error_code& ec) {
 }
 
 // Connections that never authenticate can come by the thousand: at most
-// kMaxLinesPerSecond lines a second about them, then one line saying how many were not shown.
-void Server::Impl::log_unauthenticated(LogLevel level, const std::string& line) {
+// kMaxLinesPerSecond lines a second about them (and about accepting,
+// pausing and resuming), then one line saying how many were not shown.
+void Server::Impl::log_limited(LogLevel level, const std::string& line) {
   constexpr int kMaxLinesPerSecond = 10;
   uint64_t suppressed = 0;
   {
@@ -1276,9 +1535,11 @@ void Server::Impl::log_unauthenticated(LogLevel level, const std::string& line) 
     ++logged_in_window;
   }
   if (suppressed != 0)
-    log_line(LogLevel::warning,
-             std::to_string(suppressed) +
-                 " more line(s) about connections that did not authenticate were not shown");
+    log_line(
+        LogLevel::warning,
+        std::to_string(suppressed) +
+            " more line(s) about connections that did not authenticate, or about accepting them, were not "
+            "shown");
   log_line(level, line);
 }
 
@@ -1301,6 +1562,13 @@ void Server::Impl::stop() {
     error_code ignored;
     acceptor.close(ignored);
     accept_retry.cancel();
+    for (const std::shared_ptr<Waiting>& w : waiting) {
+      w->done = true;
+      w->timer.cancel();
+      w->socket.close(ignored);
+    }
+    waiting.clear();
+    waiting_count = 0;
   });
   for (const auto& c : live) c->shutdown(BP_STATUS_UNAVAILABLE, "the server is shutting down");
   live.clear();
@@ -1334,8 +1602,10 @@ void Server::stop() { impl_->stop(); }
 ServerStats Server::stats() const {
   ServerStats s;
   s.handshakes = impl_->handshakes.load();
+  s.waiting = impl_->waiting_count.load();
   s.sessions = impl_->counters.sessions.load();
   s.bytes = impl_->counters.bytes.load();
+  s.held = static_cast<int64_t>(impl_->counters.memory.held());
   s.buffers = impl_->counters.buffers.load();
   s.comms = impl_->counters.comms.load();
   return s;

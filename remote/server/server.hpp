@@ -38,8 +38,10 @@ struct ServerOptions {
 // What the server holds now, over all sessions.
 struct ServerStats {
   int64_t handshakes = 0;  // connections still in their handshake
+  int64_t waiting = 0;     // connections waiting for a handshake slot
   int64_t sessions = 0;    // authenticated sessions, until everything they held is freed
   int64_t bytes = 0;       // bytes of hosted buffers
+  int64_t held = 0;        // every byte counted against --max-total-bytes: buffers, payloads, replies
   int64_t buffers = 0;
   int64_t comms = 0;
 };

@@ -144,6 +144,17 @@ bool aligned(const wire::Message& m) {
 
 }  // namespace
 
+std::string no_room_text(const Counters& c, uint64_t wanted, uint64_t cap, const char* doing) {
+  const uint64_t held = c.memory.held();
+  const auto buffers = static_cast<uint64_t>(std::max<int64_t>(0, c.bytes.load()));
+  return std::string(doing) + " " + std::to_string(wanted) + " bytes would pass the server's limit of " +
+         std::to_string(cap) +
+         " bytes for all sessions together (backplane serve --max-total-bytes): it holds " +
+         std::to_string(held) + " (" + std::to_string(buffers) + " in buffers, " +
+         std::to_string(held > buffers ? held - buffers : 0) +
+         " in writes, replies and reads in transit); free buffers, move less at once, or try later";
+}
+
 std::optional<Route> route(const wire::Message& m, uint64_t payload_bytes, std::string& why) {
   const wire::Body type = m.body_type();
   const char* name = wire::body_name(type);  // a std::string only when refusing (every message comes here)
@@ -341,26 +352,23 @@ void Session::alloc(const wire::Alloc& r) {
                " more would pass the server's limit of " + std::to_string(limits_.max_session_bytes) +
                " bytes per session (backplane serve --max-session-bytes)",
            BP_STATUS_OUT_OF_MEMORY);
-  // The server-wide cap, reserved before the backend allocates so that
-  // concurrent sessions can never pass it together.
-  const auto size = static_cast<int64_t>(r.size());
-  if (r.size() > limits_.max_total_bytes ||
-      static_cast<uint64_t>(counters_.bytes.fetch_add(size)) > limits_.max_total_bytes - r.size()) {
-    const int64_t others = counters_.bytes.fetch_sub(size) - size;
-    refuse(
-        "the server's sessions hold " + std::to_string(others) + " bytes; " + std::to_string(r.size()) +
-            " more would pass its limit of " + std::to_string(limits_.max_total_bytes) +
-            " bytes for all sessions together (backplane serve --max-total-bytes); free buffers or try later",
-        BP_STATUS_OUT_OF_MEMORY);
+  // The server-wide account, reserved before the backend allocates so that
+  // concurrent sessions can never pass it together. What the connection
+  // keeps for reuse goes first.
+  if (!counters_.memory.take(r.size(), limits_.max_total_bytes)) {
+    sender_.release_spares();
+    if (!counters_.memory.take(r.size(), limits_.max_total_bytes))
+      refuse(no_room_text(counters_, r.size(), limits_.max_total_bytes, "allocating"),
+             BP_STATUS_OUT_OF_MEMORY);
   }
   struct Reservation {  // given back unless the allocation is kept
-    std::atomic<int64_t>& total;
-    int64_t size;
+    MemoryAccount& account;
+    uint64_t size;
     bool kept = false;
     ~Reservation() {
-      if (!kept) total -= size;
+      if (!kept) account.give(size);
     }
-  } reserved{counters_.bytes, size};
+  } reserved{counters_.memory, r.size()};
   // The slot first, so that a failure to record it cannot leak the allocation.
   auto [slot, inserted] = buffers_.try_emplace(id);
   bp_buffer_alloc_args a{};
@@ -376,6 +384,7 @@ void Session::alloc(const wire::Alloc& r) {
   slot->second = Buffer{a.buffer, r.size(), r.device()};
   reserved.kept = true;
   bytes_ += r.size();
+  counters_.bytes += static_cast<int64_t>(r.size());
   ++counters_.buffers;
 }
 
@@ -384,6 +393,7 @@ void Session::alloc(const wire::Alloc& r) {
 PluginStatus Session::free_buffer(const Buffer& b) noexcept {
   bytes_ -= b.size;
   counters_.bytes -= static_cast<int64_t>(b.size);
+  counters_.memory.give(b.size);
   --counters_.buffers;
   bp_buffer_free_args a{};
   a.struct_size = BP_BUFFER_FREE_ARGS_STRUCT_SIZE;
@@ -523,7 +533,17 @@ void Session::read(uint64_t id, const wire::Read& r) {
       return;
     }
   }
-  if (staging_.size() < r.size()) staging_.resize(r.size());
+  if (staging_.size() < r.size()) {
+    const uint64_t more = r.size() - staging_held_;
+    if (!counters_.memory.take(more, limits_.max_total_bytes)) {
+      sender_.release_spares();
+      if (!counters_.memory.take(more, limits_.max_total_bytes))
+        refuse(no_room_text(counters_, more, limits_.max_total_bytes, "staging a read of"),
+               BP_STATUS_OUT_OF_MEMORY);
+    }
+    staging_held_ += more;
+    staging_.resize(r.size());
+  }
   bp_buffer_copy_args a{};
   a.struct_size = BP_BUFFER_COPY_ARGS_STRUCT_SIZE;
   a.plugin = hosted_->plugin();
@@ -768,6 +788,14 @@ void Session::release() noexcept {
     const PluginStatus freed = free_buffer(b);  // a backend that cannot free: nothing to retry
   }
   buffers_.clear();
+  std::vector<uint8_t>().swap(staging_);
+  counters_.memory.give(staging_held_);
+  staging_held_ = 0;
+}
+
+void Session::fail(const wire::Message& m, int32_t code, const std::string& why) {
+  if (released_) return;
+  fail_pipelined(code, label(m) + ": " + why);
 }
 
 }  // namespace backplane::remote::server

@@ -12,6 +12,7 @@
 #ifndef BACKPLANE_REMOTE_SERVER_SESSION_HPP_
 #define BACKPLANE_REMOTE_SERVER_SESSION_HPP_
 
+#include "remote/server/account.hpp"
 #include "remote/server/hosted.hpp"
 #include "remote/server/kv_bridge.hpp"
 #include "remote/server/limits.hpp"
@@ -37,10 +38,17 @@ namespace backplane::remote::server {
 // What every session of a server holds, together; for tests and logs.
 struct Counters {
   std::atomic<int64_t> sessions{0};
-  std::atomic<int64_t> bytes{0};
+  std::atomic<int64_t> bytes{0};  // of hosted buffers
   std::atomic<int64_t> buffers{0};
   std::atomic<int64_t> comms{0};
+  // Every byte counted against --max-total-bytes: the buffers' bytes and
+  // what the connections hold for the sessions (account.hpp).
+  MemoryAccount memory;
 };
+
+// Why the server's memory account cannot take `wanted` more bytes for
+// `doing` ("allocating"): what it holds, the limit, what to do.
+[[gnu::cold]] std::string no_room_text(const Counters& c, uint64_t wanted, uint64_t cap, const char* doing);
 
 // Where a verified message from a client goes once its handshake is done.
 enum class Route {
@@ -76,6 +84,10 @@ class Session {
   // memory stays the buffer's until the next request. nullopt: the Write
   // takes the queue (which reports what is wrong with it, if anything).
   std::optional<std::span<uint8_t>> direct_write(const wire::Write& r) noexcept;
+  // Fails a request the connection could not take in (a Write whose payload
+  // found no room in the server's memory account), in its place in the
+  // order: the failure is reported as the pipelined request's would be.
+  void fail(const wire::Message& m, int32_t code, const std::string& why);
   // CommAbort: the hosted comm_abort on `comm` (this session's), at once.
   // An unknown id is ignored: the communicator may be gone already.
   void abort(uint64_t comm) noexcept;
@@ -141,6 +153,7 @@ class Session {
   uint64_t bytes_ = 0;
   std::optional<Sticky> sticky_;
   std::vector<uint8_t> staging_;  // a Read's bytes on a device without buffer_pointer
+  uint64_t staging_held_ = 0;     // staging_'s bytes taken from the server's memory account
   // Execute's decoded operands, kept so that their storage is reused.
   std::array<DecodedTensor, kMaxOperands> decoded_inputs_;
   std::array<DecodedTensor, kMaxOperands> decoded_outputs_;

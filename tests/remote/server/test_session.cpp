@@ -171,11 +171,12 @@ TEST_CASE(
   const Answer refused = out_b.last();
   CHECK(refused.status == BP_STATUS_OUT_OF_MEMORY);
   CHECK_MESSAGE(
-      refused.message.find("the server's sessions hold 100 bytes; 1 more would pass its limit of 100 "
-                           "bytes for all sessions together (backplane serve --max-total-bytes)") !=
+      refused.message.find("allocating 1 bytes would pass the server's limit of 100 bytes for all sessions "
+                           "together (backplane serve --max-total-bytes): it holds 100 (100 in buffers") !=
           std::string::npos,
       refused.message);
   CHECK(counters.bytes == 100);  // the refused reservation was given back
+  CHECK(counters.memory.held() == 100);
   // A size that overflows any sum is refused the same way.
   run(b, msg::alloc(4, 4, 0, UINT64_MAX));
   run(b, msg::synchronize(5));
