@@ -47,6 +47,27 @@ std::string lost(const error_code& ec) {
   return "connection lost (" + ec.message() + ")";
 }
 
+// Why a server closes a connection before the handshake is done, and what
+// to change (built only on that failure path).
+[[gnu::cold]] std::string closed_in_handshake_text(const std::string& endpoint, const error_code& ec,
+                                                   milliseconds deadline, bool tls) {
+  return "the server at " + endpoint + " closed the connection during the handshake (" + ec.message() +
+         "): it may be at its handshake limits (many connections at once: `backplane serve` "
+         "--max-handshakes, --max-handshakes-per-address) and have closed this one after it waited its "
+         "--handshake-timeout-ms for a slot, or it refused this client (see the server's log)" +
+         (tls ? std::string() : ", or it may require TLS (set \"tls_ca\")") + "; this client waits up to " +
+         ms_text(deadline) + " (connect_timeout_ms)";
+}
+
+[[gnu::cold]] std::string no_handshake_answer_text(const std::string& endpoint, milliseconds deadline,
+                                                   bool tls) {
+  return "the server at " + endpoint + " did not answer the handshake within " + ms_text(deadline) +
+         " (connect_timeout_ms): it may be busy with many connections at once (its --max-handshakes and "
+         "--max-handshakes-per-address; raise connect_timeout_ms above its --handshake-timeout-ms), or " +
+         endpoint + " is not a `backplane serve` endpoint" +
+         (tls ? "" : ", or it requires TLS (set \"tls_ca\")");
+}
+
 }  // namespace
 
 Connection::Connection(ConnectionSettings settings) : settings_(std::move(settings)), heartbeat_timer_(io_) {
@@ -176,21 +197,14 @@ void Connection::send_now(Clock::time_point deadline, const wire::Encoded& frame
   if (!step(deadline, ec, [&](auto h) { stream_->async_write(asio::buffer(frame.bytes), std::move(h)); }))
     refuse("the server at " + settings_.endpoint + " did not take the handshake within " +
            ms_text(settings_.connect_timeout) + " (connect_timeout_ms)");
-  if (ec)
-    refuse("the server at " + settings_.endpoint + " closed the connection during the handshake (" +
-           ec.message() + ")" + (tls() ? "" : ": it may require TLS (set \"tls_ca\")"));
+  if (ec) refuse(closed_in_handshake_text(settings_.endpoint, ec, settings_.connect_timeout, tls()));
 }
 
 const wire::Message* Connection::receive_now(Clock::time_point deadline, const char* expecting) {
   const std::string& ep = settings_.endpoint;
   const auto fail_read = [&](const error_code& ec, bool in_time) {
-    if (!in_time)
-      refuse("the server at " + ep + " did not answer the handshake within " +
-             ms_text(settings_.connect_timeout) + " (connect_timeout_ms); is " + ep +
-             " a `backplane serve` endpoint" + (tls() ? "?" : ", or does it require TLS (set \"tls_ca\")?"));
-    if (closed_by_peer(ec))
-      refuse("the server at " + ep + " closed the connection during the handshake" +
-             (tls() ? " (" + ec.message() + ")" : std::string(": it may require TLS (set \"tls_ca\")")));
+    if (!in_time) refuse(no_handshake_answer_text(ep, settings_.connect_timeout, tls()));
+    if (closed_by_peer(ec)) refuse(closed_in_handshake_text(ep, ec, settings_.connect_timeout, tls()));
     refuse("the handshake with " + ep + " failed: " + ec.message());
   };
   error_code ec;

@@ -45,7 +45,7 @@ struct ConnectionSettings {
   std::string token_source;           // where the token comes from, or how to give one (for messages)
   asio::ssl::context* tls = nullptr;  // TLS when set (shared; outlives the connection)
   std::string tls_server_name;        // "" = the endpoint's host
-  milliseconds connect_timeout{2000};
+  milliseconds connect_timeout{15000};
   milliseconds request_timeout{60000};
   milliseconds heartbeat{10000};  // 0 = no heartbeat
   uint64_t max_coalesce_bytes = 64 * 1024;

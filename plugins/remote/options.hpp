@@ -16,12 +16,15 @@ struct Options {
   std::vector<std::string> endpoints;        // "HOST:PORT", at least one, no duplicates
   std::string token_env = kDefaultTokenEnv;  // env var holding the token; unset/empty = no token
   std::string token_file;                    // alternative to token_env: a private file's first line
-  int64_t connect_timeout_ms = 2000;         // connect + TLS + handshake, per endpoint
-  int64_t request_timeout_ms = 60000;        // longest wait of a synchronising call for its reply
-  int64_t heartbeat_ms = 10000;              // Ping after this long without sending; 0 = never
-  std::string tls_ca;                        // PEM CA file: enables TLS
-  std::string tls_server_name;               // name checked against the certificate; "" = the endpoint's host
-  uint64_t max_coalesce_bytes = 64 * 1024;   // writes up to this size are copied and coalesced
+  // Connect + TLS + handshake, per endpoint: longer than a server makes a
+  // client wait for a handshake slot under a flood (its --handshake-timeout-ms,
+  // 5000 by default) plus the handshake itself.
+  int64_t connect_timeout_ms = 15000;
+  int64_t request_timeout_ms = 60000;       // longest wait of a synchronising call for its reply
+  int64_t heartbeat_ms = 10000;             // Ping after this long without sending; 0 = never
+  std::string tls_ca;                       // PEM CA file: enables TLS
+  std::string tls_server_name;              // name checked against the certificate; "" = the endpoint's host
+  uint64_t max_coalesce_bytes = 64 * 1024;  // writes up to this size are copied and coalesced
 };
 
 // Parses the options JSON text ("{}" or "null" for none). Unknown keys (with

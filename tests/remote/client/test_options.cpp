@@ -44,7 +44,7 @@ TEST_CASE("options: the defaults, and every option read") {
   CHECK(d.endpoints == std::vector<std::string>{"127.0.0.1:7070"});
   CHECK(d.token_env == "BACKPLANE_REMOTE_TOKEN");
   CHECK(d.token_file.empty());
-  CHECK(d.connect_timeout_ms == 2000);
+  CHECK(d.connect_timeout_ms == 15000);
   CHECK(d.request_timeout_ms == 60000);
   CHECK(d.heartbeat_ms == 10000);
   CHECK(d.tls_ca.empty());
