@@ -72,28 +72,25 @@ class CpuPlugin {
   bp_buffer* buffer_alloc(int32_t device, uint64_t size) {
     check_device(device);
     engine();  // the device's first use starts the kernels (and their threads)
-    if (size >= kCheckedAllocation) [[unlikely]]
-      check_room(size);
-    bp_buffer* buffer = allocate_buffer(size);
+    // A large block comes from the block cache, or is admitted against the
+    // room the process has left (BlockCache, host_buffer.hpp).
+    bool refused = false;
+    bp_buffer* buffer = allocate_buffer(size, refused);
     if (buffer == nullptr) [[unlikely]]
-      fail(BP_STATUS_OUT_OF_MEMORY, "cpu: cannot allocate " + std::to_string(size) + " bytes of host memory");
+      no_memory(size, refused);
     return buffer;
   }
 
-  // Linux overcommits: malloc of more than the process can back succeeds,
-  // and the kernel kills the process (SIGKILL, in a memory cgroup at its
-  // limit) when the pages are first touched. A large allocation is checked
-  // against what the process may still take first, so it fails with
-  // out_of_memory instead. Small ones are not worth the few file reads.
-  static constexpr uint64_t kCheckedAllocation = uint64_t{64} << 20;
-  [[gnu::cold]] static void check_room(uint64_t size) {
+  [[noreturn, gnu::cold]] static void no_memory(uint64_t size, bool refused) {
+    const std::string what =
+        "cpu: cannot allocate " + common::byte_size_text(size) + " (" + std::to_string(size) + " bytes)";
+    if (!refused) fail(BP_STATUS_OUT_OF_MEMORY, what + " of host memory");
     const common::MemoryRoom room = common::memory_room();
-    if (room.bytes == common::kUnknownBytes || size <= room.bytes) return;
-    fail(BP_STATUS_OUT_OF_MEMORY, "cpu: cannot allocate " + common::byte_size_text(size) + " (" +
-                                      std::to_string(size) + " bytes): this process may take only " +
-                                      room.describe() +
-                                      " more before the kernel kills it; free tensors, use a smaller size, "
-                                      "or raise the memory limit");
+    fail(BP_STATUS_OUT_OF_MEMORY,
+         what + ": this process may take only " + room.describe() + " more before the kernel kills it, and " +
+             common::byte_size_text(BlockCache::kReserve) +
+             " of that stays free for the rest of the process (freed blocks the cpu backend kept for reuse "
+             "were released first); free tensors, use a smaller size, or raise the memory limit");
   }
 
   void buffer_free(bp_buffer* buffer) {

@@ -6,6 +6,11 @@
 #define BACKPLANE_PLUGINS_CPU_HOST_BUFFER_HPP_
 
 #include <backplane/abi.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <backplane_common/memory_room.hpp>
 
 #include <cstddef>
 #include <cstdint>
@@ -66,24 +71,161 @@ inline uint64_t buffer_size(bp_buffer* buffer) noexcept { return header_of(buffe
 
 inline unsigned char* buffer_data(bp_buffer* buffer) noexcept { return header_of(buffer)->data; }
 
-// Large blocks are kept after free and handed out again for the same (rounded)
-// size. glibc serves blocks this large with a fresh mmap every time, and each
-// first touch of a fresh page faults: an op writing a new 64 MiB output ran at
-// ~40% of the speed of the same loop writing into warm memory (measured). Small
-// blocks never come here (glibc's own caches serve them, with no lock).
+// Sanitizer builds hand every block back to malloc, so AddressSanitizer still
+// sees a use after free of a large buffer.
+#ifdef BACKPLANE_CPU_NO_BLOCK_CACHE
+inline constexpr bool kUseBlockCache = false;
+#else
+inline constexpr bool kUseBlockCache = true;
+#endif
+
+// What the process may still take before the kernel kills it, in bytes, or
+// kUnknownRoom. The plugin reads its memory cgroup and /proc/meminfo
+// (memory_room.hpp); tests give a cache a reader of their own.
+inline constexpr uint64_t kUnknownRoom = common::kUnknownBytes;
+using RoomReader = uint64_t (*)(void* ctx) noexcept;
+
+inline uint64_t read_process_room(void*) noexcept {
+  try {
+    return common::memory_room().bytes;
+  } catch (...) {  // no memory for the strings it builds: say unknown
+    return kUnknownRoom;
+  }
+}
+
+// Large blocks: where they come from, and where they go when freed.
+//
+// Kept after free and handed out again for the same (rounded) size. glibc
+// serves blocks this large with a fresh mmap every time, and each first touch
+// of a fresh page faults: an op writing a new 64 MiB output ran at ~40% of the
+// speed of the same loop writing into warm memory (measured). Small blocks
+// never come here (glibc's own caches serve them, with no lock).
+//
+// Linux overcommits: malloc of more than the process can back succeeds, and
+// the kernel kills the process (SIGKILL, in a memory cgroup at its limit)
+// when the pages are first touched. So a block that is not in the cache is
+// admitted against the room the process has left first, and refused (NULL:
+// the plugin answers out_of_memory) when it does not fit. In that order: a
+// cached block is already the process's memory, so taking it needs no room,
+// while the room the kernel reports has the cached blocks in it as used, so
+// they are dropped before any allocation is refused for want of room.
+//
+// Reading the room costs about 80 us (a few /proc and cgroup files), so only
+// blocks of kAlwaysChecked and more read it every time (their first touch
+// costs milliseconds). Smaller ones spend a credit, half of what the last
+// reading left, and read again when it is spent: however they come, they
+// cannot take more than half of the room between two readings.
+//
+// The cache holds at most a quarter of what the process may take (the room
+// plus what the cache holds, at the last reading), and never more than
+// kMaxCached: a process near its limit keeps little, a large machine 1 GiB.
+//
+// Every member may be called from any thread.
 class BlockCache {
  public:
-  static constexpr uint64_t kMinBlock = uint64_t{1} << 20;   // 1 MiB and above are cached
-  static constexpr uint64_t kGranule = uint64_t{64} << 10;   // sizes round up to 64 KiB
-  static constexpr uint64_t kMaxCached = uint64_t{1} << 30;  // at most 1 GiB held while unused
+  static constexpr uint64_t kMinBlock = uint64_t{1} << 20;        // 1 MiB and above come here
+  static constexpr uint64_t kGranule = uint64_t{64} << 10;        // sizes round up to 64 KiB
+  static constexpr uint64_t kMaxCached = uint64_t{1} << 30;       // the cap's ceiling
+  static constexpr uint64_t kCapShare = 4;                        // the cap: room / kCapShare
+  static constexpr uint64_t kAlwaysChecked = uint64_t{64} << 20;  // blocks that read the room every time
+  // Left to the rest of the process (the interpreter, small buffers, stacks):
+  // a block is refused unless this much would still be free after it, so the
+  // process is not killed by its next small allocation instead.
+  static constexpr uint64_t kReserve = uint64_t{32} << 20;
 
+  BlockCache(RoomReader read_room, void* ctx) noexcept : read_room_(read_room), ctx_(ctx) {}
+  BlockCache(const BlockCache&) = delete;
+  BlockCache& operator=(const BlockCache&) = delete;
+  ~BlockCache() { drop(UINT64_MAX); }
+
+  // The plugin's: reads this process's room. Never destroyed: frees may come during exit.
   static BlockCache& instance() noexcept {
-    static BlockCache* cache = new BlockCache;  // never destroyed: frees may come during exit
+    static BlockCache* cache = new BlockCache(&read_process_room, nullptr);
     return *cache;
   }
   static uint64_t rounded(uint64_t bytes) noexcept {
     return bytes >= kMinBlock ? (bytes + kGranule - 1) / kGranule * kGranule : bytes;
   }
+
+  // A block of `bytes` (a rounded size of kMinBlock or more): a cached one,
+  // else a new one if the room allows. nullptr when refused or malloc fails;
+  // `refused` then says which.
+  void* acquire(uint64_t bytes, bool& refused) noexcept {
+    refused = false;
+    if (kUseBlockCache)
+      if (void* raw = take(bytes)) return raw;
+    const int64_t want = static_cast<int64_t>(bytes);  // < 2^63: allocate_buffer bounds sizes
+    if (bytes >= kAlwaysChecked || credit_.fetch_sub(want, std::memory_order_relaxed) < want) [[unlikely]] {
+      if (!admit(bytes)) {
+        refused = true;
+        return nullptr;
+      }
+    }
+    return std::malloc(static_cast<std::size_t>(bytes));
+  }
+
+  // Keeps a freed block for reuse, evicting others (largest first) to stay
+  // under the cap, so that sizes no longer in use do not pin memory forever.
+  // A block larger than the cap is freed at once.
+  void release(void* raw, uint64_t bytes) noexcept {
+    if (!kUseBlockCache || bytes > cap_.load(std::memory_order_relaxed)) {
+      std::free(raw);
+      return;
+    }
+    for (;;) {
+      void* victim = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (held_ + bytes <= cap_.load(std::memory_order_relaxed)) {
+          try {
+            free_.emplace(bytes, raw);
+            held_ += bytes;
+            return;
+          } catch (...) {  // no memory for the map node: free the block instead
+            break;
+          }
+        }
+        if (free_.empty()) break;  // the cap shrank below this block meanwhile
+        auto last = std::prev(free_.end());
+        victim = last->second;
+        held_ -= last->first;
+        free_.erase(last);
+      }
+      std::free(victim);  // outside the lock
+    }
+    std::free(raw);
+  }
+
+  // Bytes of freed blocks kept for reuse, and the most it may keep now.
+  uint64_t held() const noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return held_;
+  }
+  uint64_t cap() const noexcept { return cap_.load(std::memory_order_relaxed); }
+
+  // Frees cached blocks, largest first, until at least `bytes` are freed or
+  // none is left; returns what it freed. The pages go back to the kernel
+  // (malloc_trim for blocks glibc took from its heap rather than mmap).
+  uint64_t drop(uint64_t bytes) noexcept {
+    uint64_t freed = 0;
+    for (;;) {
+      void* victim = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (freed >= bytes || free_.empty()) break;
+        auto last = std::prev(free_.end());
+        victim = last->second;
+        freed += last->first;
+        held_ -= last->first;
+        free_.erase(last);
+      }
+      std::free(victim);
+    }
+    if (freed > 0) ::malloc_trim(0);
+    return freed;
+  }
+
+ private:
   // A cached block of exactly `bytes`, or nullptr.
   void* take(uint64_t bytes) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -94,61 +236,60 @@ class BlockCache {
     held_ -= bytes;
     return raw;
   }
-  // Keeps the block, evicting older ones (largest first) to stay under the
-  // cap, so sizes no longer in use do not pin memory forever. A block larger
-  // than the cap is freed at once.
-  void give(void* raw, uint64_t bytes) noexcept {
-    if (bytes > kMaxCached) {
-      std::free(raw);
-      return;
+
+  // Reads the room; when it is short, drops the cache and reads again. Sets
+  // the credit and the cap from what it read. Whether `bytes` may be taken.
+  [[gnu::cold]] bool admit(uint64_t bytes) noexcept {
+    std::lock_guard<std::mutex> lock(room_mutex_);
+    uint64_t room = read_room_(ctx_);
+    if (room == kUnknownRoom) {  // nothing to check against (no /proc): as before this check existed
+      cap_.store(kMaxCached, std::memory_order_relaxed);
+      credit_.store(static_cast<int64_t>(kMaxCached), std::memory_order_relaxed);
+      return true;
     }
-    for (;;) {
-      void* victim = nullptr;
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (held_ + bytes <= kMaxCached) {
-          try {
-            free_.emplace(bytes, raw);
-            held_ += bytes;
-            return;
-          } catch (...) {  // no memory for the map node: free the block instead
-            break;
-          }
-        }
-        auto last = std::prev(free_.end());  // non-empty: held_ > 0 here
-        victim = last->second;
-        held_ -= last->first;
-        free_.erase(last);
-      }
-      std::free(victim);  // outside the lock
+    if (!fits(bytes, room) && held() > 0) {
+      drop(UINT64_MAX);
+      room = read_room_(ctx_);
+      if (room == kUnknownRoom) room = 0;
     }
-    std::free(raw);
+    const uint64_t potential = room + held();
+    const uint64_t cap = std::min(kMaxCached, potential / kCapShare);
+    cap_.store(cap, std::memory_order_relaxed);
+    if (held() > cap) drop(held() - cap);
+    if (!fits(bytes, room)) {
+      credit_.store(0, std::memory_order_relaxed);
+      return false;
+    }
+    credit_.store(static_cast<int64_t>((room - bytes - kReserve) / 2), std::memory_order_relaxed);
+    return true;
+  }
+  static bool fits(uint64_t bytes, uint64_t room) noexcept {
+    return room >= kReserve && bytes <= room - kReserve;
   }
 
- private:
-  std::mutex mutex_;
+  const RoomReader read_room_;
+  void* const ctx_;
+  mutable std::mutex mutex_;  // free_ and held_
   std::multimap<uint64_t, void*> free_;
   uint64_t held_ = 0;
+  std::mutex room_mutex_;           // one reading at a time
+  std::atomic<int64_t> credit_{0};  // bytes that may be taken before the room is read again
+  std::atomic<uint64_t> cap_{0};    // the most held_ may reach; 0 until the first reading
 };
 
-// Sanitizer builds hand every block back to malloc, so AddressSanitizer still
-// sees a use after free of a large buffer.
-#ifdef BACKPLANE_CPU_NO_BLOCK_CACHE
-inline constexpr bool kUseBlockCache = false;
-#else
-inline constexpr bool kUseBlockCache = true;
-#endif
-
-// Returns nullptr when the allocation fails or the size is absurd. A size-0 buffer
-// still owns a block, so every handle is distinct and freeable.
-inline bp_buffer* allocate_buffer(uint64_t size) noexcept {
+// Returns nullptr when the allocation fails, is refused for want of room (then
+// `refused` is set) or the size is absurd. A size-0 buffer still owns a block,
+// so every handle is distinct and freeable.
+inline bp_buffer* allocate_buffer(uint64_t size, bool& refused,
+                                  BlockCache& cache = BlockCache::instance()) noexcept {
+  refused = false;
   constexpr uint64_t kMax = UINT64_MAX / 2;
   if (size > kMax) return nullptr;
   // Room for the header and for rounding the data start up to kAlignment (malloc
   // aligns to at least 16, so at most kAlignment - 16 bytes are skipped).
   const uint64_t block = BlockCache::rounded(size + sizeof(BufferHeader) + kAlignment - 1);
-  void* raw = kUseBlockCache && block >= BlockCache::kMinBlock ? BlockCache::instance().take(block) : nullptr;
-  if (raw == nullptr) raw = std::malloc(static_cast<std::size_t>(block));
+  void* raw = block >= BlockCache::kMinBlock ? cache.acquire(block, refused)
+                                             : std::malloc(static_cast<std::size_t>(block));
   if (raw == nullptr) return nullptr;
   const uintptr_t data =
       (reinterpret_cast<uintptr_t>(raw) + sizeof(BufferHeader) + kAlignment - 1) & ~uintptr_t{kAlignment - 1};
@@ -171,15 +312,16 @@ inline bp_buffer* wrap_buffer(void* data, uint64_t size, void (*release)(void*),
   return buffer;
 }
 
-// Frees an owned buffer's block, or a wrapped buffer's header block after calling
-// its release callback (exactly once: the magic is cleared first).
-inline void free_buffer(bp_buffer* buffer) noexcept {
+// Frees an owned buffer's block (a large one back to `cache`), or a wrapped
+// buffer's header block after calling its release callback (exactly once: the
+// magic is cleared first).
+inline void free_buffer(bp_buffer* buffer, BlockCache& cache = BlockCache::instance()) noexcept {
   BufferHeader* header = header_of(buffer);
   header->magic = kFreedMagic;
   if (header->release != nullptr) [[unlikely]]
     header->release(header->release_ctx);
-  if (kUseBlockCache && header->block_bytes >= BlockCache::kMinBlock) [[unlikely]] {
-    BlockCache::instance().give(header->raw, header->block_bytes);
+  if (header->block_bytes >= BlockCache::kMinBlock) [[unlikely]] {
+    cache.release(header->raw, header->block_bytes);
     return;
   }
   std::free(header->raw);

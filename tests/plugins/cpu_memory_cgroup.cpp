@@ -1,10 +1,13 @@
 // The cpu plugin in a memory cgroup: a buffer larger than the room left under
 // the cgroup's limit is an out_of_memory status naming the limit, not a
 // SIGKILL when its pages are touched; one that fits is allocated and touched
-// in full. A program of its own (not doctest): it forks before anything is
-// loaded, moves the child into a fresh memory cgroup (v1 or v2) with a 256 MiB
-// limit and runs the plugin there. Exit 0: as described; 1: it failed (the
-// message says how); 77: skipped (no writable memory cgroup; not root).
+// in full. With --block-cache, under 1 GiB: 800 MiB freed can be allocated
+// again, and 40 MiB buffers beside it end in out_of_memory, never a SIGKILL
+// (freed blocks the plugin keeps for reuse are not counted against it). A
+// program of its own (not doctest): it forks before anything is loaded, moves
+// the child into a fresh memory cgroup (v1 or v2) and runs the plugin there.
+// Exit 0: as described; 1: it failed (the message says how); 77: skipped (no
+// writable memory cgroup; not root).
 #include <backplane/abi.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -15,12 +18,15 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "memory_cgroup.hpp"
 
 namespace {
 
 constexpr uint64_t kLimit = uint64_t{256} << 20;
+constexpr uint64_t kCacheLimit = uint64_t{1} << 30;
+constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
                          [](void*, int32_t, const char*) {}};
@@ -34,6 +40,92 @@ struct Outcome {
   int32_t code = BP_STATUS_OK;
   std::string message;
 };
+
+// The plugin, created; its calls return an Outcome.
+class Plugin {
+ public:
+  std::string open() {
+    const std::string path = std::string(BP_TEST_PLUGIN_DIR) + "/libbackplane_cpu.so";
+    void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return std::string("dlopen: ") + ::dlerror();
+    auto entry = reinterpret_cast<bp_plugin_entry_fn>(::dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
+    if (entry == nullptr) return "no " BP_PLUGIN_ENTRY_SYMBOL;
+    api_ = entry(&g_host);
+    if (api_ == nullptr) return "bp_plugin_entry returned NULL";
+    bp_create_args c{BP_CREATE_ARGS_STRUCT_SIZE, "cpu", R"({"threads": 1})", &g_host, nullptr};
+    if (const Outcome o = take(api_->create(&c)); o.code != BP_STATUS_OK) return "create: " + o.message;
+    plugin_ = c.plugin;
+    return "";
+  }
+  // A buffer of `size` bytes with every page written, or nullptr and why.
+  bp_buffer* touched(uint64_t size, Outcome& o) {
+    bp_buffer_alloc_args a{BP_BUFFER_ALLOC_ARGS_STRUCT_SIZE, plugin_, 0, 0, size, nullptr};
+    o = take(api_->buffer_alloc(&a));
+    if (o.code != BP_STATUS_OK) return nullptr;
+    bp_buffer_pointer_args p{BP_BUFFER_POINTER_ARGS_STRUCT_SIZE, plugin_, a.buffer, nullptr, 0, 0};
+    if (o = take(api_->buffer_pointer(&p)); o.code != BP_STATUS_OK) return nullptr;
+    std::memset(p.data, 1, size);
+    return a.buffer;
+  }
+  void free(bp_buffer* b) {
+    bp_buffer_free_args f{BP_BUFFER_FREE_ARGS_STRUCT_SIZE, plugin_, b};
+    take(api_->buffer_free(&f));
+  }
+
+ private:
+  Outcome take(bp_status* s) {
+    Outcome o;
+    if (s != nullptr) {
+      o.code = api_->status_code(s);
+      o.message = api_->status_message(s);
+      api_->status_free(s);
+    }
+    return o;
+  }
+  const bp_plugin_api* api_ = nullptr;
+  bp_plugin* plugin_ = nullptr;
+};
+
+// In a 1 GiB cgroup: 800 MiB allocated, touched and freed, then again; then
+// 40 MiB buffers, each touched, until out_of_memory. Then the same 40 MiB
+// buffers without the 800 MiB one, freed and taken again from the cache.
+int child_block_cache() {
+  Plugin plugin;
+  if (const std::string why = plugin.open(); !why.empty()) return fail(why);
+  Outcome o;
+  bp_buffer* big = plugin.touched(800 * kMiB, o);
+  if (big == nullptr) return fail("800 MiB in a 1 GiB cgroup: " + o.message);
+  plugin.free(big);
+  big = plugin.touched(800 * kMiB, o);
+  if (big == nullptr) return fail("800 MiB in a 1 GiB cgroup, after 800 MiB were freed: " + o.message);
+  std::printf("800 MiB allocated, freed and allocated again\n");
+  std::vector<bp_buffer*> small;
+  for (;;) {
+    bp_buffer* b = plugin.touched(40 * kMiB, o);
+    if (b == nullptr) break;
+    small.push_back(b);
+  }
+  if (o.code != BP_STATUS_OUT_OF_MEMORY) return fail("a 40 MiB buffer gave status " + std::to_string(o.code));
+  std::printf("beside it, %zu buffers of 40 MiB, then: %s\n", small.size(), o.message.c_str());
+  plugin.free(big);
+  for (bp_buffer* b : small) plugin.free(b);
+  // Without the 800 MiB: more 40 MiB buffers, and after freeing them all,
+  // as many again (from the cache, or anew where it gave them back).
+  for (int round = 0; round < 2; ++round) {
+    small.clear();
+    for (;;) {
+      bp_buffer* b = plugin.touched(40 * kMiB, o);
+      if (b == nullptr) break;
+      small.push_back(b);
+    }
+    if (o.code != BP_STATUS_OUT_OF_MEMORY)
+      return fail("a 40 MiB buffer gave status " + std::to_string(o.code));
+    std::printf("round %d: %zu buffers of 40 MiB, then out_of_memory\n", round + 1, small.size());
+    if (small.size() < 15) return fail("fewer than 15 buffers of 40 MiB fit in a 1 GiB cgroup");
+    for (bp_buffer* b : small) plugin.free(b);
+  }
+  return 0;
+}
 
 // In the cgroup: the plugin, a too-large buffer and one that fits.
 int child() {
@@ -82,12 +174,13 @@ int child() {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const bool block_cache = argc > 1 && std::strcmp(argv[1], "--block-cache") == 0;
 #ifdef BP_TEST_TSAN
-  std::printf("skipped: ThreadSanitizer's runtime alone takes more memory than the 256 MiB cgroup allows\n");
+  std::printf("skipped: ThreadSanitizer's runtime and shadow memory take more than the cgroup allows\n");
   return 77;
 #endif
-  bptest::MemoryCgroup cgroup(kLimit);
+  bptest::MemoryCgroup cgroup(block_cache ? kCacheLimit : kLimit);
   if (!cgroup.ok()) {
     std::printf("skipped: %s\n", cgroup.why().c_str());
     return 77;
@@ -96,7 +189,7 @@ int main() {
   const pid_t pid = ::fork();
   if (pid == 0) {
     if (!bptest::MemoryCgroup::write_file(cgroup.procs(), "0")) _exit(fail("cannot join " + cgroup.dir()));
-    const int rc = child();
+    const int rc = block_cache ? child_block_cache() : child();
     std::fflush(stdout);
     std::fflush(stderr);
     _exit(rc);
