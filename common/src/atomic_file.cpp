@@ -37,6 +37,23 @@ std::string real_directory(const fs::path& p) {
   return buffer;
 }
 
+[[noreturn]] void throw_write_error(const std::string& path, const std::string& step, int error_number);
+
+// The kernel's protected_symlinks rule: a link in a sticky, world-writable
+// folder is followed only when it belongs to the folder's owner or to the
+// user following it. Applied here because the writer resolves links itself
+// (to rename over the target), where the kernel never sees the link.
+[[gnu::cold]] [[noreturn]] void refuse_foreign_link(const std::string& path, const std::string& link,
+                                                    const std::string& dir, uid_t owner) {
+  throw_write_error(path,
+                    "'" + link + "' is a symbolic link owned by uid " + std::to_string(owner) +
+                        " in the sticky world-writable folder '" + dir +
+                        "', which another user may have planted to aim this output at a file of yours (the "
+                        "kernel's protected_symlinks refuses to follow such a link too); remove the link or "
+                        "name the file it should lead to",
+                    EACCES);
+}
+
 // Follows symbolic links at the final name. A name reached through /proc
 // (/dev/stdout is /proc/self/fd/1) stands for a descriptor that another
 // process or the shell holds open: it is written in place, since a rename
@@ -53,6 +70,10 @@ Resolved resolve(const std::string& path) {
     }
     struct stat st {};
     if (::lstat(r.target.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return r;
+    struct stat folder {};
+    if (::stat(dir.c_str(), &folder) == 0 && (folder.st_mode & S_ISVTX) != 0 &&
+        (folder.st_mode & S_IWOTH) != 0 && st.st_uid != folder.st_uid && st.st_uid != ::geteuid())
+      refuse_foreign_link(path, r.target, dir, st.st_uid);
     char link[PATH_MAX];
     const ssize_t n = ::readlink(r.target.c_str(), link, sizeof link - 1);
     if (n < 0) return r;
@@ -73,18 +94,25 @@ struct Target {
   Resolved resolved;
   struct stat st {};
   bool exists = false;
-  bool in_place() const { return resolved.in_place || (exists && !S_ISREG(st.st_mode)); }
+  LinkPolicy links = LinkPolicy::follow_protected;
+  bool in_place() const {
+    return links == LinkPolicy::follow_protected && (resolved.in_place || (exists && !S_ISREG(st.st_mode)));
+  }
 };
 
-Target inspect(const std::string& path) {
+// Under LinkPolicy::replace the name is taken as it is: lstat, never a
+// link followed, never written in place.
+Target inspect(const std::string& path, LinkPolicy links) {
   if (path.empty()) throw_write_error(path, "the name is empty", ENOENT);
-  Target t{resolve(path)};
-  if (::stat(t.resolved.target.c_str(), &t.st) == 0) {
+  const bool follow = links == LinkPolicy::follow_protected;
+  Target t{follow ? resolve(path) : Resolved{path, false}};
+  if ((follow ? ::stat(t.resolved.target.c_str(), &t.st) : ::lstat(path.c_str(), &t.st)) == 0) {
     t.exists = true;
     if (S_ISDIR(t.st.st_mode)) throw_write_error(path, "it is a directory", EISDIR);
   } else if (errno != ENOENT) {
     throw_write_error(path, "inspecting it", errno);
   }
+  t.links = links;
   return t;
 }
 
@@ -98,8 +126,8 @@ std::string random_suffix() {
 
 }  // namespace
 
-AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
-  const Target t = inspect(path_);
+AtomicFileWriter::AtomicFileWriter(std::string path, LinkPolicy links) : path_(std::move(path)) {
+  const Target t = inspect(path_, links);
   target_ = t.resolved.target;
   if (t.in_place()) {
     fd_.reset(::open(target_.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC | O_NOCTTY));
@@ -119,8 +147,9 @@ AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
     }
     if (errno != EEXIST || attempt == 100) fail("creating a temporary file in '" + dir.string() + "'", errno);
   }
-  // The replacement keeps the permissions of the file it replaces.
-  if (t.exists && ::fchmod(fd_.get(), t.st.st_mode & 07777) != 0)
+  // The replacement keeps the permissions of the file it replaces (not of a
+  // link it replaces: a link's mode means nothing).
+  if (t.exists && S_ISREG(t.st.st_mode) && ::fchmod(fd_.get(), t.st.st_mode & 07777) != 0)
     fail("setting the mode of its temporary file '" + temp_ + "'", errno);
 }
 
@@ -174,19 +203,19 @@ void AtomicFileWriter::commit() {
     fail("fsync of its directory '" + dir + "' after the rename", errno);
 }
 
-void write_file_atomically(const std::string& path, std::string_view contents) {
-  AtomicFileWriter out(path);
+void write_file_atomically(const std::string& path, std::string_view contents, LinkPolicy links) {
+  AtomicFileWriter out(path, links);
   out.write(contents);
   out.commit();
 }
 
-void check_file_writable(const std::string& path) {
+void check_file_writable(const std::string& path, LinkPolicy links) {
   // Written in place: opening it now would truncate it, or block on a FIFO.
-  if (const Target t = inspect(path); t.in_place()) {
+  if (const Target t = inspect(path, links); t.in_place()) {
     if (::access(t.resolved.target.c_str(), W_OK) != 0) throw_write_error(path, "opening it", errno);
     return;
   }
-  AtomicFileWriter probe(path);
+  AtomicFileWriter probe(path, links);
 }
 
 }  // namespace backplane::common

@@ -201,6 +201,63 @@ TEST_CASE("atomic file: a symbolic link stays a link and its target gets the new
   CHECK(names_in(tmp / "real") == std::vector<std::string>{"out.json"});
 }
 
+TEST_CASE("atomic file: LinkPolicy::replace replaces a link with the file and never touches its target") {
+  TempDir tmp;
+  put(tmp / "victim", "precious");
+  fs::create_directory(tmp / "folder");
+  fs::create_symlink("../victim", tmp / "folder" / "step.bin");
+  fs::create_symlink("../missing", tmp / "folder" / "dangling.bin");
+  ::mkfifo((tmp / "folder" / "fifo.bin").c_str(), 0600);
+  for (const char* name : {"step.bin", "dangling.bin", "fifo.bin"}) {
+    CAPTURE(name);
+    const fs::path p = tmp / "folder" / name;
+    check_file_writable(p.string(), backplane::common::LinkPolicy::replace);
+    write_file_atomically(p.string(), "checkpoint", backplane::common::LinkPolicy::replace);
+    CHECK(fs::is_regular_file(fs::symlink_status(p)));
+    CHECK(slurp(p) == "checkpoint");
+  }
+  CHECK(slurp(tmp / "victim") == "precious");
+  CHECK_FALSE(fs::exists(tmp / "missing"));
+}
+
+TEST_CASE(
+    "atomic file: another user's link in a sticky world-writable folder is refused, as protected_symlinks") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: making a link owned by another user needs root");
+    return;
+  }
+  TempDir tmp;
+  put(tmp / "victim", "root's file");
+  const fs::path shared = tmp / "shared";
+  fs::create_directory(shared);
+  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  const fs::path link = shared / "metrics.json";
+  fs::create_symlink(tmp / "victim", link);
+  REQUIRE(::lchown(link.c_str(), 65534, 65534) == 0);  // nobody's link
+  for (const bool check_only : {true, false}) {
+    CAPTURE(check_only);
+    const FileWriteError e = write_error([&] {
+      if (check_only)
+        check_file_writable(link.string());
+      else
+        write_file_atomically(link.string(), "overwritten");
+    });
+    CHECK(e.error_number() == EACCES);
+    CHECK_CONTAINS(e.what(), "is a symbolic link owned by uid 65534 in the sticky world-writable folder");
+    CHECK_CONTAINS(e.what(), "remove the link or name the file it should lead to");
+  }
+  CHECK(slurp(tmp / "victim") == "root's file");
+  // The folder's owner's link, and one's own, are followed as before.
+  REQUIRE(::lchown(link.c_str(), 0, 0) == 0);
+  write_file_atomically(link.string(), "mine");
+  CHECK(slurp(tmp / "victim") == "mine");
+  // Not sticky: the kernel follows any link there, and so does the writer.
+  REQUIRE(::chmod(shared.c_str(), 0777) == 0);
+  REQUIRE(::lchown(link.c_str(), 65534, 65534) == 0);
+  write_file_atomically(link.string(), "followed");
+  CHECK(slurp(tmp / "victim") == "followed");
+}
+
 TEST_CASE("atomic file: check_file_writable neither creates nor truncates the final name") {
   TempDir tmp;
   const fs::path fresh = tmp / "fresh.json";

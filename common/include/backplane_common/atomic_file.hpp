@@ -28,6 +28,20 @@ class FileWriteError : public std::runtime_error {
   int error_number_;
 };
 
+// What a writer does when the final name is a symbolic link.
+enum class LinkPolicy {
+  // The link stays and its target is replaced (a user's link to where the
+  // file should go), as open(2) would follow it -- except where the kernel's
+  // protected_symlinks refuses to follow: a link in a sticky, world-writable
+  // folder (/tmp) owned neither by the folder's owner nor by this process's
+  // user is refused (EACCES), so another user's link cannot aim a root
+  // job's output at a file of root's.
+  follow_protected,
+  // The link itself is replaced by the file; nothing it points at is read or
+  // written. For names inside a folder the program owns (checkpoints).
+  replace,
+};
+
 // One output file, written in full or not at all. The constructor creates
 // the temporary file ".<name>.tmp-<pid>-<random>" in the final file's
 // directory (same file system, so the rename is atomic), with the mode of
@@ -35,16 +49,17 @@ class FileWriteError : public std::runtime_error {
 // flushes, fsyncs, closes, renames it into place and fsyncs the directory.
 // Destroyed without a successful commit(), it removes the temporary file and
 // leaves the final name as it was. A final name that is a symbolic link is
-// resolved, so the link stays and its target is replaced. A final name that
+// treated as `links` says (see LinkPolicy). Under follow_protected, a name that
 // exists and is neither a regular file nor a directory (a device such as
 // /dev/null, a FIFO), or that leads into /proc (/dev/stdout is
 // /proc/self/fd/1, a descriptor the shell holds open), is written in place
 // and truncated first: there is nothing to rename, or a rename would miss
-// that descriptor. A directory is refused. Every failure throws
-// FileWriteError. One owner at a time; not thread-safe.
+// that descriptor; under replace, such a name is replaced like any other.
+// A directory is refused. Every failure throws FileWriteError. One owner at
+// a time; not thread-safe.
 class AtomicFileWriter {
  public:
-  explicit AtomicFileWriter(std::string path);
+  explicit AtomicFileWriter(std::string path, LinkPolicy links = LinkPolicy::follow_protected);
   ~AtomicFileWriter();
   AtomicFileWriter(const AtomicFileWriter&) = delete;
   AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
@@ -60,19 +75,20 @@ class AtomicFileWriter {
   [[noreturn]] void fail(const std::string& step, int error_number) const;
 
   std::string path_;    // as given, for messages
-  std::string target_;  // what is replaced: path_ with a symbolic link resolved
+  std::string target_;  // what is replaced: path_, or the file its links lead to
   std::string temp_;    // empty when writing in place
   UniqueFd fd_;
   bool committed_ = false;
 };
 
 // Writes `contents` to `path` through an AtomicFileWriter.
-void write_file_atomically(const std::string& path, std::string_view contents);
+void write_file_atomically(const std::string& path, std::string_view contents,
+                           LinkPolicy links = LinkPolicy::follow_protected);
 
 // Whether write_file_atomically(path, ...) can start: creates its temporary
 // file and removes it again, leaving `path` itself untouched. For a check
 // before long work whose result goes to `path`. Throws FileWriteError.
-void check_file_writable(const std::string& path);
+void check_file_writable(const std::string& path, LinkPolicy links = LinkPolicy::follow_protected);
 
 }  // namespace backplane::common
 
