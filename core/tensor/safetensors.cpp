@@ -102,6 +102,12 @@ void delete_mapped(DLManagedTensor* m) noexcept { delete static_cast<MappedTenso
 void save_safetensors(const std::filesystem::path& path,
                       const std::vector<std::pair<std::string, Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata) {
+  save_safetensors(path, tensors, metadata, SafetensorsLink::follow);
+}
+
+void save_safetensors(const std::filesystem::path& path,
+                      const std::vector<std::pair<std::string, Tensor>>& tensors,
+                      const std::map<std::string, std::string>& metadata, SafetensorsLink links) {
   ordered_json header = ordered_json::object();
   if (!metadata.empty()) {
     ordered_json meta = ordered_json::object();
@@ -138,7 +144,9 @@ void save_safetensors(const std::filesystem::path& path,
                         "; save fewer tensors or less metadata per file");
 
   try {
-    common::AtomicFileWriter out(path.string());
+    common::AtomicFileWriter out(path.string(), links == SafetensorsLink::follow
+                                                    ? common::LinkPolicy::follow_protected
+                                                    : common::LinkPolicy::replace);
     unsigned char length[8];
     for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(uint64_t{text.size()} >> (8 * i));
     out.write(length, sizeof length);
@@ -159,21 +167,13 @@ void save_safetensors(const std::filesystem::path& path,
 
 namespace {
 
-// One tensor of the header, validated.
-struct Entry {
-  std::string name;
-  DType dtype;
-  Shape shape;
-  uint64_t begin;
-  uint64_t end;
-};
+using Entry = SafetensorsReader::Entry;
 
-class Reader {
- public:
-  explicit Reader(const std::filesystem::path& path) : path_(path) {}
+}  // namespace
 
-  SafetensorsFile read(const Device& device, SafetensorsLoad mode) {
-    open();
+struct SafetensorsReader::Impl {
+  Impl(const std::filesystem::path& path, SafetensorsLink links) : path_(path) {
+    open(links);
     if (size_ < 8)
       fail("the file is truncated: " + std::to_string(size_) +
            " bytes, fewer than the 8 that hold the header's length");
@@ -192,11 +192,13 @@ class Reader {
     read_at(8, text.data(), text.size());
     buffer_start_ = 8 + header_length;
     buffer_size_ = size_ - buffer_start_;
+    entries_ = parse_header(text, metadata_);
+    check_coverage(entries_);
+  }
 
+  SafetensorsFile load(const Device& device, SafetensorsLoad mode) const {
     SafetensorsFile file;
-    const std::vector<Entry> entries = parse_header(text, file.metadata);
-    check_coverage(entries);
-
+    file.metadata = metadata_;
     // On a host-visible device the tensors view a map of the file where the
     // device takes host memory and the element is aligned (from_dlpack
     // copies otherwise); BOOL bytes are copied, as they must be checked.
@@ -209,15 +211,14 @@ class Reader {
     }
 
     std::vector<unsigned char> data;
-    file.tensors.reserve(entries.size());
-    for (const Entry& e : entries) {
-      const uint64_t offset = buffer_start_ + e.begin;
-      if (map && e.dtype != DType::bool_ && e.end > e.begin && offset % dtype_size(e.dtype) == 0) {
+    file.tensors.reserve(entries_.size());
+    for (const Entry& e : entries_) {
+      if (map && e.dtype != DType::bool_ && e.size > 0 && e.offset % dtype_size(e.dtype) == 0) {
         auto owner = std::make_unique<MappedTensor>();
         owner->map = map;
         owner->shape = e.shape.to_vector();
         DLTensor& dl = owner->managed.dl_tensor;
-        dl.data = static_cast<unsigned char*>(map->base) + offset;
+        dl.data = static_cast<unsigned char*>(map->base) + e.offset;
         dl.device = {kDLCPU, 0};
         dl.ndim = static_cast<int32_t>(owner->shape.size());
         dl.dtype = detail::to_dl_dtype(e.dtype);
@@ -230,8 +231,8 @@ class Reader {
         file.tensors.emplace_back(e.name, from_dlpack(managed, device));
         continue;
       }
-      data.resize(static_cast<std::size_t>(e.end - e.begin));
-      read_at(buffer_start_ + e.begin, data.data(), data.size());
+      data.resize(static_cast<std::size_t>(e.size));
+      read_at(e.offset, data.data(), data.size());
       if (e.dtype == DType::bool_) {
         const auto bad = std::find_if(data.begin(), data.end(), [](unsigned char b) { return b > 1; });
         if (bad != data.end())
@@ -244,7 +245,6 @@ class Reader {
     return file;
   }
 
- private:
   [[noreturn]] void fail(const std::string& what) const {
     throw Error(Errc::invalid_argument, "load_safetensors: '" + path_.string() + "': " + what);
   }
@@ -253,8 +253,13 @@ class Reader {
                 "load_safetensors: '" + path_.string() + "': " + step + ": " + std::strerror(error_number));
   }
 
-  void open() {
-    fd_.reset(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  void open(SafetensorsLink links) {
+    const int no_follow = links == SafetensorsLink::not_followed ? O_NOFOLLOW : 0;
+    fd_.reset(::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK | no_follow));
+    if (!fd_ && errno == ELOOP && no_follow != 0)
+      fail(
+          "it is a symbolic link, which is not followed here: a file in this folder is read only as itself; "
+          "remove the link or replace it with the file");
     if (!fd_) io_fail("cannot open it", errno);
     struct stat st {};
     if (::fstat(fd_.get(), &st) != 0) io_fail("cannot stat it", errno);
@@ -289,10 +294,10 @@ class Reader {
     // and the callback parser walks the parent object after each child: both
     // quadratic, 47 s for a header of 100k tensors.)
     struct Checker final : json::json_sax_t {
-      const Reader& reader;
+      const Impl& reader;
       std::vector<std::set<std::string>> keys;  // one set per open object or array
       std::vector<std::string> order;           // the top level's keys, as they came
-      explicit Checker(const Reader& r) : reader(r) {}
+      explicit Checker(const Impl& r) : reader(r) {}
       bool open() {
         if (keys.size() >= kMaxHeaderDepth)
           reader.fail("the header nests deeper than " + std::to_string(kMaxHeaderDepth) +
@@ -404,39 +409,44 @@ class Reader {
         !offsets[1].is_number_unsigned())
       fail(what + ": \"data_offsets\" is " + shown(offsets.dump()) +
            ", not [begin, end] of two non-negative integers");
-    e.begin = offsets[0].get<uint64_t>();
-    e.end = offsets[1].get<uint64_t>();
-    const std::string range = "[" + std::to_string(e.begin) + ", " + std::to_string(e.end) + "]";
-    if (e.begin > e.end) fail(what + ": data_offsets " + range + " end before they begin");
-    if (e.end > buffer_size_)
+    const uint64_t begin = offsets[0].get<uint64_t>();
+    const uint64_t end = offsets[1].get<uint64_t>();
+    const std::string range = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
+    if (begin > end) fail(what + ": data_offsets " + range + " end before they begin");
+    if (end > buffer_size_)
       fail(what + ": data_offsets " + range + " are out of range: the buffer after the header holds " +
            std::to_string(buffer_size_) + " bytes");
-    if (overflow || bytes != e.end - e.begin)
+    if (overflow || bytes != end - begin)
       fail(what + ": the shape " + e.shape.to_string() + " of " + dtype_name + " takes " +
            (overflow ? std::string("more than 2^64") : std::to_string(bytes)) + " bytes but data_offsets " +
-           range + " hold " + std::to_string(e.end - e.begin));
+           range + " hold " + std::to_string(end - begin));
+    e.offset = buffer_start_ + begin;
+    e.size = end - begin;
     return e;
   }
 
-  // The tensors' byte ranges tile the buffer: no gap, no overlap, nothing after.
+  // The tensors' byte ranges tile the buffer: no gap, no overlap, nothing
+  // after. (Offsets in messages are the header's, from the buffer's start.)
   void check_coverage(const std::vector<Entry>& entries) const {
     std::vector<const Entry*> order;
     for (const Entry& e : entries) order.push_back(&e);
     std::sort(order.begin(), order.end(), [](const Entry* a, const Entry* b) {
-      return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+      return a->offset != b->offset ? a->offset < b->offset : a->size < b->size;
     });
     uint64_t covered = 0;  // [0, covered) belongs to the tensors seen so far
     const Entry* last = nullptr;
     for (const Entry* e : order) {
-      if (e->begin < covered)
+      const uint64_t begin = e->offset - buffer_start_;
+      const uint64_t end = begin + e->size;
+      if (begin < covered)
         fail("tensors " + shown(last->name) + " and " + shown(e->name) + " overlap: bytes [" +
-             std::to_string(e->begin) + ", " + std::to_string(std::min(covered, e->end)) +
+             std::to_string(begin) + ", " + std::to_string(std::min(covered, end)) +
              ") of the buffer are in both");
-      if (e->begin > covered)
+      if (begin > covered)
         fail("the tensors do not cover the buffer: bytes [" + std::to_string(covered) + ", " +
-             std::to_string(e->begin) + ") belong to no tensor");
-      if (e->end > covered) {
-        covered = e->end;
+             std::to_string(begin) + ") belong to no tensor");
+      if (end > covered) {
+        covered = end;
         last = e;
       }
     }
@@ -450,13 +460,35 @@ class Reader {
   uint64_t size_ = 0;
   uint64_t buffer_start_ = 0;
   uint64_t buffer_size_ = 0;
+  std::vector<Entry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
-}  // namespace
+SafetensorsReader::SafetensorsReader(const std::filesystem::path& path, SafetensorsLink links)
+    : impl_(std::make_unique<Impl>(path, links)) {}
+SafetensorsReader::~SafetensorsReader() = default;
+SafetensorsReader::SafetensorsReader(SafetensorsReader&&) noexcept = default;
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&&) noexcept = default;
+
+const std::filesystem::path& SafetensorsReader::path() const { return impl_->path_; }
+const std::vector<SafetensorsReader::Entry>& SafetensorsReader::entries() const { return impl_->entries_; }
+const std::map<std::string, std::string>& SafetensorsReader::metadata() const { return impl_->metadata_; }
+uint64_t SafetensorsReader::file_size() const { return impl_->size_; }
+void SafetensorsReader::read(uint64_t offset, void* dst, std::size_t size) const {
+  if (offset > impl_->size_ || size > impl_->size_ - offset)
+    throw Error(Errc::invalid_argument, "SafetensorsReader::read: bytes [" + std::to_string(offset) + ", +" +
+                                            std::to_string(size) + ") are beyond the end of '" +
+                                            impl_->path_.string() + "' (" + std::to_string(impl_->size_) +
+                                            " bytes)");
+  impl_->read_at(offset, dst, size);
+}
+SafetensorsFile SafetensorsReader::load(const Device& device, SafetensorsLoad mode) const {
+  return impl_->load(device, mode);
+}
 
 SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device,
                                  SafetensorsLoad mode) {
-  return Reader(path).read(device, mode);
+  return SafetensorsReader(path).load(device, mode);
 }
 
 SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device) {

@@ -26,8 +26,11 @@
 #include <backplane/registry.hpp>
 #include <backplane/tensor.hpp>
 
+#include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,6 +58,26 @@ struct SafetensorsFile {
 BACKPLANE_API void save_safetensors(const std::filesystem::path& path,
                                     const std::vector<std::pair<std::string, Tensor>>& tensors,
                                     const std::map<std::string, std::string>& metadata = {});
+
+// What saving and reading do when `path` is a symbolic link.
+enum class SafetensorsLink {
+  // Saving keeps the link and replaces its target, as open(2) follows it;
+  // except that a link in a sticky world-writable folder (/tmp) owned neither
+  // by the folder's owner nor by this process's user is refused
+  // (Errc::io_error, EACCES), as the kernel's protected_symlinks refuses it.
+  // Reading follows it. What the overloads without this argument do.
+  follow,
+  // Saving replaces the link itself with the file; reading refuses a link
+  // (Errc::invalid_argument naming it). For files in a folder the program owns,
+  // where a link is somebody aiming the program at a file outside it.
+  not_followed,
+};
+
+// save_safetensors as above, with `links` deciding what a link at `path` means.
+BACKPLANE_API void save_safetensors(const std::filesystem::path& path,
+                                    const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                    const std::map<std::string, std::string>& metadata,
+                                    SafetensorsLink links);
 
 // How load_safetensors makes its tensors. Copying is the default: a mapped
 // tensor changes when another program rewrites the file in place (`cp`, any
@@ -91,6 +114,45 @@ BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path
 // linked against the library before `mode` existed still run; before this
 // release it mapped).
 BACKPLANE_API SafetensorsFile load_safetensors(const std::filesystem::path& path, const Device& device);
+
+// A safetensors file opened and its whole header validated (as
+// load_safetensors validates it), with no tensor read yet: for a program
+// that compares names, dtypes and shapes with what it expects, or checks the
+// bytes, before it gives a tensor memory. The file stays open while the
+// reader lives; a file replaced by rename meanwhile is not seen.
+// Not thread-safe; movable.
+class BACKPLANE_API SafetensorsReader {
+ public:
+  // One tensor of the header, in the header's order.
+  struct Entry {
+    std::string name;
+    DType dtype;
+    Shape shape;
+    uint64_t offset = 0;  // where its bytes begin, from the start of the file
+    uint64_t size = 0;    // how many bytes it takes
+  };
+
+  // Throws as load_safetensors does for the file and its header.
+  explicit SafetensorsReader(const std::filesystem::path& path,
+                             SafetensorsLink links = SafetensorsLink::follow);
+  ~SafetensorsReader();
+  SafetensorsReader(SafetensorsReader&&) noexcept;
+  SafetensorsReader& operator=(SafetensorsReader&&) noexcept;
+
+  const std::filesystem::path& path() const;
+  const std::vector<Entry>& entries() const;
+  const std::map<std::string, std::string>& metadata() const;
+  uint64_t file_size() const;  // as it was when opened
+  // Reads `size` bytes of the file at `offset` into `dst` (Errc::io_error, or
+  // Errc::invalid_argument when the file shrank).
+  void read(uint64_t offset, void* dst, std::size_t size) const;
+  // Makes every tensor on `device`, as load_safetensors does.
+  SafetensorsFile load(const Device& device, SafetensorsLoad mode = SafetensorsLoad::copy) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace backplane
 

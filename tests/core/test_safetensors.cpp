@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -305,6 +306,58 @@ TEST_CASE("safetensors: I/O failures are io_error naming the file and the OS err
   CHECK(e.code() == Errc::io_error);
   BP_CHECK_CONTAINS(e.message(), nowhere.string());
   BP_CHECK_CONTAINS(e.message(), std::strerror(ENOENT));
+}
+
+TEST_CASE(
+    "safetensors: SafetensorsReader gives names, dtypes, shapes and offsets before any tensor is read") {
+  TempDir tmp;
+  const fs::path p = tmp / "w.safetensors";
+  save_safetensors(p,
+                   {{"b", Tensor::from_vector<float>(cpu(), {2, 3}, {1, 2, 3, 4, 5, 6})},
+                    {"a", Tensor::from_vector<int64_t>(cpu(), {1}, {7})}},
+                   {{"k", "v"}});
+  const SafetensorsReader reader(p);
+  CHECK(reader.path() == p);
+  CHECK(reader.metadata() == std::map<std::string, std::string>{{"k", "v"}});
+  REQUIRE(reader.entries().size() == 2);
+  const SafetensorsReader::Entry& b = reader.entries()[0];
+  const SafetensorsReader::Entry& a = reader.entries()[1];
+  CHECK(b.name == "b");
+  CHECK(b.dtype == DType::f32);
+  CHECK(b.shape == Shape{2, 3});
+  CHECK(b.size == 24);
+  CHECK(a.name == "a");
+  CHECK(a.offset == b.offset + 24);
+  CHECK(a.offset + a.size == reader.file_size());
+  float second = 0;
+  reader.read(b.offset + 4, &second, sizeof second);
+  CHECK(second == 2.0f);
+  const Error e = error_from([&] { reader.read(reader.file_size() - 2, &second, sizeof second); });
+  CHECK(e.code() == Errc::invalid_argument);
+  BP_CHECK_CONTAINS(e.message(), "beyond the end of");
+  const SafetensorsFile loaded = reader.load(cpu());
+  REQUIRE(loaded.tensors.size() == 2);
+  CHECK(loaded.tensors[0].second.to_vector<float>() == std::vector<float>{1, 2, 3, 4, 5, 6});
+  CHECK(loaded.tensors[1].second.to_vector<int64_t>() == std::vector<int64_t>{7});
+}
+
+TEST_CASE("safetensors: SafetensorsLink::not_followed refuses to read a link and replaces one when saving") {
+  TempDir tmp;
+  const fs::path real = tmp / "real.safetensors";
+  save_safetensors(real, {{"x", Tensor::from_vector<float>(cpu(), {1}, {1.0f})}});
+  const std::string original = read_file(real);
+  const fs::path link = tmp / "link.safetensors";
+  fs::create_symlink(real, link);
+  CHECK(load_safetensors(link, cpu()).tensors.size() == 1);  // followed by default
+  const Error e = error_from([&] { (void)SafetensorsReader(link, SafetensorsLink::not_followed); });
+  CHECK(e.code() == Errc::invalid_argument);
+  BP_CHECK_CONTAINS(e.message(), link.string());
+  BP_CHECK_CONTAINS(e.message(), "it is a symbolic link, which is not followed here");
+  save_safetensors(link, {{"y", Tensor::from_vector<float>(cpu(), {1}, {2.0f})}}, {},
+                   SafetensorsLink::not_followed);
+  CHECK(fs::is_regular_file(fs::symlink_status(link)));
+  CHECK(read_file(real) == original);
+  CHECK(load_safetensors(link, cpu()).tensors.at(0).first == "y");
 }
 
 TEST_CASE("safetensors: save refuses bad names and undefined tensors and leaves the old file") {
