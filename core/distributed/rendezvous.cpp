@@ -263,6 +263,15 @@ Rendezvous Rendezvous::from_env() {
         kSlurmPortBase + (id % kSlurmPortSpan + (step % kSlurmPortSpan) * kStepStride) % kSlurmPortSpan);
   }
 
+  const std::chrono::milliseconds timeout = timeout_from_env();
+
+  Rendezvous r(static_cast<int32_t>(rank), static_cast<int32_t>(world_size), std::move(master_addr),
+               master_port, timeout, static_cast<int32_t>(local_rank));
+  r.source_ = family->source;
+  return r;
+}
+
+std::chrono::milliseconds Rendezvous::timeout_from_env() {
   std::chrono::milliseconds timeout = kDefaultTimeout;
   if (auto text = env("BACKPLANE_TIMEOUT")) {
     double seconds = 0;
@@ -279,11 +288,7 @@ Rendezvous Rendezvous::from_env() {
     }
     timeout = std::chrono::milliseconds(std::max<int64_t>(1, std::llround(seconds * 1000.0)));
   }
-
-  Rendezvous r(static_cast<int32_t>(rank), static_cast<int32_t>(world_size), std::move(master_addr),
-               master_port, timeout, static_cast<int32_t>(local_rank));
-  r.source_ = family->source;
-  return r;
+  return timeout;
 }
 
 Rendezvous Rendezvous::single_process(std::chrono::milliseconds timeout) {

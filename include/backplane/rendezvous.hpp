@@ -111,6 +111,10 @@ class BACKPLANE_API Rendezvous {
   // Errc::invalid_argument naming the variable for a missing or malformed
   // value (a node list that is not one included).
   static Rendezvous from_env();
+  // BACKPLANE_TIMEOUT as from_env() reads it (kDefaultTimeout when unset),
+  // for a launcher that checks its ranks' environment before it starts them.
+  // Throws Errc::invalid_argument naming the variable and its value.
+  static std::chrono::milliseconds timeout_from_env();
   // A world of one on this process (rank 0, an ephemeral loopback port).
   static Rendezvous single_process(std::chrono::milliseconds timeout = kDefaultTimeout);
   // A rendezvous over a store the host already has, shared by every rank of

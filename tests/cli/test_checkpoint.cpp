@@ -6,11 +6,13 @@
 // and `--max-restarts` bringing a job through two ranks killed with SIGKILL.
 // The launcher's own restarts (any command) are in test_launch.cpp.
 #include "cli_runner.hpp"
+#include "memory_cgroup.hpp"
 #include "test_support.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -21,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -88,9 +92,11 @@ Outcome uninterrupted(const TempDir& tmp, const std::string& nproc, const std::s
   return outcome(tmp, name);
 }
 
+// The folder's names, sorted, but for the lock file every job leaves there.
 std::vector<std::string> checkpoint_files(const fs::path& dir) {
   std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename().string());
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().filename() != ".backplane-train.lock") names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -145,6 +151,21 @@ TEST_CASE("train checkpoints: a damaged newest checkpoint is skipped with a warn
     f.seekp(-4, std::ios::end);
     f.put('\x7f');
   }
+  SUBCASE("one bit flipped in the metadata's step count") {
+    std::string bytes = bpcli::slurp(dir / files.back());
+    const std::size_t at = bytes.find("\"step\":\"90\"");
+    REQUIRE(at != std::string::npos);
+    bytes[at + 9] ^= 0x01;  // '9' (0x39) -> '8' (0x38): still a valid count
+    std::ofstream(dir / files.back(), std::ios::binary | std::ios::trunc) << bytes;
+  }
+  SUBCASE("one bit flipped in the loss history") {
+    std::string bytes = bpcli::slurp(dir / files.back());
+    const std::size_t at = bytes.find("\"epoch_loss\":\"[\\\"");
+    REQUIRE(at != std::string::npos);
+    REQUIRE(std::isdigit(static_cast<unsigned char>(bytes[at + 17])));
+    bytes[at + 17] ^= 0x01;  // the first loss's first digit: another digit, another valid number
+    std::ofstream(dir / files.back(), std::ios::binary | std::ios::trunc) << bytes;
+  }
   std::vector<std::string> more{"--checkpoint-dir", dir.string()};
   for (const std::string& a : outputs(tmp, "resumed")) more.push_back(a);
   r = cli(tmp, train_args(tmp, "1", "3", more));
@@ -153,6 +174,155 @@ TEST_CASE("train checkpoints: a damaged newest checkpoint is skipped with a warn
   BP_CHECK_CONTAINS(r.err, "skipping checkpoint " + (dir / files.back()).string());
   BP_CHECK_CONTAINS(r.out, "resuming from " + (dir / files.front()).string());
   expect_identical(outcome(tmp, "resumed"), full);
+}
+
+namespace {
+
+// A safetensors file that declares `tensors` (name -> shape, F32) and the
+// checkpoint metadata, with a buffer that is a hole: a planted 8 GiB tensor
+// takes a few kilobytes of disk.
+void plant_checkpoint(const fs::path& file,
+                      const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors) {
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"backplane.checkpoint", "2"}, {"checksum", "sha256:00"}, {"step", "9999"}};
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : tensors) {
+    uint64_t bytes = 4;
+    for (const int64_t d : shape) bytes *= static_cast<uint64_t>(d);
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string bytes(8, '\0');
+  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<char>(uint64_t{text.size()} >> (8 * i));
+  std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes << text;
+  fs::resize_file(file, 8 + text.size() + offset);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "train checkpoints: names, dtypes and shapes are checked before a tensor is read (a planted 8 GiB "
+    "tensor)") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  Result r = cli(tmp, train_args(tmp, "1", "1", {"--checkpoint-dir", dir.string()}));
+  REQUIRE_MESSAGE(r.code == kExitOk, r.describe());
+  const std::vector<std::string> files = checkpoint_files(dir);
+  REQUIRE(files.size() == 1);
+  // Newer than the good one; one tensor of 2^31 floats, as a hole.
+  plant_checkpoint(dir / "step-0000009999.safetensors", {{"model.l1.weight", {int64_t{1} << 31}}});
+  plant_checkpoint(dir / "step-0000009998.safetensors", {{"model.l3.weight", {4}}});
+  // In a 2 GiB memory cgroup where root may make one: a tensor read or
+  // copied before the check would be killed there.
+  bptest::MemoryCgroup cgroup(uint64_t{2} << 30);
+  if (!cgroup.ok()) MESSAGE("no 2 GiB memory cgroup (" << cgroup.why() << "): the run is not memory-limited");
+  const pid_t pid = bpcli::spawn(train_args(tmp, "1", "2", {"--checkpoint-dir", dir.string()}), tmp.path());
+  if (cgroup.ok()) REQUIRE(bptest::MemoryCgroup::write_file(cgroup.procs(), std::to_string(pid)));
+  r = bpcli::wait_for(pid, tmp.path());
+  INFO(r.describe());
+  REQUIRE(r.exited);
+  REQUIRE(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.err, "skipping checkpoint " + (dir / "step-0000009999.safetensors").string());
+  BP_CHECK_CONTAINS(r.err, "its tensor \"model.l1.weight\" is f32 [2147483648], this run's is f32 [64, 128]");
+  BP_CHECK_CONTAINS(r.err, "skipping checkpoint " + (dir / "step-0000009998.safetensors").string());
+  BP_CHECK_CONTAINS(
+      r.err, "it holds the tensor \"model.l3.weight\", which this run's model and optimizer do not have");
+  BP_CHECK_CONTAINS(r.out, "resuming from " + (dir / files.front()).string());
+}
+
+TEST_CASE("train checkpoints: links in the folder are never followed, replaced when written, never pruned") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  fs::create_directories(dir);
+  tmp.write("victim.txt", "precious");
+  // Where this run will write (step 20), and a "newest checkpoint" that is a
+  // link to a file outside the folder.
+  fs::create_symlink("../victim.txt", dir / "step-0000000020.safetensors");
+  fs::create_symlink("../victim.txt", dir / "step-0000009999.safetensors");
+  const Result r =
+      cli(tmp, train_args(tmp, "1", "1",
+                          {"--checkpoint-dir", dir.string(), "--checkpoint-every", "10", "--keep", "2"}));
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  CHECK(bpcli::slurp(tmp / "victim.txt") == "precious");
+  BP_CHECK_CONTAINS(r.err, "skipping checkpoint " + (dir / "step-0000009999.safetensors").string());
+  BP_CHECK_CONTAINS(r.err, "it is a symbolic link, which is not followed here");
+  // Steps 10..45 written; the newest 2 kept; the link nobody here wrote is left.
+  CHECK(checkpoint_files(dir) == std::vector<std::string>{"step-0000000040.safetensors",
+                                                          "step-0000000045.safetensors",
+                                                          "step-0000009999.safetensors"});
+  CHECK(fs::is_symlink(dir / "step-0000009999.safetensors"));
+  CHECK(fs::is_regular_file(fs::symlink_status(dir / "step-0000000045.safetensors")));
+}
+
+TEST_CASE("train outputs: another user's link in a sticky world-writable folder is refused before training") {
+  if (::geteuid() != 0) {
+    MESSAGE("skipped: making a link owned by another user needs root");
+    return;
+  }
+  TempDir tmp;
+  tmp.write("victim", "root's file");
+  const fs::path shared = tmp / "shared";
+  fs::create_directory(shared);
+  REQUIRE(::chmod(shared.c_str(), 01777) == 0);
+  for (const std::string flag : {"--metrics-out", "--plot", "--save-model"}) {
+    CAPTURE(flag);
+    const fs::path link = shared / (flag == "--plot" ? "out.svg" : "out.bin");
+    fs::remove(link);
+    fs::create_symlink(tmp / "victim", link);
+    REQUIRE(::lchown(link.c_str(), 65534, 65534) == 0);
+    const Result r = cli(tmp, train_args(tmp, "1", "1", {flag, link.string()}));
+    CHECK(r.code == kExitFailed);
+    BP_CHECK_CONTAINS(r.err, flag + ": cannot write '" + link.string() + "'");
+    BP_CHECK_CONTAINS(r.err, "is a symbolic link owned by uid 65534 in the sticky world-writable folder");
+    CHECK(r.out.find("epoch 1") == std::string::npos);  // refused before training
+  }
+  CHECK(bpcli::slurp(tmp / "victim") == "root's file");
+}
+
+TEST_CASE("train checkpoints: a second job on the folder is refused, naming the first") {
+  TempDir tmp;
+  const fs::path dir = tmp / "checkpoints";
+  fs::create_directories(dir);
+  // The first job: this test process, holding the lock as a train job would.
+  const fs::path lock =
+      tmp.write("checkpoints/.backplane-train.lock", "pid 4242 on node7, since 2026-01-01T00:00:00Z\n");
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+  for (const std::string nproc : {"1", "2"}) {
+    CAPTURE(nproc);
+    const Result r = cli(tmp, train_args(tmp, nproc, "1", {"--checkpoint-dir", dir.string()}));
+    CHECK(r.code == kExitFailed);
+    BP_CHECK_CONTAINS(r.err,
+                      "is in use by another train job (pid 4242 on node7, since 2026-01-01T00:00:00Z)");
+    BP_CHECK_CONTAINS(r.err, "pass another --checkpoint-dir");
+  }
+  ::close(fd);  // the first job ends: the folder is free
+  const Result r = cli(tmp, train_args(tmp, "1", "1", {"--checkpoint-dir", dir.string()}));
+  INFO(r.describe());
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(bpcli::slurp(dir / ".backplane-train.lock"), "pid ");
+}
+
+TEST_CASE(
+    "train: a malformed environment variable is exit 64 before any rank starts, and is never restarted") {
+  TempDir tmp;
+  bpcli::Options options;
+  options.env["BACKPLANE_TIMEOUT"] = "abc";
+  Result r = bpcli::run(train_args(tmp, "2", "1", {"--max-restarts", "3"}), tmp.path(), options);
+  INFO(r.describe());
+  CHECK(r.code == kExitUsage);
+  BP_CHECK_CONTAINS(r.err, "BACKPLANE_TIMEOUT='abc' is not a number of seconds");
+  CHECK(r.err.find("restart 1/3") == std::string::npos);
+  // A rank started by another launcher says the same, with the same code.
+  options.env["RANK"] = "0";
+  options.env["WORLD_SIZE"] = "2";
+  r = bpcli::run(train_args(tmp, "1", "1"), tmp.path(), options);
+  CHECK(r.code == kExitUsage);
+  BP_CHECK_CONTAINS(r.err, "BACKPLANE_TIMEOUT='abc' is not a number of seconds");
 }
 
 TEST_CASE("train checkpoints: damaged later checkpoints never push out the ones a resumed run writes") {
@@ -276,7 +446,7 @@ TEST_CASE(
   const Outcome full = uninterrupted(tmp, "2", "30");
   const fs::path dir = tmp / "checkpoints";
   std::vector<std::string> more{"--checkpoint-dir", dir.string(), "--checkpoint-every", "4",
-                                "--max-restarts",   "3"};
+                                "--max-restarts",   "3",          "--restart-delay",    "0.1"};
   for (const std::string& a : outputs(tmp, "restarted")) more.push_back(a);
   const pid_t launcher = bpcli::spawn(train_args(tmp, "2", "30", more), tmp.path());
 

@@ -573,12 +573,15 @@ TEST_CASE("launch: --max-restarts starts every rank again with a fresh secret, t
   const Result r = cli(tmp, launch_sh(2,
                                       "echo \"start $BACKPLANE_RESTART_COUNT $BACKPLANE_JOB_TOKEN\"; "
                                       "if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60",
-                                      {"--max-restarts", "2"}));
+                                      {"--max-restarts", "2", "--restart-delay", "0.05"}));
   INFO(r.describe());
   CHECK(r.code == 3);
+  // The pause doubles with each restart.
   CHECK(contains(r.err,
-                 "backplane launch: restart 1/2: rank 1 exited with code 3; starting every rank again\n"));
+                 "backplane launch: restart 1/2: rank 1 exited with code 3; starting every rank again; "
+                 "restarting in 0.05 s\n"));
   CHECK(contains(r.err, "backplane launch: restart 2/2: rank 1 exited with code 3"));
+  CHECK(contains(r.err, "; restarting in 0.1 s\n"));
   CHECK(contains(r.err, "giving up: the job failed again after 2 restarts (--max-restarts 2)"));
   std::set<std::string> tokens;
   std::map<std::string, int> starts;
@@ -615,6 +618,38 @@ TEST_CASE("launch: a job that fails once completes after one restart and exits 0
   CHECK(contains(r.err, "restart 1/3: rank "));
   CHECK(contains(r.err, "was killed by signal 9 (SIGKILL); starting every rank again"));
   CHECK_FALSE(contains(r.err, "restart 2/3"));
+}
+
+TEST_CASE("launch: restarts pause --restart-delay, 1 s by default") {
+  TempDir tmp;
+  const Result r = cli(tmp, launch_sh(1, "exit 3", {"--max-restarts", "1"}));
+  INFO(r.describe());
+  CHECK(r.code == 3);
+  CHECK(contains(r.err,
+                 "restart 1/1: rank 0 exited with code 3; starting every rank again; restarting in 1 s\n"));
+  const Result bad = cli(tmp, launch_sh(1, "true", {"--restart-delay", "-1"}));
+  CHECK(bad.code == 64);
+  CHECK(contains(bad.err, "is not a valid restart delay; pass seconds from 0 to 86400"));
+}
+
+TEST_CASE("launch: a stop signal while waiting to restart ends the job without restarting") {
+  TempDir tmp;
+  const fs::path starts = tmp / "starts";
+  Background launcher(
+      launch_sh(2, "echo \"start $BACKPLANE_RESTART_COUNT\" >> " + quoted(starts) + "; exit 3",
+                {"--max-restarts", "5", "--restart-delay", "600"}),
+      tmp.path());
+  // Waits (bounded) until the launcher says it is pausing.
+  const auto deadline = Clock::now() + kHangGuard;
+  while (!contains(bpcli::slurp(tmp / "bg_stderr.txt"), "restarting in 600 s") && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  REQUIRE(::kill(launcher.pid(), SIGINT) == 0);
+  const Result r = launcher.wait();
+  INFO(r.describe());
+  CHECK(r.code == 128 + SIGINT);
+  CHECK(contains(r.err, "restarting in 600 s"));
+  CHECK(contains(r.err, "received SIGINT while waiting to restart; not restarting"));
+  CHECK_FALSE(contains(bpcli::slurp(starts), "start 1"));  // nothing started again
 }
 
 TEST_CASE("launch: a launcher stopped by a signal does not restart the job") {

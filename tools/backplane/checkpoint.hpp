@@ -11,7 +11,9 @@
 //
 // Only rank 0 writes (the ranks of a data-parallel job hold the same model);
 // a checkpoint appears whole or not at all (save_safetensors writes a
-// temporary file, fsyncs, renames and fsyncs the folder).
+// temporary file, fsyncs, renames and fsyncs the folder). Files in the
+// folder are never followed as symbolic links: a link under a checkpoint's
+// name is replaced when writing, refused when reading, and never pruned.
 #ifndef BACKPLANE_TOOLS_CHECKPOINT_HPP_
 #define BACKPLANE_TOOLS_CHECKPOINT_HPP_
 
@@ -51,6 +53,35 @@ struct Checkpoint {
   NamedTensors optimizer;  // names without "optimizer."
 };
 
+// One tensor a checkpoint may hold for this run ("model.l1.weight",
+// "optimizer.m.0"), and whether it must.
+struct TensorSpec {
+  std::string name;
+  DType dtype = DType::f32;
+  Shape shape;
+  bool required = true;
+};
+using CheckpointLayout = std::vector<TensorSpec>;
+
+// The lock a job holds on its checkpoint folder while it trains: flock(2)
+// on "<dir>/.backplane-train.lock", which also says who holds it (PID, host,
+// start time). The kernel drops it when the process ends, however it ends,
+// so a killed job never leaves the folder locked. Two jobs on one folder
+// would prune each other's checkpoints; the second is refused.
+class CheckpointFolderLock {
+ public:
+  // Takes the lock (making the folder if absent). Throws backplane::Error
+  // (Errc::io_error) naming the job that holds it, or saying why the lock
+  // file cannot be made or locked.
+  explicit CheckpointFolderLock(const std::filesystem::path& dir);
+  ~CheckpointFolderLock();
+  CheckpointFolderLock(const CheckpointFolderLock&) = delete;
+  CheckpointFolderLock& operator=(const CheckpointFolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // "0.1": the shortest text that reads back (strtod) to exactly `value`.
 std::string exact_text(double value);
 
@@ -71,10 +102,14 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const Tr
                                       const RunIdentity& identity, const std::vector<std::string>& command,
                                       const NamedTensors& model, const NamedTensors& optimizer, int keep);
 
-// Reads and verifies one checkpoint onto `device`: a valid safetensors file,
-// this format, complete metadata, and tensors whose SHA-256 matches the one
-// recorded. Throws backplane::Error saying what is wrong (naming the file).
-Checkpoint load_checkpoint(const std::filesystem::path& file, const Device& device);
+// Reads and verifies one checkpoint onto `device`: a valid safetensors file
+// (not a symbolic link), this format, tensors named, typed and shaped as
+// `layout` says -- compared before any tensor byte is read --, contents that
+// match the recorded checksum -- hashed from the file a chunk at a time,
+// before any tensor is made --, and complete metadata. Throws
+// backplane::Error saying what is wrong (naming the file).
+Checkpoint load_checkpoint(const std::filesystem::path& file, const Device& device,
+                           const CheckpointLayout& layout);
 
 // "" when `theirs` (a checkpoint's) agrees with `ours`; else a message
 // naming each option that differs and both values.

@@ -26,6 +26,7 @@ struct LaunchOptions {
   bool no_prefix = false;
   bool rank0_passthrough = false;
   int32_t max_restarts = 0;
+  double restart_delay = 1.0;
   std::vector<std::string> command;
 };
 
@@ -48,13 +49,15 @@ CLI::Validator integer_in(int64_t min, int64_t max, const std::string& what) {
       "", "");
 }
 
-CLI::Validator grace_seconds() {
+// A CLI11 validator for a duration in seconds, 0 to a day; `what` names it
+// in the message ("grace period").
+CLI::Validator seconds_up_to_a_day(const std::string& what) {
   return CLI::Validator(
-      [](std::string& input) -> std::string {
+      [what](std::string& input) -> std::string {
         double value = 0;
         if (!CLI::detail::lexical_cast(input, value) || !std::isfinite(value) || value < 0 ||
             value > kMaxGraceSeconds) {
-          return "'" + input + "' is not a valid grace period; pass seconds from 0 to 86400 (e.g. 5 or 0.5)";
+          return "'" + input + "' is not a valid " + what + "; pass seconds from 0 to 86400 (e.g. 5 or 0.5)";
         }
         return {};
       },
@@ -78,6 +81,7 @@ int run_launch(const LaunchOptions& options) {
   spec.prefix = !options.no_prefix;
   spec.rank0_passthrough = options.rank0_passthrough;
   spec.max_restarts = options.max_restarts;
+  spec.restart_delay = std::chrono::milliseconds(std::llround(options.restart_delay * 1000.0));
   return run_ranks(spec);
 }
 
@@ -105,7 +109,7 @@ Command add_launch_command(CLI::App& parent) {
   sub->add_option("--grace", options->grace,
                   "Seconds between the stop signal and SIGKILL when the job is stopped (default 5)")
       ->type_name("SECONDS")
-      ->check(grace_seconds());
+      ->check(seconds_up_to_a_day("grace period"));
   sub->add_flag("--no-prefix", options->no_prefix, "Relay output lines without the \"[rank K] \" prefix");
   sub->add_flag("--rank0-passthrough", options->rank0_passthrough,
                 "Rank 0 writes straight to the launcher's stdout and stderr (a terminal stays a terminal, "
@@ -114,6 +118,11 @@ Command add_launch_command(CLI::App& parent) {
                   "When a rank fails, stop every rank and start them all again, at most K times (default 0)")
       ->type_name("K")
       ->check(integer_in(0, 1000, "number of restarts"));
+  sub->add_option("--restart-delay", options->restart_delay,
+                  "Seconds before the first restart; each further restart waits twice as long as the one "
+                  "before, up to 60 s (default 1)")
+      ->type_name("SECONDS")
+      ->check(seconds_up_to_a_day("restart delay"));
   sub->add_option("command", options->command, "The program to run and its arguments (after --)")
       ->required()
       ->type_name("CMD");
@@ -134,10 +143,12 @@ Command add_launch_command(CLI::App& parent) {
       "SIGHUP sent to the launcher are forwarded the same way; a second one kills at once. The rank\n"
       "processes themselves die with the launcher even when the launcher is SIGKILLed.\n"
       "\n"
-      "With --max-restarts K, a failed rank (not a signalled launcher) stops every rank as above, then\n"
-      "all ranks start again, with a fresh rendezvous (a new free port unless --master-port is given,\n"
-      "a new job secret unless the caller set one) and BACKPLANE_RESTART_COUNT=1, 2, ...; after K\n"
-      "restarts the next failure ends the job. A program that checkpoints resumes from its checkpoint\n"
+      "With --max-restarts K, a failed rank (not a signalled launcher) stops every rank as above, then,\n"
+      "after a pause (--restart-delay, doubling with each restart up to 60 s), all ranks start again,\n"
+      "with a fresh rendezvous (a new free port unless --master-port is given, a new job secret unless\n"
+      "the caller set one) and BACKPLANE_RESTART_COUNT=1, 2, ...; after K restarts the next failure\n"
+      "ends the job. A rank that exits 64 (a usage or environment error, which every start would\n"
+      "repeat) is not restarted. A program that checkpoints resumes from its checkpoint\n"
       "(`backplane train --checkpoint-dir` does).\n"
       "\n"
       "Exit code: 0 when every rank of the last start exited 0; else the first failing rank's exit\n"

@@ -67,6 +67,7 @@ struct TrainOptions {
   int keep = 2;
   std::string save_model;
   int max_restarts = 0;
+  double restart_delay = 1.0;  // seconds before the first restart, doubling after each
   bool keep_given = false;
   bool nproc_given = false;
   std::vector<std::string> raw_args;  // as given, to start the ranks with
@@ -223,10 +224,11 @@ std::pair<digits::Dataset, digits::Dataset> load_split(const TrainOptions& o, co
 
 // Checks now that an output file can be written, so a bad path fails before
 // training; the file itself is neither created nor truncated.
-void check_writable(const std::string& path, const char* flag) {
+void check_writable(const std::string& path, const char* flag,
+                    common::LinkPolicy links = common::LinkPolicy::follow_protected) {
   if (path.empty()) return;
   try {
-    common::check_file_writable(path);
+    common::check_file_writable(path, links);
   } catch (const common::FileWriteError& e) {
     throw CommandError(kExitFailed, std::string(flag) + ": " + e.what());
   }
@@ -239,8 +241,19 @@ bool is_lead_rank() {
   return rank == nullptr || std::string_view(rank) == "0";
 }
 
+// Takes the checkpoint folder's lock (CheckpointFolderLock), as
+// "--checkpoint-dir: ..." when another job holds it.
+std::unique_ptr<CheckpointFolderLock> lock_checkpoint_dir(const std::string& dir) {
+  try {
+    return std::make_unique<CheckpointFolderLock>(dir);
+  } catch (const Error& e) {
+    throw CommandError(kExitFailed, "--checkpoint-dir: " + e.message());
+  }
+}
+
 // Makes the checkpoint folder now and checks that a checkpoint can be
-// written in it, so a bad --checkpoint-dir fails before training.
+// written in it and that no other job trains in it, so a bad
+// --checkpoint-dir fails before training.
 void check_checkpoint_dir(const std::string& dir) {
   if (dir.empty()) return;
   std::error_code ec;
@@ -248,7 +261,9 @@ void check_checkpoint_dir(const std::string& dir) {
   if (ec) throw CommandError(kExitFailed, "--checkpoint-dir: cannot make " + dir + ": " + ec.message());
   if (!fs::is_directory(dir, ec))
     throw CommandError(kExitFailed, "--checkpoint-dir: " + dir + " is not a folder");
-  check_writable((fs::path(dir) / "step-0000000000.safetensors").string(), "--checkpoint-dir");
+  check_writable((fs::path(dir) / "step-0000000000.safetensors").string(), "--checkpoint-dir",
+                 common::LinkPolicy::replace);
+  lock_checkpoint_dir(dir);  // taken and let go: the lead rank holds it while it trains
 }
 
 // Every output a run writes, checked before it trains.
@@ -294,26 +309,33 @@ std::vector<uint8_t> bytes_of(const std::string& text) {
   return std::vector<uint8_t>(text.begin(), text.end());
 }
 
-// Rank 0 chooses the checkpoint to resume from: the newest that reads back
-// whole and matches its checksum (a damaged one is skipped with a warning
-// naming it); one made for another run is refused. It tells the other ranks
-// through the store, and each of them reads the same file.
+// Rank 0 locks the folder (into `folder_lock`) and chooses the checkpoint to resume from: the newest that
+// reads back whole and matches its checksum (a damaged one is skipped with a warning naming it); one made for
+// another run is refused. It tells the other ranks through the store, and each of them reads the same file.
 std::optional<Checkpoint> agree_on_checkpoint(const TrainOptions& o, const Rendezvous& rdzv, bool distributed,
-                                              const Device& device, const RunIdentity& identity) {
+                                              const Device& device, const RunIdentity& identity,
+                                              const CheckpointLayout& layout,
+                                              std::unique_ptr<CheckpointFolderLock>& folder_lock) {
   constexpr const char* kKey = "train/checkpoint";
   const fs::path dir = o.checkpoint_dir;
   if (rdzv.rank() == 0) {
     std::optional<Checkpoint> found;
     try {
+      // Rank 0 writes and prunes the checkpoints: it holds the folder while it trains.
+      folder_lock = lock_checkpoint_dir(o.checkpoint_dir);
       if (const int removed = remove_interrupted_writes(dir); removed > 0)
         std::fprintf(stderr, "backplane train: removed %d unfinished checkpoint write%s in %s\n", removed,
                      removed == 1 ? "" : "s", dir.string().c_str());
       for (const auto& [step, file] : list_checkpoints(dir)) {
         std::optional<Checkpoint> c;
         try {
-          c = load_checkpoint(file, device);
+          c = load_checkpoint(file, device, layout);
         } catch (const Error& e) {
-          print_warning("skipping checkpoint " + file.string() + ": " + e.message());
+          // The message names the file first; the warning names it once.
+          std::string why = e.message();
+          if (const std::string named = file.string() + ": "; why.rfind(named, 0) == 0)
+            why.erase(0, named.size());
+          print_warning("skipping checkpoint " + file.string() + ": " + why);
           continue;
         }
         if (const std::string m = identity_mismatch(c->identity, identity); !m.empty())
@@ -340,7 +362,7 @@ std::optional<Checkpoint> agree_on_checkpoint(const TrainOptions& o, const Rende
     throw CommandError(kExitFailed, "rank 0 cannot resume (it says why): " + chosen.substr(1));
   if (chosen.empty()) return std::nullopt;
   try {
-    return load_checkpoint(dir / chosen, device);
+    return load_checkpoint(dir / chosen, device, layout);
   } catch (const Error& e) {
     throw CommandError(kExitFailed, "rank " + std::to_string(rdzv.rank()) + " cannot read checkpoint " +
                                         chosen + ", which rank 0 chose: " + e.message() +
@@ -404,6 +426,28 @@ NamedTensors model_tensors(const nn::Linear& l1, const nn::Linear& l2) {
       {"l1.weight", l1.weight()}, {"l1.bias", l1.bias()}, {"l2.weight", l2.weight()}, {"l2.bias", l2.bias()}};
 }
 
+// Every tensor a checkpoint of this run may hold: the model's, and the
+// optimizer's state once every parameter has stepped (nn::SGD's and
+// nn::Adam's state() names), so a checkpoint is checked against it before
+// any tensor is read.
+CheckpointLayout checkpoint_layout(const NamedTensors& model, const std::vector<Tensor>& params,
+                                   const std::string& optimizer) {
+  CheckpointLayout layout;
+  for (const auto& [name, t] : model) layout.push_back({"model." + name, t.dtype(), t.shape(), true});
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const std::string index = std::to_string(i);
+    const Tensor& p = params[i];
+    if (optimizer == "sgd") {
+      layout.push_back({"optimizer.velocity." + index, p.dtype(), p.shape(), false});
+    } else {
+      layout.push_back({"optimizer.m." + index, p.dtype(), p.shape(), false});
+      layout.push_back({"optimizer.v." + index, p.dtype(), p.shape(), false});
+      layout.push_back({"optimizer.step." + index, DType::i64, Shape{1}, false});
+    }
+  }
+  return layout;
+}
+
 // Ends the job's groups on every path out of a rank.
 struct DistributedScope {
   DistributedScope(const Rendezvous& r, const GradSyncOptions& o) { init_distributed(r, o); }
@@ -412,9 +456,21 @@ struct DistributedScope {
   DistributedScope& operator=(const DistributedScope&) = delete;
 };
 
+// The job's rendezvous from the environment the launcher or scheduler set.
+// A malformed variable is a configuration error (exit 64): every start of
+// the rank would fail the same way, so a launcher does not restart it.
+Rendezvous rendezvous_from_env() {
+  try {
+    return Rendezvous::from_env();
+  } catch (const Error& e) {
+    if (e.code() != Errc::invalid_argument) throw;
+    throw CommandError(kExitUsage, e.message());
+  }
+}
+
 int train_rank(const TrainOptions& o) {
   const bool single = !in_a_job();
-  Rendezvous rdzv = single ? Rendezvous::single_process() : Rendezvous::from_env();
+  Rendezvous rdzv = single ? Rendezvous::single_process() : rendezvous_from_env();
   const int rank = rdzv.rank();
   const int world = rdzv.world_size();
   const bool lead = rank == 0;
@@ -462,8 +518,10 @@ int train_rank(const TrainOptions& o) {
   const RunIdentity identity = run_identity(o, world, train);
   TrainPosition start;
   std::optional<Checkpoint> resumed;
+  std::unique_ptr<CheckpointFolderLock> folder_lock;  // rank 0's, while it trains
   if (!o.checkpoint_dir.empty()) {
-    resumed = agree_on_checkpoint(o, rdzv, distributed, device, identity);
+    resumed = agree_on_checkpoint(o, rdzv, distributed, device, identity,
+                                  checkpoint_layout(model_tensors(l1, l2), params, o.optimizer), folder_lock);
     if (resumed) {
       NoGradGuard no_grad;
       std::map<std::string, Tensor> saved(resumed->model.begin(), resumed->model.end());
@@ -719,6 +777,11 @@ int run_train(TrainOptions o) {
   // Everything that can be checked once is checked here, before any rank
   // starts: a bad config, backend, data file or output path fails once.
   {
+    try {
+      Rendezvous::timeout_from_env();  // the one rendezvous variable the ranks inherit rather than get
+    } catch (const Error& e) {
+      throw CommandError(kExitUsage, e.message());
+    }
     const fs::path config = choose_config(o.config);
     Registry registry = load_for_report(config);
     const Backend backend = chosen_backend(registry, o.backend, config);
@@ -745,6 +808,7 @@ int run_train(TrainOptions o) {
   spec.master_port = 0;  // a free one, chosen afresh for each start
   spec.rank0_passthrough = true;
   spec.max_restarts = o.max_restarts;
+  spec.restart_delay = std::chrono::milliseconds(std::llround(o.restart_delay * 1000.0));
   return run_ranks(spec);
 }
 
@@ -794,6 +858,11 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--max-restarts", o->max_restarts,
                   "With --nproc: when a rank fails, start every rank again, at most K times (default 0)")
       ->check(CLI::Range(0, 1000));
+  app->add_option("--restart-delay", o->restart_delay,
+                  "With --max-restarts: seconds before the first restart; each further one waits twice as "
+                  "long, up to 60 s (default 1)")
+      ->type_name("SECONDS")
+      ->check(CLI::Range(0.0, 86400.0));
   Command c;
   c.app = app;
   c.run = [o, app] {

@@ -331,8 +331,10 @@ class Launcher {
               " (--max-restarts " + std::to_string(spec_.max_restarts) + ")");
         return exit_code_;
       }
-      say(restart_message(restart + 1));
+      const std::chrono::milliseconds pause = restart_pause(restart + 1);
+      say(restart_message(restart + 1) + "; restarting in " + format_seconds(pause));
       reset_for_restart();
+      if (!wait_before_restart(pause)) return exit_code_;
     }
   }
 
@@ -646,6 +648,40 @@ class Launcher {
     else
       text += "; starting every rank again";
     return text;
+  }
+
+  // restart_delay doubled for each restart before this one, capped.
+  std::chrono::milliseconds restart_pause(int32_t restart) const {
+    const std::chrono::milliseconds cap = std::max(spec_.restart_delay, spec_.restart_delay_max);
+    std::chrono::milliseconds pause = spec_.restart_delay;
+    for (int32_t k = 1; k < restart && pause < cap; ++k) pause *= 2;
+    return std::min(pause, cap);
+  }
+
+  // Sleeps `pause` while still answering stop signals: false when one came
+  // (exit_code_ is then 128 + signal and nothing restarts).
+  bool wait_before_restart(std::chrono::milliseconds pause) {
+    const Clock::time_point until = Clock::now() + pause;
+    for (;;) {
+      for (const int sig : kStopSignals) {
+        if (!take_pending(sig)) continue;
+        exit_code_ = 128 + sig;
+        signalled_ = true;
+        say("backplane launch: received " + signal_name(sig) + " while waiting to restart; not restarting");
+        return false;
+      }
+      take_pending(SIGCHLD);  // no rank runs now
+      const auto left = std::chrono::ceil<std::chrono::milliseconds>(until - Clock::now());
+      if (left.count() <= 0) return true;
+      pollfd fd{wake_.read.get(), POLLIN, 0};
+      const int ready = ::poll(&fd, 1, static_cast<int>(std::min<int64_t>(left.count(), 60'000)));
+      if (ready < 0 && errno != EINTR) fail_system("poll", errno);
+      if (ready > 0) {
+        char buf[256];
+        while (::read(wake_.read.get(), buf, sizeof buf) > 0) {
+        }
+      }
+    }
   }
 
   void reset_for_restart() {

@@ -35,6 +35,12 @@ struct LaunchSpec {
   // unless the caller gave one) and BACKPLANE_RESTART_COUNT set to the
   // restart's number. Not after the launcher itself was signalled.
   int32_t max_restarts = 0;
+  // The pause before restart k is restart_delay * 2^(k-1), at most
+  // max(restart_delay, restart_delay_max): a job that fails at once does not spin (1000 restarts
+  // in seconds), and one that fails on a flaky node waits that node out. A
+  // stop signal during the pause ends the job without restarting.
+  std::chrono::milliseconds restart_delay{1000};
+  std::chrono::milliseconds restart_delay_max{60'000};
 };
 
 // Runs the job to its end and returns the launcher's exit code: 0 when every
