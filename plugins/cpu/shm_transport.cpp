@@ -216,22 +216,46 @@ std::string shared_memory_host_identity() {
 
 namespace {
 
-// Removes the names of segments whose creator is gone: a rank 0 killed
-// between making its segment and removing the name (while the others
-// mapped it) leaves the name, and its reserved memory, in /dev/shm. The
-// name holds the creator's process id; a live process keeps its own.
+// The inode of this process's PID namespace, which segment names carry; 0
+// when unknown.
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// A decimal number of at most `digits` digits, or -1.
+int64_t decimal(std::string_view text, std::size_t digits) {
+  if (text.empty() || text.size() > digits || text.find_first_not_of("0123456789") != std::string_view::npos)
+    return -1;
+  int64_t v = 0;
+  for (char c : text) v = v * 10 + (c - '0');
+  return v;
+}
+
+// A name is "backplane-<pid namespace inode>-<pid>-<random>", its creator's.
+// A process id means something only in its own namespace: a group in another
+// one (a container sharing /dev/shm through --ipc=host) would find no such
+// process and take a live job's segment for stale. So a name is removed only
+// when it is this user's (the file's owner), from this PID namespace, and no
+// process has that id here. Names of other forms are left alone.
 void remove_stale_segments() {
+  const uint64_t ns = pid_namespace();
+  if (ns == 0) return;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
     const std::string file = entry.path().filename().string();
     constexpr std::string_view prefix = "backplane-";
     if (file.rfind(prefix, 0) != 0) continue;
-    const auto dash = file.find('-', prefix.size());
-    const std::string digits = file.substr(prefix.size(), dash - prefix.size());
-    if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
-      continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(digits));
-    if (::kill(pid, 0) != 0 && errno == ESRCH) shm_unlink(("/" + file).c_str());
+    const std::string_view rest = std::string_view(file).substr(prefix.size());
+    const auto a = rest.find('-');
+    const auto b = a == std::string_view::npos ? a : rest.find('-', a + 1);
+    if (b == std::string_view::npos) continue;
+    const int64_t their_ns = decimal(rest.substr(0, a), 18);
+    const int64_t pid = decimal(rest.substr(a + 1, b - a - 1), 9);
+    if (their_ns < 0 || static_cast<uint64_t>(their_ns) != ns || pid <= 0) continue;
+    struct stat st {};
+    if (::lstat(entry.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) shm_unlink(("/" + file).c_str());
   }
 }
 
@@ -285,8 +309,21 @@ std::string open_segment(const std::string& name, int32_t n, const std::string& 
 
 std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int32_t size, bool enabled,
                                             const std::string& where) {
-  auto skip = [&](const std::string& why) {
-    plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": shared memory not used: " + why);
+  // Ranks on other hosts, a rank with it switched off and groups too large
+  // use TCP by design (debug). Anything else is a fault on a host where
+  // shared memory should have worked, and costs every step several times
+  // over: a warning, once per process, so that a job creating communicators
+  // as it goes does not repeat it; later ones are logged at debug level.
+  auto skip = [&](const std::string& why, bool fault = false) {
+    static std::atomic<bool> warned{false};
+    if (fault && !warned.exchange(true))
+      plugin::log(BP_LOG_WARNING,
+                  "cpu: " + where +
+                      ": collectives fall back to TCP (Gloo) although every rank runs on this "
+                      "host, because shared memory could not be set up: " +
+                      why + " (logged once; later fallbacks at debug level)");
+    else
+      plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": shared memory not used: " + why);
     return std::unique_ptr<ShmGroup>();
   };
   const std::string mine = enabled ? shared_memory_host_identity() : std::string();
@@ -305,7 +342,10 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int3
                       : "rank " + std::to_string(p) + " runs on another host or in other namespaces";
   }
   if (mine.empty())
-    return skip(enabled ? "this host's identity cannot be read" : "switched off (shared_memory)");
+    return enabled
+               ? skip("this host's identity cannot be read (/proc/sys/kernel/random/boot_id, /proc/self/ns)",
+                      true)
+               : skip("switched off (shared_memory)");
   if (!elsewhere.empty()) return skip(elsewhere);
   if (size > kMaxRanks) return skip("more than " + std::to_string(kMaxRanks) + " ranks");
 
@@ -321,18 +361,18 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int3
     remove_stale_segments();
     nonce = random_hex(16);
     const std::string suffix = random_hex(8);
-    name = "/backplane-" + std::to_string(getpid()) + "-" + suffix;
+    name = "/backplane-" + std::to_string(pid_namespace()) + "-" + std::to_string(getpid()) + "-" + suffix;
     problem = nonce.empty() || suffix.empty() ? "no random bytes from the kernel (getrandom) for its name"
                                               : create_segment(name, size, nonce, map);
     if (problem.empty()) remover.name = name;
     const std::string value = problem.empty() ? name + "\n" + nonce : std::string();
     store.set("shm/segment", std::vector<char>(value.begin(), value.end()));
-    if (!problem.empty()) return skip("rank 0 could not make the segment: " + problem);
+    if (!problem.empty()) return skip("rank 0 could not make the segment: " + problem, true);
   } else {
     store.wait({"shm/segment"});
     const std::string value = text_of(store.get("shm/segment"));
     const auto newline = value.find('\n');
-    if (newline == std::string::npos) return skip("rank 0 could not make the segment");
+    if (newline == std::string::npos) return skip("rank 0 could not make the segment", true);
     name = value.substr(0, newline);
     nonce = value.substr(newline + 1);
     problem = open_segment(name, size, nonce, map);
@@ -367,8 +407,8 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int3
     }
     throw;
   }
-  if (!problem.empty()) return skip("mapping rank 0's segment: " + problem);
-  if (!all_ready) return skip("rank " + refused);
+  if (!problem.empty()) return skip("mapping rank 0's segment: " + problem, true);
+  if (!all_ready) return skip("rank " + refused, true);
   auto group = std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, map.base, map.bytes));
   map.release();  // the group owns the mapping now
   return group;

@@ -44,8 +44,10 @@ class ShmGroup {
  public:
   // Sets the segment up through `store` (keys "shm/..."), when `enabled` and
   // every rank publishes the same host identity. Returns NULL when the group
-  // is to use Gloo instead; why is logged at debug level. Throws StoreFailure
-  // when the store fails or a rank does not take part before the deadline.
+  // is to use Gloo instead; why is logged, at warning level (once per
+  // process) when every rank shares the host but the setup failed, else at
+  // debug level. Throws StoreFailure when the store fails or a rank does not
+  // take part before the deadline.
   static std::unique_ptr<ShmGroup> connect(GlooStore& store, int32_t rank, int32_t size, bool enabled,
                                            const std::string& where);
   // Marks this rank closed (peers waiting on it fail at once) and unmaps.

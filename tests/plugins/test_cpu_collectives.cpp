@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <backplane/plugin/status.hpp>
@@ -42,10 +43,12 @@ using namespace std::chrono_literals;
 
 std::mutex g_log_mutex;
 std::vector<std::string> g_log;
+std::vector<int32_t> g_log_levels;  // g_log's levels, index for index
 
-void host_log(void*, int32_t, const char* message) {
+void host_log(void*, int32_t level, const char* message) {
   std::lock_guard<std::mutex> lock(g_log_mutex);
   g_log.emplace_back(message);
+  g_log_levels.push_back(level);
 }
 
 const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
@@ -211,6 +214,12 @@ class MemoryStore {
   const bp_kv_store* table() const { return &table_; }
   // Makes every set fail with `message` (an IO status), to test error reporting.
   void fail_sets(std::string message) { fail_sets_ = std::move(message); }
+  // Stores `value` instead of what a set of a key ending in `suffix` carries,
+  // to stand for a rank that publishes something else.
+  void replace_sets(std::string suffix, std::string value) {
+    replace_suffix_ = std::move(suffix);
+    replace_value_ = std::move(value);
+  }
   // Values freed so far (every get's value must be).
   int freed() const { return freed_.load(); }
   int handed_out() const { return handed_out_.load(); }
@@ -226,7 +235,12 @@ class MemoryStore {
     {
       std::lock_guard<std::mutex> lock(s.mutex_);
       const auto* p = static_cast<const uint8_t*>(a->value);
-      s.data_[a->key] = std::vector<uint8_t>(p, p + a->size);
+      const std::string key = a->key;
+      const std::string& r = s.replace_suffix_;
+      if (!r.empty() && key.size() >= r.size() && key.compare(key.size() - r.size(), r.size(), r) == 0)
+        s.data_[key] = std::vector<uint8_t>(s.replace_value_.begin(), s.replace_value_.end());
+      else
+        s.data_[key] = std::vector<uint8_t>(p, p + a->size);
     }
     s.changed_.notify_all();
     return nullptr;
@@ -270,6 +284,8 @@ class MemoryStore {
   std::condition_variable changed_;
   std::map<std::string, std::vector<uint8_t>> data_;
   std::string fail_sets_;
+  std::string replace_suffix_;
+  std::string replace_value_;
   std::atomic<int> freed_{0};
   std::atomic<int> handed_out_{0};
 };
@@ -1478,11 +1494,12 @@ TEST_CASE("cpu_collectives: GLOO_SOCKET_IFNAME wins over the options") {
 
 namespace {
 
-// How many lines logged since `from` contain `text`.
-std::size_t logged_since(std::size_t from, const std::string& text) {
+// How many lines logged since `from` contain `text` (at `level`, or any).
+std::size_t logged_since(std::size_t from, const std::string& text, int32_t level = -1) {
   std::lock_guard<std::mutex> lock(g_log_mutex);
   std::size_t n = 0;
-  for (std::size_t i = from; i < g_log.size(); ++i) n += g_log[i].find(text) != std::string::npos ? 1 : 0;
+  for (std::size_t i = from; i < g_log.size(); ++i)
+    n += g_log[i].find(text) != std::string::npos && (level < 0 || g_log_levels[i] == level) ? 1 : 0;
   return n;
 }
 
@@ -1523,30 +1540,111 @@ TEST_CASE("cpu_collectives: ranks on one host use shared memory unless a rank sw
   CHECK(logged_since(mixed, "rank 1 has it switched off or cannot tell its host") == 1);
 }
 
-TEST_CASE("cpu_collectives: a segment name left by a killed rank 0 is removed by the next group") {
+namespace {
+
+// A segment's name: "/backplane-<pid namespace inode>-<pid>-<random>".
+std::string segment_name(uint64_t ns, pid_t pid, const char* suffix) {
+  return "/backplane-" + std::to_string(ns) + "-" + std::to_string(pid) + "-" + suffix;
+}
+
+uint64_t own_pid_namespace() {
+  struct stat st {};
+  return stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+bool segment_exists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd >= 0) close(fd);
+  return fd >= 0;
+}
+
+void make_segment(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  REQUIRE(fd >= 0);
+  close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("cpu_collectives: a segment name left by a killed rank 0 is removed by the next group, no other") {
+  const uint64_t ns = own_pid_namespace();
+  REQUIRE(ns != 0);
   // A process that has exited: its id names a segment nobody will remove.
   const pid_t child = fork();
   if (child == 0) _exit(0);
   REQUIRE(child > 0);
   REQUIRE(waitpid(child, nullptr, 0) == child);
-  const std::string stale = "/backplane-" + std::to_string(child) + "-0123456789abcdef";
-  const int fd = shm_open(stale.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  REQUIRE(fd >= 0);
-  close(fd);
+  const std::string stale = segment_name(ns, child, "0123456789abcdef");
+  make_segment(stale);
   // This process's own names stay: it is alive.
-  const std::string mine = "/backplane-" + std::to_string(getpid()) + "-fedcba9876543210";
-  const int fd2 = shm_open(mine.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  REQUIRE(fd2 >= 0);
-  close(fd2);
+  const std::string mine = segment_name(ns, getpid(), "fedcba9876543210");
+  make_segment(mine);
+  // The same dead id in another PID namespace may be a live process there
+  // (a container sharing /dev/shm): its name stays.
+  const std::string elsewhere = segment_name(ns + 1, child, "00112233445566aa");
+  make_segment(elsewhere);
+  // Names of the form before the namespace was in them say nothing of it: they stay.
+  const std::string old_form = "/backplane-" + std::to_string(child) + "-8899aabbccddeeff";
+  make_segment(old_form);
+  // Another user's name stays, whatever its process id (root can tell: it can give a file away).
+  const std::string theirs = segment_name(ns, child, "a1b2c3d4e5f60718");
+  make_segment(theirs);
+  const bool chowned = geteuid() == 0 && chown(("/dev/shm" + theirs).c_str(), 65534, 65534) == 0;
 
   Plugin p(kTransports[0].options);
   CHECK(two_rank_sum(p) == "");
-  const int gone = shm_open(stale.c_str(), O_RDONLY, 0);
-  CHECK(gone < 0);
-  if (gone >= 0) close(gone);
-  const int kept = shm_open(mine.c_str(), O_RDONLY, 0);
-  CHECK(kept >= 0);
-  if (kept >= 0) close(kept);
-  shm_unlink(mine.c_str());
-  shm_unlink(stale.c_str());
+  CHECK_FALSE(segment_exists(stale));
+  CHECK(segment_exists(mine));
+  CHECK(segment_exists(elsewhere));
+  CHECK(segment_exists(old_form));
+  if (chowned)
+    CHECK(segment_exists(theirs));
+  else
+    MESSAGE("not root: another user's segment cannot be made, that case is not checked");
+  for (const std::string& name : {stale, mine, elsewhere, old_form, theirs}) shm_unlink(name.c_str());
+}
+
+TEST_CASE(
+    "cpu_collectives: a failed shared-memory setup on one host falls back to TCP with a warning, once") {
+  std::size_t warned_before = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_log_mutex);
+    for (std::size_t i = 0; i < g_log.size(); ++i)
+      warned_before += g_log[i].find("collectives fall back to TCP") != std::string::npos ? 1 : 0;
+  }
+  Plugin p(kTransports[0].options);
+  const auto run = [&](const std::string& prefix) {
+    // Rank 0 publishes a segment that does not exist, as if its name had been
+    // removed before rank 1 mapped it.
+    MemoryStore store;
+    store.replace_sets("shm/segment", "/backplane-0-0-missing\n0123456789abcdef0123456789abcdef");
+    std::vector<Status> results(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r)
+      ranks.emplace_back([&, r] {
+        bp_comm* comm = nullptr;
+        results[r] = create_comm(p, &store, r, 2, 10000, prefix, &comm);
+        if (!results[r].ok()) return;
+        Comm c{p, comm, r, 2};
+        Tensor t(p, BP_DTYPE_F32, 100);
+        fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, r);
+        results[r] = c.all_reduce(t, t, BP_REDUCE_SUM);
+        if (auto m = results[r].ok() ? mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2) : std::string();
+            !m.empty())
+          results[r] = {BP_STATUS_INTERNAL, m};
+        destroy_comm(p, comm);
+      });
+    for (auto& t : ranks) t.join();
+    for (const Status& r : results) CHECK_MESSAGE(r.ok(), r.message);  // over TCP the collective works
+  };
+  const std::size_t first = log_size();
+  run("fallback-1/");
+  CHECK(logged_since(first, "through shared memory") == 0);
+  // Rank 1 cannot map the segment; rank 0 hears so from it. Both say why.
+  CHECK(logged_since(first, "shm_open: No such file or directory") == 2);
+  if (warned_before == 0) CHECK(logged_since(first, "collectives fall back to TCP", BP_LOG_WARNING) == 1);
+  const std::size_t second = log_size();
+  run("fallback-2/");
+  CHECK(logged_since(second, "collectives fall back to TCP") == 0);  // at debug level now
+  CHECK(logged_since(second, "shared memory not used: ", BP_LOG_DEBUG) == 2);
 }
