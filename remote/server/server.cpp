@@ -613,12 +613,17 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
   // No room to stage more of this Write's payload. While earlier requests
   // hold staged payloads, reading waits for the worker to run them; once
   // nothing else is held the payload goes straight into the buffer if it
-  // can, else its bytes are dropped and the Write fails with out_of_memory
-  // in its place: the session and the server go on.
+  // can, else (or while the worker waits on the client's store) its bytes
+  // are dropped and the Write fails with out_of_memory in its place: the
+  // session and the server go on.
   void no_room() {
+    bool idle = false;
     {
       std::lock_guard lock(queue_mutex_);
-      if (!worker_idle_ || !queue_.empty()) {
+      idle = worker_idle_ && queue_.empty();
+      // While the backend waits on the client's store, the client's answer,
+      // behind this payload, must get through: then the Write fails instead.
+      if (!idle && kv_waiting_ == 0) {
         memory_waits_ = true;
         paused_ = true;
         idle_timer_.cancel();  // the client is waiting for us, not idle
@@ -628,11 +633,13 @@ class Connection final : public std::enable_shared_from_this<Connection>, public
     direct_candidate_ = false;
     const std::size_t got = payload_.size();
     const wire::Message* m = wire::GetMessage(message_.data());  // verified in on_message
-    if (const auto target = session_->direct_write(*m->body_as_Write())) {
-      if (got != 0) std::memcpy(target->data(), payload_.data(), got);
-      payload_ = ByteBuffer();
-      if (read_direct(target->subspan(got))) pump();
-      return;
+    if (idle) {
+      if (const auto target = session_->direct_write(*m->body_as_Write())) {
+        if (got != 0) std::memcpy(target->data(), payload_.data(), got);
+        payload_ = ByteBuffer();
+        if (read_direct(target->subspan(got))) pump();
+        return;
+      }
     }
     refusal_ = no_room_text(server_.counters, header_.payload_bytes, server_.options.limits.max_total_bytes,
                             "staging a write of");

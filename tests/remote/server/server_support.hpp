@@ -68,11 +68,13 @@ inline bool wait_until(const std::function<bool()>& done, std::chrono::milliseco
   return true;
 }
 
-// Waits until the server holds nothing: no handshake, session, buffer or communicator.
+// Waits until the server holds nothing: no waiting connection, handshake,
+// session, buffer or communicator, and no byte in its memory account.
 inline bool server_is_empty(const rs::Server& server) {
   return wait_until([&] {
     const rs::ServerStats s = server.stats();
-    return s.handshakes == 0 && s.sessions == 0 && s.bytes == 0 && s.buffers == 0 && s.comms == 0;
+    return s.waiting == 0 && s.handshakes == 0 && s.sessions == 0 && s.bytes == 0 && s.held == 0 &&
+           s.buffers == 0 && s.comms == 0;
   });
 }
 

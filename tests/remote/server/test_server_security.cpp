@@ -599,8 +599,9 @@ TEST_CASE("remote server: thousands of connections at once and then a well-behav
   std::vector<std::unique_ptr<RawClient>> flood;
   flood.reserve(kFlood);
   for (int i = 0; i < kFlood; ++i) flood.push_back(std::make_unique<RawClient>(server->port()));
-  // Over --max-handshakes-per-address (16) the server closes new connections at once;
-  // the rest are closed at the handshake timeout. None is left open.
+  // Over --max-handshakes-per-address (16) new connections wait for a slot;
+  // each is closed at the handshake timeout, waiting or in its handshake.
+  // None is left open.
   int closed = 0;
   for (auto& c : flood) closed += c->closed_by_peer(30s) ? 1 : 0;
   CHECK(closed == kFlood);
@@ -614,11 +615,11 @@ TEST_CASE("remote server: 200 silent connections from one address leave clients 
   o.limits.handshake_timeout = std::chrono::milliseconds(3000);
   auto server = serve(o);
   // The flood's own address: 127.0.0.2 is loopback too. It gets its 16
-  // handshake slots (--max-handshakes-per-address); the rest is closed at once.
+  // handshake slots (--max-handshakes-per-address); the rest waits without one.
   std::vector<std::unique_ptr<RawClient>> flood;
   for (int i = 0; i < 200; ++i)
     flood.push_back(std::make_unique<RawClient>(server->port(), nullptr, "127.0.0.2"));
-  REQUIRE(wait_until([&] { return server->stats().handshakes == 16; }));
+  REQUIRE(wait_until([&] { return server->stats().handshakes == 16 && server->stats().waiting == 184; }));
   int served = 0;
   for (int i = 0; i < 10; ++i) {
     RawClient c(server->port());
@@ -631,8 +632,30 @@ TEST_CASE("remote server: 200 silent connections from one address leave clients 
   CHECK(server_is_empty(*server));
 }
 
-TEST_CASE(
-    "remote server: at --max-handshakes accepting pauses, and a waiting client gets in once a slot frees") {
+TEST_CASE("remote server: a client from the address of 200 silent connections gets in ahead of them") {
+  rs::ServerOptions o = test_options();
+  o.limits.handshake_timeout = std::chrono::milliseconds(2000);
+  auto server = serve(o);
+  // Every client here is 127.0.0.1, the flood's address too: over its 16
+  // slots a connection waits (never closed for the limit), and one that
+  // sends its Hello goes ahead of the silent ones.
+  std::vector<std::unique_ptr<RawClient>> flood;
+  for (int i = 0; i < 200; ++i) flood.push_back(std::make_unique<RawClient>(server->port()));
+  REQUIRE(wait_until([&] { return server->stats().handshakes == 16 && server->stats().waiting == 184; }));
+  for (int i = 0; i < 2; ++i) {
+    RawClient c(server->port());
+    const auto welcome = c.handshake();
+    REQUIRE(welcome);
+    CHECK(welcome->type() == wire::Body::Welcome);
+    CHECK(c.send(msg::goodbye(1)));
+    CHECK(c.closed_by_peer());
+  }
+  CHECK(server->stats().handshakes <= 16);
+  flood.clear();
+  CHECK(server_is_empty(*server));
+}
+
+TEST_CASE("remote server: at --max-handshakes a new client waits, and gets in once a slot frees") {
   rs::ServerOptions o = test_options();
   o.limits.max_handshakes = 8;
   o.limits.max_handshakes_per_address = 4;
@@ -643,8 +666,8 @@ TEST_CASE(
   for (const char* from : {"127.0.0.2", "127.0.0.3"})
     for (int i = 0; i < 4; ++i) silent.push_back(std::make_unique<RawClient>(server->port(), nullptr, from));
   REQUIRE(wait_until([&] { return server->stats().handshakes == 8; }));
-  // A client now waits in the listen queue instead of being closed, and is
-  // served once the silent ones time out.
+  // A client now waits for a slot instead of being closed, and is served
+  // once the silent ones time out.
   RawClient late(server->port());
   const auto welcome = late.handshake();
   REQUIRE(welcome);
