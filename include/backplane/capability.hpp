@@ -1,6 +1,9 @@
 // Capability flags a device declares at runtime (the bits of BP_CAP_* in abi.h;
 // the core checks that they agree).
 // Every backend-dependent decision is a lookup of these flags.
+// Thread-safety: the functions read constant tables and may be called from
+// any thread. Capabilities is a value whose members are all const: any number
+// of threads may read one at once.
 #ifndef BACKPLANE_CAPABILITY_HPP_
 #define BACKPLANE_CAPABILITY_HPP_
 

@@ -1,4 +1,6 @@
 // Element types, their sizes and names, and the mapping from C++ types.
+// Thread-safety: the functions read constant tables and may be called from
+// any thread.
 #ifndef BACKPLANE_DTYPE_HPP_
 #define BACKPLANE_DTYPE_HPP_
 

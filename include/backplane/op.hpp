@@ -2,6 +2,8 @@
 // The values are abi.h's bp_op values; host code needs no C ABI header to
 // name them. What each op computes is documented with its function in
 // <backplane/ops.hpp>; the plugin's side, in abi.h.
+// Thread-safety: the functions read constant tables and may be called from
+// any thread.
 #ifndef BACKPLANE_OP_HPP_
 #define BACKPLANE_OP_HPP_
 

@@ -21,6 +21,13 @@
 // bad slice, bad reshape, bad scalar: clamp lo > hi, arange step 0, a value
 // an integer dtype cannot hold), device_mismatch, unsupported_op.
 // Axes may be negative (counted from the end), as in NumPy.
+//
+// Thread-safety: every function may be called from many threads at once,
+// also with the same input tensors: an op reads its inputs and returns new
+// tensors. Calls on one device are ordered as they enter its plugin. An input
+// must not be overwritten (Tensor::copy_) or re-marked (require_grad,
+// set_distributed_params) by another thread while an op reads it. Autodiff
+// recording follows the calling thread's grad mode (<backplane/autograd.hpp>).
 #ifndef BACKPLANE_OPS_HPP_
 #define BACKPLANE_OPS_HPP_
 

@@ -1,5 +1,7 @@
 // Shape: a tensor's extents, stored inline (no allocation) up to kMaxRank.
 // Also used for strides (in elements).
+// Thread-safety: a plain value, like int64_t[8]: many threads may read one
+// Shape at once; a Shape being written must not be read by another thread.
 #ifndef BACKPLANE_SHAPE_HPP_
 #define BACKPLANE_SHAPE_HPP_
 

@@ -4,6 +4,14 @@
 // buffer is freed when the last tensor viewing it goes away. Distinct
 // tensors may be used from different threads; one tensor handle must not be
 // mutated (e.g. by set_distributed_params) while another thread reads it.
+//
+// const qualifies the handle, not what it shares (as std::shared_ptr's
+// operator* is const): a const Tensor always names the same shape, dtype and
+// device, but copy_() overwrites the elements that every copy of the handle
+// and every view of the storage sees, and require_grad() marks the tensor for
+// every copy of the handle. Both are const so that parameters held as
+// const Tensor& (an optimizer's list, a lambda's capture) can be updated and
+// marked in place.
 #ifndef BACKPLANE_TENSOR_HPP_
 #define BACKPLANE_TENSOR_HPP_
 
@@ -78,16 +86,18 @@ class BACKPLANE_API Tensor {
   std::string to_string() const;
 
   // Overwrites this tensor's elements with src's, in place (src may live on
-  // any device): every view of the same storage sees the new values. Same
-  // shape and dtype (Errc::shape_mismatch / dtype_mismatch), and this tensor
-  // must be contiguous (Errc::invalid_argument). For optimizer updates of
-  // parameters; not recorded by autodiff, so a graph that saved this tensor
-  // must have run backward first. Synchronises both devices.
+  // any device): every copy of this handle and every view of the same storage
+  // sees the new values, though the method is const (see the top of this
+  // file). Same shape and dtype (Errc::shape_mismatch / dtype_mismatch), and
+  // this tensor must be contiguous (Errc::invalid_argument). For optimizer
+  // updates of parameters; not recorded by autodiff, so a graph that saved
+  // this tensor must have run backward first. Synchronises both devices.
   const Tensor& copy_(const Tensor& src) const;
 
   // ---- autodiff (the contract is in <backplane/autograd.hpp>) ----
-  // Marks this tensor (and every copy of the handle) as a leaf whose gradient
-  // backward() computes; returns it. f32/f64 only (Errc::dtype_mismatch
+  // Marks this tensor, and so every copy of the handle though the method is
+  // const, as a leaf whose gradient backward() computes; returns it. Mark a
+  // tensor before other threads use it. f32/f64 only (Errc::dtype_mismatch
   // otherwise). A tensor that already requires grad is left as it is.
   Tensor require_grad() const;
   // True for a leaf marked with require_grad() and for the output of an op
