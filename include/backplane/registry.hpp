@@ -152,7 +152,9 @@ class BACKPLANE_API Backend {
   const std::string& library_path() const;
   // From the plugin's table ("" when the plugin never answered).
   const std::string& version() const;
-  // "1.0": the ABI the plugin was built against ("" when unknown).
+  // The ABI the plugin was built against, "<major>.<minor>" as its table
+  // declares it (e.g. "2.2"; kAbiMajor/kAbiMinor are this core's); "" when
+  // unknown.
   std::string abi_version() const;
   CollectiveFallback collective_fallback() const;
   // The op fallback in force (the config's, or the last set_op_fallback);

@@ -46,7 +46,7 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   app.footer(kFooter);
 
-  // Later subcommands (train, launch, serve, conformance, bench) add a line here.
+  // One line per subcommand: each is in its cmd_*.cpp (the hidden one in isolate.cpp).
   const std::vector<Command> commands = {
       add_list_command(app),         add_check_command(app), add_conformance_command(app),
       add_launch_command(app),       add_train_command(app), add_serve_command(app),
