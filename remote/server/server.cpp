@@ -132,21 +132,24 @@ class ByteBuffer {
   std::size_t size() const noexcept { return size_; }
   std::size_t capacity() const noexcept { return capacity_; }
   void set_size(std::size_t n) noexcept { size_ = n; }
-  // Grows to `n` bytes, the growth taken from `account`; false (nothing
-  // changed) when the account would then hold more than `cap`.
+  // Grows to `n` bytes, taken from `account` (the old and the new block
+  // both, while the contents are copied); false (nothing changed) when the
+  // account would then hold more than `cap`.
   bool reserve(std::size_t n, MemoryAccount& account, uint64_t cap) {
     if (n <= capacity_) return true;
-    const std::size_t more = n - capacity_;
-    if (!account.take(more, cap)) return false;
+    if (!account.take(n, cap)) return false;
     std::unique_ptr<uint8_t[]> bigger;
     try {
       bigger = std::make_unique_for_overwrite<uint8_t[]>(n);
     } catch (...) {
-      account.give(more);
+      account.give(n);
       throw;
     }
-    if (size_ != 0) std::memcpy(bigger.get(), data_.get(), size_);
+    const std::size_t size = size_;
+    if (size != 0) std::memcpy(bigger.get(), data_.get(), size);
+    release();
     data_ = std::move(bigger);
+    size_ = size;
     capacity_ = n;
     account_ = &account;
     return true;
