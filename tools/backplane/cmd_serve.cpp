@@ -177,18 +177,20 @@ Command add_serve_command(CLI::App& parent) {
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option(
          "--max-handshakes", options->limits.max_handshakes,
-         "Connections still in their handshake; at the limit new ones wait to be accepted (default " +
+         "Connections still in their handshake; more wait for a slot, those that sent something first "
+         "(default " +
              std::to_string(defaults.max_handshakes) + ")")
       ->type_name("N")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--max-handshakes-per-address", options->limits.max_handshakes_per_address,
-                  "Connections in their handshake from one source address; more from it are closed at once "
-                  "(default " +
+                  "Connections in their handshake from one source address; more from it wait for a slot, "
+                  "never closed for the limit (default " +
                       std::to_string(defaults.max_handshakes_per_address) + ")")
       ->type_name("N")
       ->check(CLI::Range(1, 1 << 20));
   sub->add_option("--handshake-timeout-ms", options->handshake_timeout_ms,
-                  "Time for TLS and the handshake (default " +
+                  "Time a connection may wait for a handshake slot, then time for TLS and the handshake "
+                  "(default " +
                       std::to_string(defaults.handshake_timeout.count()) + ")")
       ->type_name("MS")
       ->check(CLI::Range(int64_t{1}, int64_t{24} * 3600 * 1000));
@@ -198,8 +200,9 @@ Command add_serve_command(CLI::App& parent) {
       ->type_name("MS")
       ->check(CLI::Range(int64_t{1}, int64_t{365} * 24 * 3600 * 1000));
   sub->add_option("--max-total-bytes", options->max_total_bytes,
-                  "Bytes of buffers all sessions together may hold (default: 90% of what this process may "
-                  "take, the lower of its memory cgroup's room and MemAvailable)")
+                  "Bytes all sessions together may make the server hold: buffers, write payloads and "
+                  "replies in transit, spare payload buffers (default: 90% of what this process may take, "
+                  "the lower of its memory cgroup's room and MemAvailable)")
       ->type_name("BYTES")
       ->check(CLI::Range(uint64_t{1}, UINT64_MAX));
   sub->add_option("--max-session-bytes", options->limits.max_session_bytes,
