@@ -121,12 +121,12 @@ int run_serve(ServeOptions& options) {
     std::cout << "  device " << d << ": " << device.name() << " [" << device.capabilities().to_string()
               << "]\n";
   }
-  std::cout << "  memory: buffers of all sessions up to "
+  std::cout << "  memory: all sessions together up to "
             << (options.limits.max_total_bytes == UINT64_MAX
                     ? std::string("any size")
                     : common::byte_size_text(options.limits.max_total_bytes))
-            << " (" << total_why << "), " << common::byte_size_text(options.limits.max_session_bytes)
-            << " per session\n";
+            << " (" << total_why << "; buffers, and writes and replies in transit), "
+            << common::byte_size_text(options.limits.max_session_bytes) << " of buffers per session\n";
   if (server_options.token.empty())
     std::cout
         << "  (loopback only, no token: any local user can use these devices; give --token-file to require "
