@@ -139,7 +139,7 @@ std::vector<Tally> tally(const std::vector<CaseResult>& results) {
   return rows;
 }
 
-std::string op_family(const std::string& plugin_op) {
+std::string op_kind_group(const std::string& plugin_op) {
   // The grouping follows the op's kind in abi.h's op table.
   switch (bp_op_info_of(op_code(plugin_op))->kind) {
     case BP_OP_KIND_BINARY:
@@ -171,16 +171,16 @@ std::string op_family(const std::string& plugin_op) {
   }
 }
 
-std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResult>& results) {
-  // Per family (first-seen order), per plugin op (first-seen order): its
+std::vector<UnsupportedGroup> unsupported_by_group(const std::vector<CaseResult>& results) {
+  // Per group (first-seen order), per plugin op (first-seen order): its
   // dtypes (abi.h order) and the suite ops that needed it.
   struct OpEntry {
     std::string name;
     std::set<int32_t> dtypes;
     std::vector<std::string> users;
   };
-  struct FamilyEntry {
-    std::string family;
+  struct GroupEntry {
+    std::string group;
     std::vector<OpEntry> ops;
     int cases = 0;
   };
@@ -188,14 +188,14 @@ std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResul
   std::set<std::pair<std::string, std::string>> ran;
   for (const CaseResult& r : results)
     if (r.outcome != CaseResult::Outcome::unsupported) ran.emplace(r.op, r.dtype);
-  std::vector<FamilyEntry> families;
+  std::vector<GroupEntry> groups;
   for (const CaseResult& r : results) {
     if (r.outcome != CaseResult::Outcome::unsupported || ran.count({r.op, r.dtype}) > 0) continue;
     const std::string name = r.plugin_op.empty() ? r.op : r.plugin_op;
-    const std::string family = op_family(r.plugin_op);
-    auto f = std::find_if(families.begin(), families.end(),
-                          [&](const FamilyEntry& e) { return e.family == family; });
-    if (f == families.end()) f = families.insert(families.end(), FamilyEntry{family, {}, 0});
+    const std::string group = op_kind_group(r.plugin_op);
+    auto f =
+        std::find_if(groups.begin(), groups.end(), [&](const GroupEntry& e) { return e.group == group; });
+    if (f == groups.end()) f = groups.insert(groups.end(), GroupEntry{group, {}, 0});
     ++f->cases;
     auto op = std::find_if(f->ops.begin(), f->ops.end(), [&](const OpEntry& e) { return e.name == name; });
     if (op == f->ops.end()) op = f->ops.insert(f->ops.end(), OpEntry{name, {}, {}});
@@ -203,8 +203,8 @@ std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResul
     if (r.op != name && std::find(op->users.begin(), op->users.end(), r.op) == op->users.end())
       op->users.push_back(r.op);
   }
-  std::vector<UnsupportedFamily> out;
-  for (FamilyEntry& f : families) {
+  std::vector<UnsupportedGroup> out;
+  for (GroupEntry& f : groups) {
     // Ops with the same dtypes (and no other users) share one clause.
     std::vector<std::pair<std::string, std::string>> clauses;  // (ops, " on dtypes (for ...)")
     for (OpEntry& op : f.ops) {
@@ -227,7 +227,7 @@ std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResul
       else
         clauses.emplace_back(op.name, tail);
     }
-    UnsupportedFamily u{f.family, {}, f.cases};
+    UnsupportedGroup u{f.group, {}, f.cases};
     for (const auto& [ops, tail] : clauses) u.text += (u.text.empty() ? "" : "; ") + ops + tail;
     out.push_back(std::move(u));
   }

@@ -80,7 +80,7 @@ std::string row_name(const bc::Tally& t) {
 }
 
 // The rows that ran at least one case; an (op, dtype) that is wholly
-// unsupported is left to the per-family lines below the table.
+// unsupported is left to the per-group lines below the table.
 std::string table(const std::vector<bc::Tally>& all) {
   std::vector<bc::Tally> rows;
   for (const bc::Tally& t : all)
@@ -240,8 +240,8 @@ int run_conformance_command(const ConformanceOptions& options) {
     const std::vector<bc::Tally> rows = bc::tally(results);
     std::cout << (options.verbose ? "\n" : "") << table(rows);
     if (options.placement) std::cout << placed_summary(backend);
-    for (const bc::UnsupportedFamily& f : bc::unsupported_by_family(results))
-      std::cout << "unsupported: " << f.family << ": " << f.text << " (" << f.cases << " case"
+    for (const bc::UnsupportedGroup& f : bc::unsupported_by_group(results))
+      std::cout << "unsupported: " << f.group << ": " << f.text << " (" << f.cases << " case"
                 << (f.cases == 1 ? "" : "s") << ")\n";
     int passed = 0, failed = 0, skipped = 0, unsupported = 0;
     for (const bc::Tally& t : rows) {

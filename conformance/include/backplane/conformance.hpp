@@ -94,24 +94,25 @@ struct Tally {
 };
 std::vector<Tally> tally(const std::vector<CaseResult>& results);
 
-// The family of a plugin op, for grouping: "binary" (add ... minimum),
-// "compare" (eq ... ge, where), "unary" (neg ... clamp), "cast", "creation"
-// (fill, arange, rand_uniform, randn), "reduce" (sum ... argmin), "softmax",
-// "matmul", "index" (index_select, gather), "copy"; "other" for "" or an
-// unknown name.
-std::string op_family(const std::string& plugin_op);
+// The group of a plugin op by its kind in abi.h's op table, for reports:
+// "binary" (add ... minimum), "compare" (eq ... ge, where), "unary" (neg ...
+// clamp), "cast", "creation" (fill, arange, rand_uniform, randn), "reduce"
+// (sum ... argmin), "softmax", "matmul", "index" (index_select, gather),
+// "copy"; "other" for "" or an unknown name. (Not the plugin SDK's
+// op_family, which is the op's dtype class.)
+std::string op_kind_group(const std::string& plugin_op);
 
-// The wholly unsupported (op, dtype) pairs (no case ran) of one op family, in
-// one line, by plugin-op name:
+// The wholly unsupported (op, dtype) pairs (no case ran) of one op_kind_group,
+// in one line, by plugin-op name:
 // "sum, mean, max on i32, i64; argmax on bool" (ops with the same dtypes share
 // a clause; a plugin op needed by suite ops of other names lists them:
-// "copy on f64 (for cat, reshape, to)"). Families in the order of the suite.
-struct UnsupportedFamily {
-  std::string family;
+// "copy on f64 (for cat, reshape, to)"). Groups in the order of the suite.
+struct UnsupportedGroup {
+  std::string group;
   std::string text;
   int cases = 0;
 };
-std::vector<UnsupportedFamily> unsupported_by_family(const std::vector<CaseResult>& results);
+std::vector<UnsupportedGroup> unsupported_by_group(const std::vector<CaseResult>& results);
 
 // ---- comparison (also for tests of the suite itself) ------------------------
 
