@@ -3,6 +3,7 @@
 // error makes the whole file invalid.
 #include "config/config.hpp"
 #include "common/suggest.hpp"
+#include "common/utf8.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -192,6 +193,21 @@ BackendConfig parse_backend(const Checker& c, const json& entry, const std::stri
   if (entry.contains("op_fallback"))
     b.op_fallback = parse_op_fallback(c, entry["op_fallback"], path + ".op_fallback");
   return b;
+}
+
+// A config that is not UTF-8, at `offset`: named by offset, line and column.
+[[noreturn, gnu::cold]] void not_utf8(const std::string& source, std::string_view text, std::size_t offset) {
+  std::size_t line = 1;
+  std::size_t line_start = 0;
+  for (std::size_t i = 0; i < offset; ++i)
+    if (text[i] == '\n') ++line, line_start = i + 1;
+  char byte[8];
+  std::snprintf(byte, sizeof byte, "0x%02X", static_cast<unsigned>(static_cast<unsigned char>(text[offset])));
+  throw Error(Errc::config_error,
+              source + ": not UTF-8: the byte " + byte + " at offset " + std::to_string(offset) + " (line " +
+                  std::to_string(line) + ", column " + std::to_string(offset - line_start + 1) +
+                  ") is not part of a UTF-8 character; a backends.json is UTF-8 text: save it "
+                  "as UTF-8");
 }
 
 // Sees every parse event before the document is built. It refuses what the
@@ -470,10 +486,13 @@ Config parse_config(std::string_view text, const std::filesystem::path& base_dir
       return guard.on_event(event, parsed);
     });
   } catch (const json::parse_error& e) {
+    // JSON text is UTF-8: a byte that is not is named by its offset, never quoted raw.
+    if (const std::size_t bad = first_invalid_utf8(text); bad != std::string::npos)
+      not_utf8(cfg.source, text, bad);
     // nlohmann's text is "[json.exception.parse_error.101] parse error at line 3, column 17: ...".
-    std::string detail = e.what();
-    if (auto pos = detail.find("] "); pos != std::string::npos) detail = detail.substr(pos + 2);
-    throw Error(Errc::config_error, cfg.source + ": malformed JSON: " + detail);
+    std::string what = e.what();
+    if (auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+    throw Error(Errc::config_error, cfg.source + ": malformed JSON: " + escape_invalid_utf8(what));
   } catch (const json::exception& e) {
     // out_of_range.406: "number overflow parsing '1e400'".
     std::string detail = e.what();

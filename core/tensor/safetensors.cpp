@@ -6,6 +6,7 @@
 
 #include "backplane_common/atomic_file.hpp"
 #include "backplane_common/unique_fd.hpp"
+#include "common/utf8.hpp"
 #include "tensor/dlpack_dtype.hpp"
 
 #include <backplane/dlpack.hpp>
@@ -16,6 +17,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <set>
@@ -295,9 +297,10 @@ struct SafetensorsReader::Impl {
     // quadratic, 47 s for a header of 100k tensors.)
     struct Checker final : json::json_sax_t {
       const Impl& reader;
+      const std::string& text;
       std::vector<std::set<std::string>> keys;  // one set per open object or array
       std::vector<std::string> order;           // the top level's keys, as they came
-      explicit Checker(const Impl& r) : reader(r) {}
+      Checker(const Impl& r, const std::string& t) : reader(r), text(t) {}
       bool open() {
         if (keys.size() >= kMaxHeaderDepth)
           reader.fail("the header nests deeper than " + std::to_string(kMaxHeaderDepth) +
@@ -329,12 +332,22 @@ struct SafetensorsReader::Impl {
         return true;
       }
       bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+        // JSON text is UTF-8: a byte that is not is named by its offset, never quoted raw.
+        if (const std::size_t bad = backplane::detail::first_invalid_utf8(text); bad != std::string::npos) {
+          char byte[8];
+          std::snprintf(byte, sizeof byte, "0x%02X",
+                        static_cast<unsigned>(static_cast<unsigned char>(text[bad])));
+          reader.fail("the header is not valid UTF-8: the byte " + std::string(byte) + " at offset " +
+                      std::to_string(8 + bad) + " of the file (" + std::to_string(bad) +
+                      " of the header) is not part of a UTF-8 character; tensor names and metadata are UTF-8 "
+                      "text (the file is damaged, or its writer did not encode them)");
+        }
         std::string detail = e.what();  // "[json.exception.parse_error.101] parse error at ..."
         if (auto pos = detail.find("] "); pos != std::string::npos) detail = detail.substr(pos + 2);
         reader.fail("the header is not JSON: " + detail);
       }
     };
-    Checker checker(*this);
+    Checker checker(*this, text);
     json::sax_parse(text, &checker);
     const std::vector<std::string>& order = checker.order;
     json root;

@@ -11,6 +11,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -88,6 +89,20 @@ extern PyTypeObject* g_tensor_type;
 inline bool is_pytensor(py::handle obj) {
   return g_tensor_type != nullptr && PyObject_TypeCheck(obj.ptr(), g_tensor_type);
 }
+
+// ---- text --------------------------------------------------------------------
+// C++ strings are bytes; Python's str is text. Strings that come from files,
+// plugins or the environment may hold bytes that are not UTF-8, and pybind11's
+// own conversion would raise UnicodeDecodeError for them instead of answering.
+// Text for people (messages, names and attributes a plugin reports): such
+// bytes show as \xNN (errors="backslashreplace").
+py::str text(std::string_view s);
+// A path, as os.fsdecode makes it (errors="surrogateescape"): os.fsencode
+// gives the original bytes back.
+py::str path_text(std::string_view s);
+// A str as UTF-8 for the core; a lone surrogate (which UTF-8 cannot encode)
+// raises InvalidArgument naming `what` and the index.
+std::string utf8(py::handle s, const std::string& what);
 
 // ---- the parts of the module, one per translation unit -------------------------
 void bind_errors(py::module_& m);

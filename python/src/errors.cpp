@@ -4,6 +4,7 @@
 #include "common.hpp"
 
 #include <array>
+#include <cstring>
 #include <new>
 #include <string_view>
 
@@ -49,10 +50,16 @@ PyObject* class_for(Errc code) {
   return i < g_by_code.size() && g_by_code[i] != nullptr ? g_by_code[i] : g_base;
 }
 
-// Raises cls(message) with .code set to `code`.
+// Raises cls(message) with .code set to `code`. The message may quote bytes
+// from a file or a plugin that are not UTF-8: they show as \xNN rather than
+// turning the error into a UnicodeDecodeError.
 void raise(Errc code, const char* message) {
   PyObject* cls = class_for(code);
-  py::object instance = py::reinterpret_steal<py::object>(PyObject_CallFunction(cls, "s", message));
+  py::object text = py::reinterpret_steal<py::object>(
+      PyUnicode_DecodeUTF8(message, static_cast<Py_ssize_t>(std::strlen(message)), "backslashreplace"));
+  if (!text) return;  // no memory for it: that error is set
+  py::object instance =
+      py::reinterpret_steal<py::object>(PyObject_CallFunctionObjArgs(cls, text.ptr(), nullptr));
   if (!instance) return;  // the constructor failed: its error is already set
   try {
     instance.attr("code") = py::cast(code);
@@ -64,6 +71,43 @@ void raise(Errc code, const char* message) {
 }
 
 }  // namespace
+
+py::str text(std::string_view s) {
+  PyObject* out = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "backslashreplace");
+  if (out == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(out);
+}
+
+py::str path_text(std::string_view s) {
+  PyObject* out = PyUnicode_DecodeFSDefaultAndSize(s.data(), static_cast<Py_ssize_t>(s.size()));
+  if (out == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(out);
+}
+
+std::string utf8(py::handle s, const std::string& what) {
+  if (!PyUnicode_Check(s.ptr()))
+    throw py::type_error(what + " must be a str, not " + py::str(py::type::of(s)).cast<std::string>());
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(s.ptr(), &size);
+  if (data != nullptr) return std::string(data, static_cast<std::size_t>(size));
+  PyErr_Clear();
+  // Only a lone surrogate (U+D800..U+DFFF) has no UTF-8 form: os.fsdecode and
+  // errors="surrogateescape" make them of bytes that were not UTF-8.
+  Py_ssize_t at = 0;
+  const Py_ssize_t n = PyUnicode_GetLength(s.ptr());
+  while (at < n) {
+    const Py_UCS4 c = PyUnicode_ReadChar(s.ptr(), at);
+    if (c >= 0xD800 && c <= 0xDFFF) break;
+    ++at;
+  }
+  const py::object shown = py::reinterpret_steal<py::object>(PyObject_ASCII(s.ptr()));  // as ascii() shows it
+  if (!shown) throw py::error_already_set();
+  throw Error(Errc::invalid_argument, what + " " + shown.cast<std::string>() +
+                                          " is not valid text: it holds a lone surrogate at index " +
+                                          std::to_string(at) +
+                                          " (what errors=\"surrogateescape\" or os.fsdecode make of bytes "
+                                          "that are not UTF-8), which UTF-8 cannot encode; pass valid text");
+}
 
 void bind_errors(py::module_& m) {
   py::enum_<Errc>(m, "Errc", "The error codes of backplane::Errc; Error.code holds one")

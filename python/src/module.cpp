@@ -327,9 +327,15 @@ void bind_registry(py::module_& m) {
   py::class_<Device>(m, "Device", "One device of a loaded backend (backend.device(i))")
       .def_property_readonly("index", &Device::index)
       .def_property_readonly("id", &Device::id)
-      .def_property_readonly("name", &Device::name)
+      // Text a plugin reports may hold bytes that are not UTF-8 (text()).
+      .def_property_readonly("name", [](const Device& d) { return text(d.name()); })
       .def_property_readonly("capabilities", &Device::capabilities)
-      .def_property_readonly("attributes", &Device::attributes)
+      .def_property_readonly("attributes",
+                             [](const Device& d) {
+                               py::dict out;
+                               for (const auto& [key, value] : d.attributes()) out[text(key)] = text(value);
+                               return out;
+                             })
       .def_property_readonly("backend", &Device::backend)
       .def("memory", [](const Device& d) { return nogil([&] { return d.memory(); }); })
       .def(
@@ -343,7 +349,7 @@ void bind_registry(py::module_& m) {
            [](const Device& a, py::handle b) { return py::isinstance<Device>(b) && a == b.cast<Device>(); })
       .def("__hash__", [](const Device& d) { return py::hash(py::str(d.id())); })
       .def("__str__", &Device::id)
-      .def("__repr__", &device_repr);
+      .def("__repr__", [](const Device& d) { return text(device_repr(d)); });
 
   py::class_<OpFallbackStats>(m, "OpFallbackStats",
                               "What one (op, dtype) of a backend cost by running on its op_fallback backend")
@@ -380,12 +386,12 @@ void bind_registry(py::module_& m) {
       .def_property_readonly("name", &Backend::name)
       .def_property_readonly("status", &Backend::status)
       .def_property_readonly("loaded", &Backend::loaded)
-      .def_property_readonly("error", &Backend::error)
+      .def_property_readonly("error", [](const Backend& b) { return text(b.error()); })
       .def_property_readonly("error_code", &Backend::error_code)
       .def_property_readonly("required", &Backend::required)
       .def_property_readonly("library", &Backend::library)
-      .def_property_readonly("library_path", &Backend::library_path)
-      .def_property_readonly("version", &Backend::version)
+      .def_property_readonly("library_path", [](const Backend& b) { return path_text(b.library_path()); })
+      .def_property_readonly("version", [](const Backend& b) { return text(b.version()); })
       .def_property_readonly("abi_version", &Backend::abi_version)
       .def_property_readonly("collective_fallback",
                              [](const Backend& b) { return b.collective_fallback().to_string(); })
@@ -399,8 +405,9 @@ void bind_registry(py::module_& m) {
       .def_property_readonly("devices", &Backend::devices)
       .def("__repr__", [](const Backend& b) {
         std::string s = "Backend(\"" + b.name() + "\", ";
-        if (b.loaded()) return s + "loaded, " + std::to_string(b.device_count()) + " device(s))";
-        return s + (b.status() == Backend::Status::failed ? "failed: " : "unavailable: ") + b.error() + ")";
+        if (b.loaded()) return text(s + "loaded, " + std::to_string(b.device_count()) + " device(s))");
+        return text(s + (b.status() == Backend::Status::failed ? "failed: " : "unavailable: ") + b.error() +
+                    ")");
       });
 
   py::enum_<RequiredPolicy>(m, "RequiredPolicy")
@@ -429,7 +436,7 @@ void bind_registry(py::module_& m) {
       .def("__repr__", [](const Registry& r) {
         std::string names;
         for (const Backend& b : r.backends()) names += (names.empty() ? "" : ", ") + b.name();
-        return "Registry(" + r.config_path().string() + ": " + names + ")";
+        return text("Registry(" + r.config_path().string() + ": " + names + ")");
       });
 
   m.def(

@@ -20,7 +20,7 @@ void save(const std::filesystem::path& path, const py::dict& tensors, const py::
     // arrays, lists) on the default device.
     Tensor t = py::isinstance<PyTensor>(value) ? value.cast<const PyTensor&>().t
                                                : make_tensor(value, std::nullopt, std::nullopt);
-    named.emplace_back(key.cast<std::string>(), std::move(t));
+    named.emplace_back(utf8(key, "save: the tensor name"), std::move(t));
   }
   std::map<std::string, std::string> meta;
   if (!metadata.is_none()) {
@@ -32,7 +32,7 @@ void save(const std::filesystem::path& path, const py::dict& tensors, const py::
         throw Error(Errc::invalid_argument, "save: metadata is a dict of str to str, but it maps " +
                                                 std::string(py::repr(key)) + " to " +
                                                 std::string(py::repr(value)));
-      meta.emplace(key.cast<std::string>(), value.cast<std::string>());
+      meta.emplace(utf8(key, "save: the metadata key"), utf8(value, "save: the metadata value"));
     }
   }
   nogil([&] { save_safetensors(path, named, meta); });

@@ -35,6 +35,19 @@ TEST_CASE("config: malformed JSON throws config_error naming the source and the 
   BP_CHECK_CONTAINS(e.message(), "line 3");
 }
 
+TEST_CASE("config: bytes that are not UTF-8 are named by offset, line and column, never quoted raw") {
+  const std::string text =
+      "{\"schema_version\": 1,\n \"default_backend\": \"c\xff"
+      "pu\", \"backends\": []}";
+  Error e = error_from([&] { Registry::from_json(text, fixture_dir(), "latin1.json"); });
+  CHECK(e.code() == Errc::config_error);
+  BP_CHECK_CONTAINS(e.message(), "latin1.json: not UTF-8: the byte 0xFF at offset 44 (line 2, column 23)");
+  CHECK(e.message().find('\xff') == std::string::npos);
+  // Outside a string too, and a truncated multi-byte character.
+  BP_CHECK_CONTAINS(error_from([&] { Registry::from_json("{\xc3}", fixture_dir(), "a.json"); }).message(),
+                    "the byte 0xC3 at offset 1 (line 1, column 2)");
+}
+
 TEST_CASE("config: a missing config file throws config_error naming the file") {
   TempDir tmp;
   const fs::path missing = tmp / "no_such_backends.json";

@@ -203,6 +203,14 @@ TEST_CASE("safetensors: each malformed file is invalid_argument naming the file 
     BP_CHECK_CONTAINS(e.message(), "over the format's limit of 100000000 bytes");
   }
   SUBCASE("not JSON") { expect_refused(file_of("{\"a\": "), "the header is not JSON"); }
+  SUBCASE("a name that is not UTF-8") {
+    expect_refused(file_of("{\"w\xff\": " + f32x2 + "}", eight),
+                   "the header is not valid UTF-8: the byte 0xFF at offset 11 of the file (3 of the header)");
+  }
+  SUBCASE("metadata that is not UTF-8") {
+    expect_refused(file_of("{\"__metadata__\": {\"k\": \"\xed\xa0\x80\"}}"),  // an encoded surrogate
+                   "the byte 0xED at offset 32 of the file (24 of the header)");
+  }
   SUBCASE("empty header") { expect_refused(file_of(""), "the header is not JSON"); }
   SUBCASE("not an object") { expect_refused(file_of("[1, 2]"), "the header is not a JSON object but array"); }
   SUBCASE("tensor not an object") { expect_refused(file_of("{\"a\": 3}"), "tensor \"a\" is number"); }
