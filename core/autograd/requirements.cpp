@@ -1,9 +1,10 @@
 // The (op, dtype) pairs and capabilities training needs, and the up-front
 // check against a device and its op_fallback. The list is derived from what
 // the training path calls; keep it in step with core/autograd/nn.cpp and
-// core/autograd/autograd_ops.cpp. The rule for "the device runs it" is
-// placement's (core/tensor/placement.cpp): the 'matmul' flag for matmul,
-// the flags of every dtype the op touches, and supports_op.
+// core/autograd/autograd_ops.cpp. Whether the device (or its op_fallback)
+// runs a pair is placement's one rule (detail::lacks and
+// detail::op_fallback_host in core/tensor/placement.hpp), asked here as
+// dispatch asks it.
 #include "registry/backend_impl.hpp"
 #include "tensor/op_common.hpp"
 #include "tensor/placement.hpp"
@@ -77,38 +78,11 @@ namespace {
 
 using detail::BackendImpl;
 
-// b's op_fallback as configured, and its target when it is in force, or
-// null: none, BACKPLANE_OP_FALLBACK=error, or a target that is not loaded or
-// has no devices.
-std::shared_ptr<BackendImpl> fallback_target(const BackendImpl& b, OpFallback& configured) {
-  std::shared_ptr<BackendImpl> target;
-  {
-    std::lock_guard lock(b.op_mutex);
-    configured = b.op_fallback;
-    if (configured.kind != OpFallback::Kind::host) return nullptr;
-    const BackendImpl* h = b.op_host.load(std::memory_order_acquire);
-    for (const auto& k : b.op_host_keep)
-      if (k.get() == h) target = k;
-  }
-  if (detail::op_fallback_disabled()) return nullptr;
-  if (!target || !target->is_loaded() || target->devices.empty()) return nullptr;
-  return target;
-}
-
-// Why device d of b does not run r itself ("" when it does): the flags it
-// lacks for r, and "not supported" when supports_op says no.
+// Why device d of b does not run r itself ("" when it does), by
+// placement's one rule: the flags it lacks for r, and "not supported" when
+// supports_op says no.
 std::string lacks(BackendImpl& b, int32_t d, const OpRequirement& r) {
-  if (b.status != Backend::Status::loaded || d < 0 || static_cast<std::size_t>(d) >= b.devices.size())
-    return "not loaded";
-  std::vector<std::string> flags;
-  if (r.op == Op::matmul && !b.has(d, Capability::matmul)) flags.emplace_back("matmul");
-  for (const std::optional<DType>& t : {std::optional<DType>(r.dtype), r.with})
-    if (t && !b.holds(d, *t)) flags.emplace_back(to_string(capability_for(*t)));
-  const bool supported = b.supports(d, static_cast<int32_t>(r.op), static_cast<int32_t>(r.dtype));
-  if (flags.empty()) return supported ? "" : "not supported";
-  std::string why;
-  for (const std::string& f : flags) why += (why.empty() ? "no '" : ", no '") + f + "' flag";
-  return supported ? why : why + "; supports_op says no too";
+  return detail::lacks(b, d, static_cast<int32_t>(r.op), r.dtype, r.with.value_or(r.dtype)).text();
 }
 
 bool has_flag(const BackendImpl& b, int32_t d, Capability c) {
@@ -156,8 +130,8 @@ TrainingSupport training_support(const Device& device, const TrainingSetup& setu
   BackendImpl& b = *backend;
   const int32_t index = device.index();
   const TrainingRequirements req = training_requirements(setup);
-  OpFallback configured;
-  const std::shared_ptr<BackendImpl> host = fallback_target(b, configured);
+  const OpFallback configured = b.op_fallback.configured();
+  const std::shared_ptr<BackendImpl> host = detail::op_fallback_host(b);
 
   TrainingSupport s;
   s.device = device.id();
@@ -170,17 +144,19 @@ TrainingSupport training_support(const Device& device, const TrainingSetup& setu
   // 'collective' is no op: op_fallback never covers it; collective_fallback does.
   std::string collective_note;
   if (setup.world_size > 1 && !b.has(index, Capability::collective)) {
-    switch (b.fallback.kind) {
+    switch (b.collective_fallback.kind) {
       case CollectiveFallback::Kind::local:
         break;
       case CollectiveFallback::Kind::host: {
-        const std::shared_ptr<BackendImpl>& h = b.fallback_host;
+        const std::shared_ptr<BackendImpl>& h = b.collective_host;
         if (!h || !h->is_loaded())
-          collective_note = "its collective_fallback \"" + b.fallback.to_string() + "\" names backend \"" +
-                            (h ? h->name : b.fallback.host_backend) + "\", which " +
+          collective_note = "its collective_fallback \"" + b.collective_fallback.to_string() +
+                            "\" names backend \"" + (h ? h->name : b.collective_fallback.host_backend) +
+                            "\", which " +
                             (h ? "failed to load: " + h->error : std::string("was not resolved"));
         else if (h->devices.empty() || !has_flag(*h, 0, Capability::collective))
-          collective_note = "its collective_fallback \"" + b.fallback.to_string() + "\" stages through " +
+          collective_note = "its collective_fallback \"" + b.collective_fallback.to_string() +
+                            "\" stages through " +
                             (h->devices.empty() ? "backend \"" + h->name + "\", which has no devices"
                                                 : h->device_id(0) + ", which lacks 'collective' too");
         if (!collective_note.empty()) s.missing_capabilities.push_back(Capability::collective);
@@ -228,8 +204,8 @@ TrainingSupport training_support(const Device& device, const TrainingSetup& setu
            s.fallback_device + ", which lacks these too";
   msg += "\n  (`backplane list` shows each device's capabilities; train on a backend that has them";
   if (beyond_collective && !host) {
-    if (configured.kind == OpFallback::Kind::host && detail::op_fallback_disabled())
-      msg += "; its op_fallback \"" + configured.to_string() + "\" is off while BACKPLANE_OP_FALLBACK=error";
+    if (const char* off = detail::op_fallback_off_reason(); configured.kind == OpFallback::Kind::host && off)
+      msg += "; its op_fallback \"" + configured.to_string() + "\" is off while " + off;
     else if (configured.kind == OpFallback::Kind::host)
       msg += "; its op_fallback \"" + configured.to_string() + "\" names a backend that is not loaded";
     else

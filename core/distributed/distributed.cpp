@@ -18,7 +18,7 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
 
   const std::string where = "backend \"" + backend->name + "\", device " + backend->device_id(device);
   const std::string at = backend->config_entry + " in " + backend->config_source;
-  switch (backend->fallback.kind) {
+  switch (backend->collective_fallback.kind) {
     case CollectiveFallback::Kind::local:
       if (!backend->warned_local_fallback.exchange(true)) {
         log(LogLevel::warning,
@@ -28,8 +28,9 @@ CollectiveRoute resolve_collective(const std::shared_ptr<BackendImpl>& backend, 
       }
       return {CollectiveRoute::Kind::local, backend, device};
     case CollectiveFallback::Kind::host: {
-      const std::shared_ptr<BackendImpl>& host = backend->fallback_host;
-      const std::string via = "collective_fallback \"" + backend->fallback.to_string() + "\" (" + at + ")";
+      const std::shared_ptr<BackendImpl>& host = backend->collective_host;
+      const std::string via =
+          "collective_fallback \"" + backend->collective_fallback.to_string() + "\" (" + at + ")";
       if (!host)
         throw Error(Errc::internal, caller + ": " + via + " was not resolved when the registry was built");
       if (!host->is_loaded())

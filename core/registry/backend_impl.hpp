@@ -6,6 +6,7 @@
 #define BACKPLANE_CORE_REGISTRY_BACKEND_IMPL_HPP_
 
 #include "common/access.hpp"
+#include "tensor/op_fallback_state.hpp"
 
 #include <backplane/abi.h>
 #include <backplane/error.hpp>
@@ -48,10 +49,13 @@ struct BackendImpl {
   std::string library;
   std::string library_path;
   bool required = false;
-  CollectiveFallback fallback;
-  // For a host:<backend> fallback: that backend (set when the registry is
-  // built; the config forbids chains, so there are no ownership cycles).
-  std::shared_ptr<BackendImpl> fallback_host;
+  // Where collectives go when a device lacks 'collective' (not ops: those
+  // follow op_fallback below).
+  CollectiveFallback collective_fallback;
+  // For a host:<backend> collective fallback: that backend (set when the
+  // registry is built; the config forbids chains, so there are no ownership
+  // cycles).
+  std::shared_ptr<BackendImpl> collective_host;
 
   // Loading. Required backends load while the registry is built, optional
   // ones on first use (ensure_loaded), so a job never maps, and cannot be
@@ -85,29 +89,13 @@ struct BackendImpl {
 
   std::atomic<bool> warned_local_fallback{false};
 
-  // op_fallback (core/tensor/placement.cpp). `op_host` is the resolved
-  // target, read lock-free by the op slow path; `op_fallback` and
-  // `op_host_keep` change under `op_mutex`. Every target ever set stays in
-  // `op_host_keep`, so a raw op_host never dangles (the config forbids
-  // chains, so this keeps no cycle).
-  OpFallback op_fallback;
-  std::atomic<BackendImpl*> op_host{nullptr};
-  mutable std::mutex op_mutex;
-  std::vector<std::shared_ptr<BackendImpl>> op_host_keep;
-  // The report: one slot per (op, dtype), [op * BP_DTYPE_COUNT_ + dtype].
-  struct FallbackCounter {
-    std::atomic<uint64_t> calls{0};
-    std::atomic<uint64_t> bytes_to_host{0};
-    std::atomic<uint64_t> bytes_from_host{0};
-    std::atomic<uint64_t> nanoseconds{0};
-    std::atomic<bool> logged{false};  // the first fallback is logged once at info level
-  };
-  std::unique_ptr<FallbackCounter[]> fallback_counters{
-      new FallbackCounter[static_cast<std::size_t>(BP_OP_COUNT_) * BP_DTYPE_COUNT_]};
+  // op_fallback: its policy, target and report, owned by placement
+  // (core/tensor/placement.cpp).
+  OpFallbackState op_fallback;
   // supports_op answers, cached per (device, op, dtype), dtype in
   // [0, BP_DTYPE_COUNT_): 0 unknown, 1 yes, 2 no (a failing status is a no),
   // kSupportReady yes and the device also has the op's flags (the matmul and
-  // dtype rules of abi.h): require_support_slow's whole answer in one byte. The
+  // dtype rules of abi.h): placement's whole answer (detail::lacks) in one byte. The
   // flags never change after loading, so a ready slot never goes stale.
   static constexpr uint8_t kSupportReady = 3;
   std::unique_ptr<std::atomic<uint8_t>[]> op_support;
@@ -126,7 +114,7 @@ struct BackendImpl {
                            BP_DTYPE_COUNT_ +
                        static_cast<std::size_t>(dtype)];
   }
-  // True once require_support_slow has passed for (device, op, dtype): one load.
+  // True once placement found (device, op, dtype) runnable there: one load.
   bool support_ready(int32_t device, int32_t op, int32_t dtype) const noexcept {
     const std::atomic<uint8_t>* slot = support_slot(device, op, dtype);
     return slot != nullptr && slot->load(std::memory_order_relaxed) == kSupportReady;

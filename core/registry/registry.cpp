@@ -127,7 +127,7 @@ bool BackendImpl::supports(int32_t device, int32_t op, int32_t dtype) {
   uint8_t v = slot->load(std::memory_order_relaxed);
   if (v == 0) {
     v = ask() ? 1 : 2;
-    // Never overwrites the kSupportReady of require_support_slow (also a yes).
+    // Never overwrites the kSupportReady placement stores (also a yes).
     uint8_t expected = 0;
     slot->compare_exchange_strong(expected, v, std::memory_order_relaxed);
   }
@@ -263,23 +263,24 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
     b->config_source = cfg.source;
     b->library = entry.library;
     b->required = entry.required;
-    b->fallback = entry.fallback;
-    b->op_fallback = entry.op_fallback;
+    b->collective_fallback = entry.fallback;
+    b->op_fallback.set(entry.op_fallback, nullptr);  // its target is resolved below
     b->loader = [shared_cfg, i](BackendImpl& self) { load_now(self, shared_cfg->backends[i], *shared_cfg); };
     if (b->required) b->ensure_loaded();  // fail fast; optional ones wait for their first use
     reg->backends.push_back(std::move(b));
   }
   for (const auto& b : reg->backends) {
     // A target that failed to load is still named: using it gives its reason.
-    if (b->op_fallback.kind != OpFallback::Kind::host) continue;
+    const OpFallback op_fallback = b->op_fallback.configured();
+    if (op_fallback.kind != OpFallback::Kind::host) continue;
     for (const auto& o : reg->backends)
-      if (o != b && o->name == b->op_fallback.host_backend) set_op_host(*b, b->op_fallback, o);
+      if (o != b && o->name == op_fallback.host_backend) b->op_fallback.set(op_fallback, o);
   }
   for (const auto& b : reg->backends) {
     // Never itself (no ownership cycle); a backend that fails to load stages nothing.
-    if (b->fallback.kind != CollectiveFallback::Kind::host) continue;
+    if (b->collective_fallback.kind != CollectiveFallback::Kind::host) continue;
     for (const auto& o : reg->backends)
-      if (o != b && o->name == b->fallback.host_backend) b->fallback_host = o;
+      if (o != b && o->name == b->collective_fallback.host_backend) b->collective_host = o;
   }
   if (policy == RequiredPolicy::throw_on_failure) {
     std::string failures;
@@ -468,7 +469,7 @@ std::string Backend::abi_version() const {
   if (!impl_->abi) return "";
   return std::to_string(impl_->abi->first) + "." + std::to_string(impl_->abi->second);
 }
-CollectiveFallback Backend::collective_fallback() const { return impl_->fallback; }
+CollectiveFallback Backend::collective_fallback() const { return impl_->collective_fallback; }
 Capabilities Backend::capabilities() const {
   impl_->ensure_loaded();
   return impl_->capabilities;

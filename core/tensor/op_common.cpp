@@ -56,36 +56,6 @@ void require_known_dtype(DType d, const char* api) {
               std::string(api) + ": unknown dtype value " + std::to_string(static_cast<int32_t>(d)));
 }
 
-void require_support_slow(BackendImpl& backend, int32_t device, int32_t op, DType dtype, const char* api) {
-  // The matmul rule of abi.h: a device without 'matmul' is refused here,
-  // before supports_op is asked, so the error names the missing flag.
-  if (op == BP_OP_MATMUL && !backend.has(device, Capability::matmul)) {
-    std::string msg = std::string(api) + ": device " + backend.device_id(device) + " (\"" +
-                      backend.devices[static_cast<std::size_t>(device)].name + "\") of backend \"" +
-                      backend.name + "\" lacks the capability 'matmul'";
-    msg +=
-        "; move the operands to a device with 'matmul' with to() (`backplane list` shows each device's "
-        "capabilities)";
-    throw Error(Errc::capability_missing, std::move(msg));
-  }
-  // The dtype rule: a dtype the device does not hold is a missing flag, not
-  // an unsupported op; supports_op is asked only about dtypes the device has.
-  if (is_known(dtype) && !backend.holds(device, dtype)) backend.require_dtype_capability(device, dtype, api);
-  if (backend.supports(device, op, static_cast<int32_t>(dtype))) {
-    // Every rule passed: later calls for (device, op, dtype) stop at the cached byte.
-    if (std::atomic<uint8_t>* slot = backend.support_slot(device, op, static_cast<int32_t>(dtype)))
-      slot->store(BackendImpl::kSupportReady, std::memory_order_relaxed);
-    return;
-  }
-  std::string msg = "backend \"" + backend.name + "\" (" + backend.device_id(device) + ") does not support " +
-                    op_name(op) + " on " + dtype_str(dtype);
-  if (std::string_view(api) != op_name(op)) msg += std::string(" (needed by ") + api + ")";
-  msg +=
-      "; Device::supports(op, dtype) tells what a device runs: move the tensor to one that does with to(), "
-      "or cast it";
-  throw Error(Errc::unsupported_op, std::move(msg));
-}
-
 int normalize_axis(int64_t axis, int rank, const char* api, const char* what) {
   if (rank == 0) {
     throw Error(Errc::invalid_argument,

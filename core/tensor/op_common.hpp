@@ -37,12 +37,6 @@ inline bool is_known(DType d) noexcept { return dtype_size(d) != 0; }
 [[noreturn, gnu::cold]] void dtype_mismatch(const TensorImpl& a, const TensorImpl& b, const char* api);
 [[noreturn, gnu::cold]] void dtype_not_accepted(DType d, const char* api, const char* which,
                                                 const char* allowed);
-// Errc::unsupported_op naming op, dtype and backend unless device runs op on
-// dtype; Errc::capability_missing for MATMUL without 'matmul' and for a
-// dtype the device lacks. On success marks (device, op, dtype) ready, the
-// one cached byte Placement's fast path reads.
-[[gnu::cold]] void require_support_slow(BackendImpl& backend, int32_t device, int32_t op, DType dtype,
-                                        const char* api);
 
 // The impl of an operand; Errc::invalid_argument when it is undefined.
 // `api` is the public function's name, `which` names the operand ("left").

@@ -34,12 +34,8 @@ bool read_disabled() noexcept {
   return false;
 }
 
-BackendImpl::FallbackCounter& counter(BackendImpl& b, int32_t op, DType dtype) noexcept {
-  const auto d = static_cast<int32_t>(dtype);
-  const std::size_t i = (op > 0 && op < BP_OP_COUNT_ && d > 0 && d < BP_DTYPE_COUNT_)
-                            ? static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ + static_cast<std::size_t>(d)
-                            : 0;  // slot 0 is no (op, dtype): values outside abi.h's tables land there
-  return b.fallback_counters[i];
+OpFallbackState::Counter& counter(BackendImpl& b, int32_t op, DType dtype) noexcept {
+  return b.op_fallback.counter(op, static_cast<int32_t>(dtype));
 }
 
 uint64_t nanoseconds_since(Clock::time_point start) noexcept {
@@ -50,41 +46,21 @@ uint64_t nanoseconds_since(Clock::time_point start) noexcept {
 // OpFallbackOff's switch for this thread.
 thread_local bool off_in_this_thread = false;
 
-// The fallback host of `b` in force, or null (none, or disabled).
-std::shared_ptr<BackendImpl> fallback_host(const BackendImpl& b) {
-  if (b.op_host.load(std::memory_order_acquire) == nullptr || op_fallback_disabled() || off_in_this_thread)
-    return nullptr;
-  std::shared_ptr<BackendImpl> host;
-  {
-    std::lock_guard lock(b.op_mutex);
-    for (const auto& h : b.op_host_keep)
-      if (h.get() == b.op_host.load(std::memory_order_relaxed)) host = h;
-  }
-  if (host) host->ensure_loaded();  // an optional host loads on its first use, outside b's lock
-  return host;
-}
-
-// b's op_fallback as backends.json spells it, read under its lock
-// (set_op_fallback may change it at any time).
-std::string spelling(const BackendImpl& b) {
-  std::lock_guard lock(b.op_mutex);
-  return b.op_fallback.to_string();
-}
+// b's op_fallback as backends.json spells it.
+std::string spelling(const BackendImpl& b) { return b.op_fallback.configured().to_string(); }
 
 // Whether device d of b runs (op, dtype) producing out_dtype with these
-// operands, by every rule require_support_slow checks (matmul flag, dtype flags,
-// supports_op); never throws for a "no". A yes for (op, dtype) is cached as
-// require_support_slow's ready byte, so the next call takes the fast path.
+// operands (lacks() says nothing); never throws for a "no". A yes for
+// (op, dtype) is cached as the ready byte, so the next call takes the fast
+// path.
 bool runs(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
           const TensorImpl* const* operands, int n) {
-  if (b.status != Backend::Status::loaded || d < 0 || static_cast<std::size_t>(d) >= b.devices.size())
-    return false;
-  if (op == BP_OP_MATMUL && !b.has(d, Capability::matmul)) return false;
-  if (!b.holds(d, dtype) || !b.holds(d, out_dtype)) return false;
-  for (int i = 0; i < n; ++i)
-    if (!b.holds(d, operands[i]->dtype)) return false;
-  if (!b.supports(d, op, static_cast<int32_t>(dtype))) return false;
-  if (op == BP_OP_CAST && !b.supports(d, op, static_cast<int32_t>(out_dtype))) return false;
+  constexpr int kInline = 8;  // no op has more operands; more would take the vector
+  DType inline_dtypes[kInline];
+  std::vector<DType> more(n > kInline ? static_cast<std::size_t>(n) : 0);
+  DType* dtypes = n > kInline ? more.data() : inline_dtypes;
+  for (int i = 0; i < n; ++i) dtypes[i] = operands[i]->dtype;
+  if (!lacks(b, d, op, dtype, out_dtype, {dtypes, static_cast<std::size_t>(n)}).none()) return false;
   for (const DType t : {dtype, out_dtype}) {
     if (std::atomic<uint8_t>* slot = b.support_slot(d, op, static_cast<int32_t>(t)))
       if (t == dtype || op == BP_OP_CAST) slot->store(BackendImpl::kSupportReady, std::memory_order_relaxed);
@@ -92,31 +68,52 @@ bool runs(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
   return true;
 }
 
-// The typed error require_support_slow (or the dtype rule) gives for device d of
-// b, as a value: what `runs` said no to.
-Error refusal(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
-              const TensorImpl* const* operands, int n, const char* api) {
-  try {
-    b.require_loaded();
-    require_support_slow(b, d, op, dtype, api);
-    if (op == BP_OP_CAST) require_support_slow(b, d, op, out_dtype, api);
-    b.require_dtype_capability(d, out_dtype, api);
-    for (int i = 0; i < n; ++i) b.require_dtype_capability(d, operands[i]->dtype, api);
-  } catch (const Error& e) {
-    return e;
+// The typed error for what device d of b lacks (`lack`, not none): the
+// backend's load failure, the missing 'matmul' or dtype flag
+// (capability_missing), or supports_op's no (unsupported_op).
+Error refusal(BackendImpl& b, int32_t d, int32_t op, DType dtype, const Lack& lack, const char* api) {
+  if (lack.not_loaded) {
+    try {
+      b.require_loaded();
+    } catch (const Error& e) {
+      return e;
+    }
+    if (b.devices.empty())
+      return Error(Errc::backend_unavailable,
+                   std::string(api) + ": backend \"" + b.name + "\" has no devices");
   }
-  if (b.devices.empty())
-    return Error(Errc::backend_unavailable, std::string(api) + ": backend \"" + b.name + "\" has no devices");
-  return Error(Errc::internal, std::string(api) + ": " + b.device_id(d) + " cannot run " + op_name(op) +
-                                   " for a reason placement does not know");
+  if (lack.matmul)
+    return Error(
+        Errc::capability_missing,
+        std::string(api) + ": device " + b.device_id(d) + " (\"" +
+            b.devices[static_cast<std::size_t>(d)].name + "\") of backend \"" + b.name +
+            "\" lacks the capability 'matmul'; move the operands to a device with 'matmul' with to() "
+            "(`backplane list` shows each device's capabilities)");
+  for (int32_t t = 1; t < BP_DTYPE_COUNT_; ++t) {
+    if ((lack.dtypes >> t & 1U) == 0) continue;
+    try {
+      b.require_dtype_capability(d, static_cast<DType>(t), api);
+    } catch (const Error& e) {
+      return e;
+    }
+  }
+  std::string msg = "backend \"" + b.name + "\" (" + b.device_id(d) + ") does not support " + op_name(op) +
+                    " on " + std::string(to_string(dtype));
+  if (std::string_view(api) != op_name(op)) msg += std::string(" (needed by ") + api + ")";
+  msg +=
+      "; Device::supports(op, dtype) tells what a device runs: move the tensor to one that does with to(), "
+      "or cast it";
+  return Error(Errc::unsupported_op, std::move(msg));
 }
 
 [[noreturn, gnu::cold]] void cannot_place(BackendImpl& home, int32_t hd, BackendImpl* host, int32_t op,
                                           DType dtype, DType out_dtype, const TensorImpl* const* operands,
                                           int n, const char* api) {
-  const Error own = refusal(home, hd, op, dtype, out_dtype, operands, n, api);
+  std::vector<DType> dtypes;
+  for (int i = 0; i < n; ++i) dtypes.push_back(operands[i]->dtype);
+  const Error own = refusal(home, hd, op, dtype, lacks(home, hd, op, dtype, out_dtype, dtypes), api);
   if (host == nullptr) throw own;
-  const Error there = refusal(*host, 0, op, dtype, out_dtype, operands, n, api);
+  const Error there = refusal(*host, 0, op, dtype, lacks(*host, 0, op, dtype, out_dtype, dtypes), api);
   throw Error(own.code(), own.message() + ". Its op_fallback \"" + spelling(home) + "\" (" +
                               home.config_entry + " in " + home.config_source +
                               ") cannot run it either: " + there.message());
@@ -205,7 +202,7 @@ std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::s
 
 void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t op, DType dtype,
                const char* api) {
-  BackendImpl::FallbackCounter& c = counter(home, op, dtype);
+  OpFallbackState::Counter& c = counter(home, op, dtype);
   if (c.logged.exchange(true, std::memory_order_relaxed)) return;
   try {
     std::string msg = "op_fallback: " + home.device_id(hd) + " does not run " + op_name(op) + " on " +
@@ -213,7 +210,9 @@ void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t o
     if (std::string_view(api) != op_name(op)) msg += std::string(" (needed by ") + api + ")";
     msg += "; running it on " + exec.device_id(0) + " (op_fallback \"" + spelling(home) + "\" at " +
            home.config_entry + "; logged once per op and dtype)";
-    log(LogLevel::info, msg);
+    // Debug, not info: every rank would print one line per pair in among its
+    // progress; Backend::op_fallback_stats() and train's summary say it once.
+    log(LogLevel::debug, msg);
   } catch (...) {  // a throwing log handler loses the message, not the op
   }
 }
@@ -223,6 +222,60 @@ void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t o
 bool op_fallback_disabled() noexcept {
   static const bool disabled = read_disabled();
   return disabled;
+}
+
+const char* op_fallback_off_reason() noexcept {
+  if (op_fallback_disabled()) return "BACKPLANE_OP_FALLBACK=error";
+  if (off_in_this_thread) return "an OpFallbackOff on this thread";
+  return nullptr;
+}
+
+std::shared_ptr<BackendImpl> op_fallback_host(const BackendImpl& b) {
+  if (!b.op_fallback.has_target() || op_fallback_off_reason() != nullptr) return nullptr;
+  std::shared_ptr<BackendImpl> host = b.op_fallback.target();
+  // An optional host loads on its first use; one that failed to load or has
+  // no device runs nothing.
+  if (!host || !host->is_loaded() || host->devices.empty()) return nullptr;
+  return host;
+}
+
+Lack lacks(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
+           std::span<const DType> operands) {
+  Lack lack;
+  if (b.status != Backend::Status::loaded || d < 0 || static_cast<std::size_t>(d) >= b.devices.size()) {
+    lack.not_loaded = true;
+    return lack;
+  }
+  // abi.h's matmul rule: without the flag, supports_op is not the question.
+  if (op == BP_OP_MATMUL && !b.has(d, Capability::matmul)) lack.matmul = true;
+  // The dtype rule: every dtype the op touches needs its flag.
+  auto need = [&](DType t) {
+    if (!is_known(t))
+      lack.unsupported = true;  // a dtype value abi.h does not name: nothing runs it
+    else if (!b.holds(d, t))
+      lack.dtypes |= 1U << static_cast<uint32_t>(t);
+  };
+  need(dtype);
+  need(out_dtype);
+  for (const DType t : operands) need(t);
+  // supports_op is asked only about dtypes the device holds.
+  auto held = [&](DType t) { return is_known(t) && (lack.dtypes >> static_cast<uint32_t>(t) & 1U) == 0; };
+  if (held(dtype) && !b.supports(d, op, static_cast<int32_t>(dtype))) lack.unsupported = true;
+  if (op == BP_OP_CAST && held(out_dtype) && !b.supports(d, op, static_cast<int32_t>(out_dtype)))
+    lack.unsupported = true;
+  return lack;
+}
+
+std::string Lack::text() const {
+  if (not_loaded) return "not loaded";
+  std::string why;
+  if (matmul) why = "no 'matmul' flag";
+  for (int32_t t = 1; t < BP_DTYPE_COUNT_; ++t)
+    if ((dtypes >> t & 1U) != 0)
+      why += (why.empty() ? "no '" : ", no '") +
+             std::string(to_string(capability_for(static_cast<DType>(t)))) + "' flag";
+  if (unsupported) why += why.empty() ? "not supported" : "; supports_op says no too";
+  return why;
 }
 
 void Storage::invalidate_replica() const noexcept {
@@ -252,7 +305,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     st->exec = home;
     device_ = home_device;
   } else {
-    std::shared_ptr<BackendImpl> host = fallback_host(*home);
+    std::shared_ptr<BackendImpl> host = op_fallback_host(*home);
     if (!host || !runs(*host, 0, op, dtype, out_dtype, operands_, n_))
       cannot_place(*home, home_device, host.get(), op, dtype, out_dtype, operands_, n_, api);
     st->exec = std::move(host);
@@ -272,12 +325,15 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     if (st->placed) {
       to_host += moved;
     } else if (s.home != nullptr) {
-      // Back home: charged to the placed op that made these bytes.
-      BackendImpl::FallbackCounter& c =
-          counter(*home, s.made_by_op != 0 ? s.made_by_op : op,
-                  static_cast<DType>(s.made_by_dtype != 0 ? s.made_by_dtype : static_cast<int16_t>(dtype)));
-      c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
-      c.nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
+      // Back home: charged to this op, which needed the bytes (not to the
+      // op that made them there: running that one natively would only move
+      // the copy to whichever op made the bytes next).
+      // An import (no bytes copied) costs next to nothing and is not filed.
+      if (moved > 0) {
+        OpFallbackState::Counter& c = counter(*home, op, dtype);
+        c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
+        c.nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
+      }
     }
   }
   if (st->placed) {
@@ -290,7 +346,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
 
 void Placement::finish() noexcept {
   if (!state_->placed) return;
-  BackendImpl::FallbackCounter& c = counter(*state_->home, state_->op, state_->dtype);
+  OpFallbackState::Counter& c = counter(*state_->home, state_->op, state_->dtype);
   c.calls.fetch_add(1, std::memory_order_relaxed);
   c.nanoseconds.fetch_add(nanoseconds_since(state_->start), std::memory_order_relaxed);
 }
@@ -324,8 +380,8 @@ std::shared_ptr<TensorImpl> allocate_on(const std::shared_ptr<BackendImpl>& back
                                         const Shape& shape, DType dtype, std::string_view api) {
   if (backend->holds(device, dtype)) [[likely]]
     return allocate_tensor(backend, device, shape, dtype, api);
-  std::shared_ptr<BackendImpl> host = fallback_host(*backend);
-  if (!host || !host->is_loaded() || host->devices.empty() || !host->holds(0, dtype))
+  std::shared_ptr<BackendImpl> host = op_fallback_host(*backend);
+  if (!host || !host->holds(0, dtype))
     backend->require_dtype_capability(device, dtype, api);  // throws: the device lacks the flag
   auto out = allocate_tensor(host, 0, shape, dtype, api);
   out->storage->home = backend;
@@ -370,20 +426,11 @@ std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
   uint64_t moved = 0;
   auto v = replica_view(*x, backend, device, moved);
   if (s.home != nullptr && s.made_by_op != 0) {
-    BackendImpl::FallbackCounter& c = counter(*s.home, s.made_by_op, static_cast<DType>(s.made_by_dtype));
+    OpFallbackState::Counter& c = counter(*s.home, s.made_by_op, static_cast<DType>(s.made_by_dtype));
     c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
     c.nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
   }
   return v;
-}
-
-// Points `b` at `target` (null: error). The caller has checked the rules.
-void set_op_host(BackendImpl& b, const OpFallback& fallback, const std::shared_ptr<BackendImpl>& target) {
-  std::lock_guard lock(b.op_mutex);
-  b.op_fallback = fallback;
-  if (target && std::find(b.op_host_keep.begin(), b.op_host_keep.end(), target) == b.op_host_keep.end())
-    b.op_host_keep.push_back(target);
-  b.op_host.store(target.get(), std::memory_order_release);
 }
 
 }  // namespace backplane::detail
@@ -395,16 +442,15 @@ OpFallbackOff::~OpFallbackOff() { detail::off_in_this_thread = previous_; }
 
 OpFallback Backend::op_fallback() const {
   if (detail::op_fallback_disabled()) return {};
-  std::lock_guard lock(impl_->op_mutex);
-  return impl_->op_fallback;
+  return impl_->op_fallback.configured();
 }
 
 std::vector<OpFallbackStats> Backend::op_fallback_stats() const {
   std::vector<OpFallbackStats> out;
   for (int32_t op = 1; op < BP_OP_COUNT_; ++op) {
     for (int32_t d = 1; d < BP_DTYPE_COUNT_; ++d) {
-      const auto& c = impl_->fallback_counters[static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ +
-                                               static_cast<std::size_t>(d)];
+      const auto& c = impl_->op_fallback.slot(static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ +
+                                              static_cast<std::size_t>(d));
       OpFallbackStats s;
       s.calls = c.calls.load(std::memory_order_relaxed);
       s.bytes_to_host = c.bytes_to_host.load(std::memory_order_relaxed);
@@ -423,8 +469,8 @@ std::vector<OpFallbackStats> Backend::op_fallback_stats() const {
 }
 
 void Backend::reset_op_fallback_stats() const {
-  for (std::size_t i = 0; i < static_cast<std::size_t>(BP_OP_COUNT_) * BP_DTYPE_COUNT_; ++i) {
-    auto& c = impl_->fallback_counters[i];
+  for (std::size_t i = 0; i < detail::OpFallbackState::kSlots; ++i) {
+    auto& c = impl_->op_fallback.slot(i);
     c.calls.store(0, std::memory_order_relaxed);
     c.bytes_to_host.store(0, std::memory_order_relaxed);
     c.bytes_from_host.store(0, std::memory_order_relaxed);
@@ -442,7 +488,7 @@ void Registry::set_op_fallback(std::string_view name, const OpFallback& fallback
   const std::string what =
       "Registry::set_op_fallback(\"" + std::string(name) + "\", \"" + fallback.to_string() + "\")";
   if (fallback.kind == OpFallback::Kind::error) {
-    detail::set_op_host(*b, fallback, nullptr);
+    b->op_fallback.set(fallback, nullptr);
     return;
   }
   std::shared_ptr<detail::BackendImpl> target;
@@ -457,23 +503,19 @@ void Registry::set_op_fallback(std::string_view name, const OpFallback& fallback
   if (!target->is_loaded())
     throw Error(Errc::backend_unavailable,
                 what + ": backend \"" + target->name + "\" is not loaded: " + target->error);
-  {
-    std::lock_guard lock(target->op_mutex);
-    if (target->op_fallback.kind != OpFallback::Kind::error)
-      throw Error(Errc::config_error,
-                  what + ": \"" + target->name + "\" itself falls back to \"" +
-                      target->op_fallback.host_backend +
-                      "\"; fall back to a backend that runs the ops directly (no chains)");
-  }
+  if (const OpFallback theirs = target->op_fallback.configured(); theirs.kind != OpFallback::Kind::error)
+    throw Error(Errc::config_error, what + ": \"" + target->name + "\" itself falls back to \"" +
+                                        theirs.host_backend +
+                                        "\"; fall back to a backend that runs the ops directly (no chains)");
   for (const auto& o : impl_->backends) {
     if (o == b) continue;
-    std::lock_guard lock(o->op_mutex);
-    if (o->op_fallback.kind == OpFallback::Kind::host && o->op_fallback.host_backend == b->name)
+    const OpFallback theirs = o->op_fallback.configured();
+    if (theirs.kind == OpFallback::Kind::host && theirs.host_backend == b->name)
       throw Error(Errc::config_error, what + ": backend \"" + o->name + "\" falls back to \"" + b->name +
                                           "\", which then may not fall back itself (no chains); change \"" +
                                           o->name + "\"'s op_fallback first");
   }
-  detail::set_op_host(*b, fallback, target);
+  b->op_fallback.set(fallback, target);
 }
 
 }  // namespace backplane

@@ -5,10 +5,9 @@
 // until an op or a read needs them elsewhere.
 //
 // Cost model: the fast path (every operand's bytes on its own device, which
-// runs the op and holds the result's dtype) is what require_support was: a
-// few loads and compares, no allocation, nothing locked. Everything else is
-// out of line in placement.cpp: the decision, copies (or zero-copy imports
-// between host_visible devices) of operands, the report's counters.
+// runs the op and holds the result's dtype) is a few loads and compares, no allocation, nothing locked.
+// Everything else is out of line in placement.cpp: the decision, copies (or zero-copy imports between
+// host_visible devices) of operands, the report's counters.
 #ifndef BACKPLANE_CORE_PLACEMENT_HPP_
 #define BACKPLANE_CORE_PLACEMENT_HPP_
 
@@ -17,6 +16,8 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 namespace backplane::detail {
@@ -142,12 +143,39 @@ void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uin
 std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
                                            const std::shared_ptr<BackendImpl>& backend, int32_t device);
 
-// Points b's op fallback at `target` (null for Kind::error). The caller has
-// checked the config's rules.
-void set_op_host(BackendImpl& b, const OpFallback& fallback, const std::shared_ptr<BackendImpl>& target);
-
 // True when BACKPLANE_OP_FALLBACK=error: every op fallback is off.
 bool op_fallback_disabled() noexcept;
+// What turns op fallback off for this thread now ("BACKPLANE_OP_FALLBACK=error",
+// "an OpFallbackOff on this thread"), or nullptr.
+const char* op_fallback_off_reason() noexcept;
+
+// ---- the one rule ----------------------------------------------------------------
+// "Does device d run op o on dtype t, and if not, where does it run?" is
+// answered here and nowhere else: Placement (dispatch), allocate_on,
+// training_support's pre-check (core/autograd/requirements.cpp), the report
+// and the errors all ask lacks() and op_fallback_host().
+
+// What a device lacks to run an op; none(): it runs it.
+struct Lack {
+  bool not_loaded = false;   // the backend did not load, or there is no such device
+  bool matmul = false;       // MATMUL on a device without the 'matmul' flag (abi.h's matmul rule)
+  uint32_t dtypes = 0;       // bit t: no flag for dtype t (abi.h's dtype rule)
+  bool unsupported = false;  // supports_op says no (asked only about dtypes the device holds)
+  bool none() const noexcept { return !not_loaded && !matmul && dtypes == 0 && !unsupported; }
+  // "no 'matmul' flag, no 'f64' flag; supports_op says no too", "not supported", "not loaded", "".
+  std::string text() const;
+};
+
+// What device d of b lacks to run `op` on `dtype` (what supports_op is asked
+// about) with a result of `out_dtype` (CAST is asked about it too) and
+// operands of `operands`.
+Lack lacks(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
+           std::span<const DType> operands = {});
+
+// The device-0 backend b's ops fall back to now, or null: no op_fallback,
+// BACKPLANE_OP_FALLBACK=error, an OpFallbackOff on this thread, or a target
+// that failed to load or has no device. Loads an optional target on first use.
+std::shared_ptr<BackendImpl> op_fallback_host(const BackendImpl& b);
 
 }  // namespace backplane::detail
 

@@ -67,10 +67,14 @@ BACKPLANE_API std::ostream& operator<<(std::ostream& out, const OpFallback& fall
 struct OpFallbackStats {
   Op op = Op::add;
   DType dtype = DType::f32;
-  uint64_t calls = 0;            // ops placed on the fallback device
-  uint64_t bytes_to_host = 0;    // operand bytes copied to the fallback device
-  uint64_t bytes_from_host = 0;  // bytes of its results copied back to the backend's own device
-  double seconds = 0;            // time in those ops and copies
+  uint64_t calls = 0;          // ops placed on the fallback device
+  uint64_t bytes_to_host = 0;  // operand bytes copied to the fallback device for it
+  // Bytes copied back to the backend's own device because this op, run
+  // there, needed operands whose bytes lived on the fallback device (the
+  // results of ops that fell back); calls may be 0. Reads by the program
+  // (to_vector, to()) are filed under the op that made the bytes.
+  uint64_t bytes_from_host = 0;
+  double seconds = 0;  // time in those ops and copies
   uint64_t bytes_moved() const noexcept { return bytes_to_host + bytes_from_host; }
 };
 

@@ -1,0 +1,87 @@
+// A backend's op_fallback as placement keeps it: the policy, its resolved
+// target and the fallback report's counters. Owned by placement
+// (core/tensor/placement.cpp is the one reader of the target and writer of
+// the counters); BackendImpl holds one. Not to be confused with the
+// collective fallback (BackendImpl::collective_fallback), which stages
+// collectives, not ops.
+#ifndef BACKPLANE_CORE_TENSOR_OP_FALLBACK_STATE_HPP_
+#define BACKPLANE_CORE_TENSOR_OP_FALLBACK_STATE_HPP_
+
+#include <backplane/abi.h>
+#include <backplane/registry.hpp>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace backplane::detail {
+
+struct BackendImpl;
+
+// Thread-safe: the policy and target change under the state's own lock; the
+// op slow path reads whether a target is set without it, and the counters
+// are atomics.
+class OpFallbackState {
+ public:
+  // The report: one slot per (op, dtype).
+  struct Counter {
+    std::atomic<uint64_t> calls{0};
+    std::atomic<uint64_t> bytes_to_host{0};
+    std::atomic<uint64_t> bytes_from_host{0};
+    std::atomic<uint64_t> nanoseconds{0};
+    std::atomic<bool> logged{false};  // the first fallback of the pair is logged once
+  };
+  static constexpr std::size_t kSlots = static_cast<std::size_t>(BP_OP_COUNT_) * BP_DTYPE_COUNT_;
+
+  // The policy as configured (Kind::error when none).
+  OpFallback configured() const {
+    std::lock_guard lock(mutex_);
+    return fallback_;
+  }
+  // The resolved target of a host:<backend> policy, whatever switches are
+  // in force (placement's op_fallback_host applies those); null for none.
+  std::shared_ptr<BackendImpl> target() const {
+    std::lock_guard lock(mutex_);
+    const BackendImpl* h = host_.load(std::memory_order_relaxed);
+    for (const auto& k : keep_)
+      if (k.get() == h) return k;
+    return nullptr;
+  }
+  // Whether a target is set, without the lock (the slow path's first test).
+  bool has_target() const noexcept { return host_.load(std::memory_order_acquire) != nullptr; }
+  // Sets the policy and its target (null for Kind::error). Every target ever
+  // set is kept, so a raw pointer read without the lock never dangles (the
+  // config forbids chains, so this keeps no cycle).
+  void set(const OpFallback& fallback, const std::shared_ptr<BackendImpl>& target) {
+    std::lock_guard lock(mutex_);
+    fallback_ = fallback;
+    bool kept = false;
+    for (const auto& k : keep_) kept = kept || k == target;
+    if (target && !kept) keep_.push_back(target);
+    host_.store(target.get(), std::memory_order_release);
+  }
+
+  // The counter of (op, dtype); slot 0 (no pair) for values outside abi.h's tables.
+  Counter& counter(int32_t op, int32_t dtype) noexcept {
+    const std::size_t i = (op > 0 && op < BP_OP_COUNT_ && dtype > 0 && dtype < BP_DTYPE_COUNT_)
+                              ? static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ + static_cast<std::size_t>(dtype)
+                              : 0;
+    return counters_[i];
+  }
+  const Counter& slot(std::size_t i) const noexcept { return counters_[i]; }
+  Counter& slot(std::size_t i) noexcept { return counters_[i]; }
+
+ private:
+  mutable std::mutex mutex_;
+  OpFallback fallback_;
+  std::atomic<BackendImpl*> host_{nullptr};
+  std::vector<std::shared_ptr<BackendImpl>> keep_;
+  std::unique_ptr<Counter[]> counters_{new Counter[kSlots]};
+};
+
+}  // namespace backplane::detail
+
+#endif  // BACKPLANE_CORE_TENSOR_OP_FALLBACK_STATE_HPP_
