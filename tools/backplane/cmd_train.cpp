@@ -658,6 +658,12 @@ int train_rank(const TrainOptions& o) {
     } else {
       epoch_loss.push_back(local_loss);
     }
+    if (lead && !std::isfinite(epoch_loss.back()) &&
+        std::all_of(epoch_loss.begin(), epoch_loss.end() - 1, [](double v) { return std::isfinite(v); }))
+      print_warning("the loss is " + exact_text(epoch_loss.back()) + " after epoch " + std::to_string(epoch) +
+                    ": training diverged, and the model it ends with is not usable; lower --lr (" +
+                    format_number(o.lr) +
+                    " now), or check the data (--metrics-out records \"diverged_at_epoch\")");
     const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
     if (lead)
       progress(tty, epoch, o.epochs, n_steps, n_steps, epoch_loss.back(),
@@ -708,7 +714,15 @@ int train_rank(const TrainOptions& o) {
       for (const OpFallbackStats& f : fallbacks)
         by_time[std::string(to_string(f.op)) + "/" + std::string(to_string(f.dtype))] = {
             {"calls", f.calls}, {"bytes_moved", f.bytes_moved()}, {"seconds", f.seconds}};
+      // The first epoch (1-based) whose loss is nan or infinite; null when none.
+      const auto bad =
+          std::find_if(epoch_loss.begin(), epoch_loss.end(), [](double v) { return !std::isfinite(v); });
+      const nlohmann::ordered_json diverged =
+          bad == epoch_loss.end()
+              ? nlohmann::ordered_json(nullptr)
+              : nlohmann::ordered_json(static_cast<int64_t>(bad - epoch_loss.begin()) + 1);
       nlohmann::ordered_json m{{"test_accuracy", test_accuracy},
+                               {"diverged_at_epoch", diverged},
                                {"steps", steps},
                                {"seconds_per_step", per_step},
                                {"steps_per_second", steps_per_second},
