@@ -233,7 +233,7 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   if (!BP_HAS_FIELD(bp_plugin_api, abi_minor, table->struct_size)) {
     fail(Errc::abi_mismatch, b,
          "plugin table struct_size " + std::to_string(table->struct_size) +
-             " is too small to hold even the ABI version; it was not built against abi.h");
+             " is too small to hold even the ABI version; set it to BP_PLUGIN_API_STRUCT_SIZE from abi.h");
   }
   b.abi = {table->abi_major, table->abi_minor};
   if (table->abi_major != BP_ABI_MAJOR) {
@@ -246,7 +246,8 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
     fail(Errc::abi_mismatch, b,
          "plugin table struct_size " + std::to_string(table->struct_size) + " is smaller than the " +
              std::to_string(kMinTableSize) + " bytes every ABI " + std::to_string(BP_ABI_MAJOR) +
-             ".x table has; the table is truncated or corrupt");
+             ".x table has; set it to BP_PLUGIN_API_STRUCT_SIZE from abi.h (the table is truncated or "
+             "its size was computed by hand)");
   }
   // Whole fields only: every field from plugin_name on is one pointer, so a
   // struct_size that cuts one (one byte short of an entry) must leave that

@@ -2,7 +2,6 @@
 // read-only views over what was loaded.
 #include "common/suggest.hpp"
 #include "config/config.hpp"
-#include "distributed/collective_route.hpp"
 #include "registry/loader.hpp"
 #include "tensor/placement.hpp"
 #include "tensor/tensor_impl.hpp"
@@ -19,8 +18,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include <fcntl.h>

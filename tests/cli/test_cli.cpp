@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "scratch_mount.hpp"
@@ -143,6 +144,7 @@ TEST_CASE("list: json shows the loaded cpu backend and a missing library as fail
   CHECK(cpu["error_code"].is_null());
   CHECK(cpu["required"] == true);
   CHECK(cpu["collective_fallback"] == "error");
+  CHECK(cpu["op_fallback"] == "error");
   CHECK(has_name(cpu["capabilities"], "host_visible"));
   CHECK(has_name(cpu["capabilities"], "collective"));  // Gloo
   REQUIRE(cpu["devices"].is_array());
@@ -320,6 +322,31 @@ std::string partial_cpu_config() {
 }
 
 const std::string kDigits = std::string(BP_TEST_SOURCE_DIR) + "/data/digits.csv.gz";
+
+TEST_CASE("list: each backend's op_fallback is shown, in text and json, with and without --isolate") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", partial_cpu_config());
+  for (const bool isolate : {false, true}) {
+    CAPTURE(isolate);
+    std::vector<std::string> args{"list", "--config", config.string()};
+    if (isolate) args.emplace_back("--isolate");
+    Result r = cli(tmp, args);
+    INFO(r.describe());
+    REQUIRE(r.code == kExitOk);
+    BP_CHECK_CONTAINS(r.out, "op_fallback");
+    BP_CHECK_CONTAINS(r.out, "host:cpu");
+    args.emplace_back("--json");
+    r = cli(tmp, args);
+    REQUIRE(r.code == kExitOk);
+    const Json j = parse_stdout(r);
+    std::map<std::string, std::string> by_name;
+    for (const Json& b : j["backends"])
+      by_name[b["name"].get<std::string>()] = b["op_fallback"].get<std::string>();
+    CHECK(by_name ==
+          std::map<std::string, std::string>{
+              {"cpu", "error"}, {"partial", "host:cpu"}, {"partial_nocoll", "host:cpu"}, {"bare", "error"}});
+  }
+}
 
 // `backplane train` on `backend` with a fixed seed; returns its metrics (key order kept).
 nlohmann::ordered_json train_metrics(const TempDir& tmp, const fs::path& config, const std::string& backend,

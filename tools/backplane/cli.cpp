@@ -214,7 +214,11 @@ std::string failure_hint(const Backend& backend, const fs::path& config) {
   }
   if (code == Errc::config_error) return "fix this backend's entry in " + cfg;
   if (code == Errc::abi_mismatch) {
-    // A version mismatch and a table that contradicts its flags need different fixes.
+    // A version mismatch, a table of the wrong size and a table that
+    // contradicts its flags need different fixes.
+    if (error.find("struct_size") != std::string::npos)
+      return "set the table's struct_size to BP_PLUGIN_API_STRUCT_SIZE from abi.h (plugin.hpp's "
+             "BP_DEFINE_PLUGIN does) and rebuild the plugin";
     if (backend.abi_version().empty() ||
         backend.abi_version().rfind(std::to_string(kAbiMajor) + ".", 0) != 0) {
       return "rebuild the plugin against this backplane's abi.h (plugin ABI " + std::to_string(kAbiMajor) +
@@ -229,6 +233,10 @@ std::string failure_hint(const Backend& backend, const fs::path& config) {
   }
   if (error.find(": create:") != std::string::npos) {
     return "the plugin refused to start; check this backend's \"options\" in " + cfg;
+  }
+  if (error.find("but its class does not implement Feature::") != std::string::npos) {
+    return "the plugin's device declares a capability its class does not implement: add the Feature the "
+           "message names to the class's Features (and the member it needs), or drop the flag, and rebuild";
   }
   if (error.find("device_count") != std::string::npos || error.find("device_info") != std::string::npos) {
     return "the plugin could not enumerate its devices; is the device (driver, server) present?";

@@ -125,6 +125,8 @@ void backend_text(std::string& out, const Json& info, bool is_default) {
     field(out, 2, "version", version);
   if (const std::string abi = text_of(info, "abi_version"); !abi.empty()) field(out, 2, "abi", abi);
   const std::string fallback = "collective_fallback: " + text_of(info, "collective_fallback");
+  // What the devices lack runs on this backend's device 0 ("error": nowhere).
+  field(out, 2, "op_fallback", text_of(info, "op_fallback"));
   if (unavailable) {  // loaded, but no device can be reached: the plugin's reason
     field(out, 2, "collectives", fallback);
     field(out, 2, "devices", "0 (" + (error.empty() ? std::string("no reason given") : error) + ")");

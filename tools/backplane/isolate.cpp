@@ -258,7 +258,7 @@ std::optional<BackendReport> parse_answer(const std::string& answer, std::string
       !is("library_path", string_or_null) || !is("version", string_or_null) ||
       !is("abi_version", string_or_null) || !is("error", string_or_null) ||
       !is("error_code", string_or_null) || !is("collective_fallback", is_string) ||
-      !is("required", [](const Json& v) { return v.is_boolean(); }) ||
+      !is("op_fallback", is_string) || !is("required", [](const Json& v) { return v.is_boolean(); }) ||
       !is("capabilities", [](const Json& v) { return v.is_array(); }) ||
       !is("devices", [](const Json& v) { return v.is_array(); }) || !is("status", [](const Json& v) {
         return v.is_string() && (v == "loaded" || v == "failed" || v == "unavailable");
@@ -356,6 +356,7 @@ Json backend_json(const Backend& backend) {
   j["error_code"] = code ? Json(to_string(*code)) : Json(nullptr);
   j["required"] = backend.required();
   j["collective_fallback"] = backend.collective_fallback().to_string();
+  j["op_fallback"] = backend.op_fallback().to_string();
   Json devices = Json::array();
   if (backend.loaded()) {
     j["capabilities"] = backend.capabilities().names();
