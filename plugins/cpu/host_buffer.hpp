@@ -242,15 +242,14 @@ class BlockCache {
   [[gnu::cold]] bool admit(uint64_t bytes) noexcept {
     std::lock_guard<std::mutex> lock(room_mutex_);
     uint64_t room = read_room_(ctx_);
-    if (room == kUnknownRoom) {  // nothing to check against (no /proc): as before this check existed
+    if (room != kUnknownRoom && !fits(bytes, room) && held() > 0) {
+      drop(UINT64_MAX);  // the room counts cached blocks as used: give them back, then look again
+      room = read_room_(ctx_);
+    }
+    if (room == kUnknownRoom) {  // nothing to check against (no /proc, no cgroup files): allowed
       cap_.store(kMaxCached, std::memory_order_relaxed);
       credit_.store(static_cast<int64_t>(kMaxCached), std::memory_order_relaxed);
       return true;
-    }
-    if (!fits(bytes, room) && held() > 0) {
-      drop(UINT64_MAX);
-      room = read_room_(ctx_);
-      if (room == kUnknownRoom) room = 0;
     }
     const uint64_t potential = room + held();
     const uint64_t cap = std::min(kMaxCached, potential / kCapShare);
