@@ -24,6 +24,8 @@ namespace fs = std::filesystem;
 // The longest part of the final name kept in the temporary one, so that
 // ".<name>.tmp-<pid>-<random>" stays within NAME_MAX (255).
 constexpr std::size_t kMaxNameInTemp = 200;
+// ".<name>" + kTempMarker + "<pid>-<random>"
+constexpr std::string_view kTempMarker = ".tmp-";
 
 struct Resolved {
   std::string target;  // the file to replace: symbolic links followed
@@ -139,7 +141,7 @@ AtomicFileWriter::AtomicFileWriter(std::string path, LinkPolicy links) : path_(s
   const fs::path dir = final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
   const std::string name = final_path.filename().string().substr(0, kMaxNameInTemp);
   for (int attempt = 0;; ++attempt) {
-    const std::string temp = (dir / ("." + name + ".tmp-" + random_suffix())).string();
+    const std::string temp = (dir / ("." + name + std::string(kTempMarker) + random_suffix())).string();
     fd_.reset(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666));
     if (fd_.valid()) {
       temp_ = temp;
@@ -207,6 +209,14 @@ void write_file_atomically(const std::string& path, std::string_view contents, L
   AtomicFileWriter out(path, links);
   out.write(contents);
   out.commit();
+}
+
+std::optional<std::string> final_name_of_temporary(std::string_view file_name) {
+  const std::size_t marker = file_name.rfind(kTempMarker);
+  if (file_name.size() < 2 || file_name[0] != '.' || marker == std::string_view::npos || marker < 2 ||
+      marker + kTempMarker.size() == file_name.size())
+    return std::nullopt;
+  return std::string(file_name.substr(1, marker - 1));
 }
 
 void check_file_writable(const std::string& path, LinkPolicy links) {

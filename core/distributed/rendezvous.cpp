@@ -185,14 +185,26 @@ Rendezvous::Rendezvous(int32_t rank, int32_t world_size, std::string master_addr
   }
 }
 
+namespace {
+
+// The launcher family the environment names: the first whose rank or size
+// variable is set; null for none.
+const Family* family_in_env() {
+  for (const Family& f : kFamilies)
+    if (env(f.rank) || env(f.size)) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+std::optional<std::string> Rendezvous::env_rank() {
+  const Family* family = family_in_env();
+  if (family == nullptr) return std::nullopt;
+  return env(family->rank).value_or(std::string());
+}
+
 Rendezvous Rendezvous::from_env() {
-  const Family* family = nullptr;
-  for (const Family& f : kFamilies) {
-    if (env(f.rank) || env(f.size)) {
-      family = &f;
-      break;
-    }
-  }
+  const Family* family = family_in_env();
   if (family == nullptr) {
     throw Error(Errc::invalid_argument,
                 "no rank in the environment: set RANK and WORLD_SIZE (backplane launch and torchrun do), or "

@@ -66,9 +66,10 @@ class OpFallbackState {
 
   // The counter of (op, dtype); slot 0 (no pair) for values outside abi.h's tables.
   Counter& counter(int32_t op, int32_t dtype) noexcept {
-    const std::size_t i = (op > 0 && op < BP_OP_COUNT_ && dtype > 0 && dtype < BP_DTYPE_COUNT_)
-                              ? static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ + static_cast<std::size_t>(dtype)
-                              : 0;
+    const std::size_t i =
+        (op > 0 && op < BP_OP_COUNT_ && dtype > 0 && dtype < BP_DTYPE_COUNT_)
+            ? static_cast<std::size_t>(op) * BP_DTYPE_COUNT_ + static_cast<std::size_t>(dtype)
+            : 0;
     return counters_[i];
   }
   const Counter& slot(std::size_t i) const noexcept { return counters_[i]; }

@@ -111,6 +111,12 @@ class BACKPLANE_API Rendezvous {
   // Errc::invalid_argument naming the variable for a missing or malformed
   // value (a node list that is not one included).
   static Rendezvous from_env();
+  // Whether the environment names a job, and this process's rank in it: the
+  // text of the rank variable of the launcher family from_env() would read
+  // (RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID; "" when only that family's
+  // size variable is set); nullopt when none is set, i.e. not a rank of a
+  // job. Unparsed: from_env() says what is wrong with it.
+  static std::optional<std::string> env_rank();
   // BACKPLANE_TIMEOUT as from_env() reads it (kDefaultTimeout when unset),
   // for a launcher that checks its ranks' environment before it starts them.
   // Throws Errc::invalid_argument naming the variable and its value.

@@ -258,6 +258,22 @@ TEST_CASE(
   CHECK(slurp(tmp / "victim") == "followed");
 }
 
+TEST_CASE("atomic file: final_name_of_temporary names what a temporary file stands for") {
+  using backplane::common::final_name_of_temporary;
+  CHECK(final_name_of_temporary(".m.json.tmp-12-ab3f") == "m.json");
+  CHECK(final_name_of_temporary(".step-0000000005.safetensors.tmp-123-abcdef") ==
+        "step-0000000005.safetensors");
+  CHECK(final_name_of_temporary(".a.tmp-b.tmp-1-2") == "a.tmp-b");
+  for (const char* other : {"m.json", ".m.json", ".tmp-1-2", "..tmp-1", ".m.json.tmp-", "x.tmp-1-2", ""})
+    CHECK_MESSAGE(!final_name_of_temporary(other), other);
+  // What the writer leaves while it writes is recognised.
+  TempDir tmp;
+  AtomicFileWriter w((tmp / "out.json").string());
+  const std::vector<std::string> names = names_in(tmp.path());
+  REQUIRE(names.size() == 1);
+  CHECK(final_name_of_temporary(names[0]) == "out.json");
+}
+
 TEST_CASE("atomic file: check_file_writable neither creates nor truncates the final name") {
   TempDir tmp;
   const fs::path fresh = tmp / "fresh.json";

@@ -3,6 +3,7 @@
 
 #include <backplane/log.hpp>
 #include <backplane/safetensors.hpp>
+#include <backplane_common/atomic_file.hpp>
 #include <backplane_common/crypto.hpp>
 #include <backplane_common/hex.hpp>
 
@@ -257,14 +258,13 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 }
 
 int remove_interrupted_writes(const fs::path& dir) {
-  // The temporary names of an atomic write: ".<name>.tmp-<suffix>".
+  // The temporary files of save_safetensors' atomic writes of checkpoints.
   int removed = 0;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    const auto tmp = name.find(".tmp-");
-    if (name.size() < 2 || name[0] != '.' || tmp == std::string::npos) continue;
-    if (!step_of(name.substr(1, tmp - 1))) continue;
+    const std::optional<std::string> final_name =
+        common::final_name_of_temporary(it->path().filename().string());
+    if (!final_name || !step_of(*final_name)) continue;
     std::error_code rm;
     if (fs::remove(it->path(), rm)) ++removed;
   }

@@ -74,13 +74,9 @@ struct TrainOptions {
 };
 
 // This process's rank as its launcher or scheduler set it, if any did.
-const char* job_rank() {
-  for (const char* v : {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID"})
-    if (const char* value = std::getenv(v); value != nullptr) return value;
-  return nullptr;
-}
-
-bool in_a_job() { return job_rank() != nullptr; }
+// Whether this process is a rank of a job a launcher or scheduler started
+// (the rendezvous's own reading of the environment).
+bool in_a_job() { return Rendezvous::env_rank().has_value(); }
 
 // --data, else the copy beside the default config (share_dir(): the build
 // tree's or the install tree's), wherever the tool is run from.
@@ -237,8 +233,8 @@ void check_writable(const std::string& path, const char* flag,
 // Whether this process is rank 0 of its job (or not in a job at all): the
 // one that writes the outputs.
 bool is_lead_rank() {
-  const char* rank = job_rank();
-  return rank == nullptr || std::string_view(rank) == "0";
+  const std::optional<std::string> rank = Rendezvous::env_rank();
+  return !rank || *rank == "0";
 }
 
 // Takes the checkpoint folder's lock (CheckpointFolderLock), as
@@ -468,301 +464,382 @@ Rendezvous rendezvous_from_env() {
   }
 }
 
-int train_rank(const TrainOptions& o) {
-  const bool single = !in_a_job();
-  Rendezvous rdzv = single ? Rendezvous::single_process() : rendezvous_from_env();
-  const int rank = rdzv.rank();
-  const int world = rdzv.world_size();
-  const bool lead = rank == 0;
-
-  if (!single && o.nproc_given && o.nproc != world && lead)
-    print_warning("--nproc " + std::to_string(o.nproc) + " is ignored: this process is rank " +
-                  std::to_string(rank) + " of a job of " + std::to_string(world) + " started by a launcher");
-
-  const fs::path config = choose_config(o.config);
-  Registry registry = load_for_report(config);
-  Backend backend = chosen_backend(registry, o.backend, config);
-  // One device per local rank, round robin (all on device 0 with one device).
+// One device per local rank, round robin (all on device 0 with one device).
+Device rank_device(const Backend& backend, const Rendezvous& rdzv) {
   const std::size_t n_devices = backend.devices().size();
-  Device device =
-      backend.device(static_cast<int32_t>(static_cast<std::size_t>(rdzv.local_rank()) % n_devices));
-  const TrainingSupport support = check_training_support(device, world, o.optimizer);
+  return backend.device(static_cast<int32_t>(static_cast<std::size_t>(rdzv.local_rank()) % n_devices));
+}
 
+GradSyncOptions grad_sync_options(const TrainOptions& o) {
   GradSyncOptions sync;
   sync.bucket_bytes = static_cast<std::size_t>(o.bucket_mb * 1024 * 1024);
-  DistributedScope job(rdzv, sync);
+  return sync;
+}
 
-  const fs::path data_path = find_data(o.data);
-  const auto [train, test] = load_split(o, data_path);
-
-  nn::Linear l1(device, digits::kFeatures, 128, o.seed * 2 + 1);
-  nn::Linear l2(device, 128, digits::kClasses, o.seed * 2 + 2);
-  std::vector<Tensor> params = l1.parameters();
-  for (const Tensor& p : l2.parameters()) params.push_back(p);
-  // The capability decides here: a device without 'collective' follows its
-  // backend's collective_fallback (an error names the remedy). One rank has
-  // nothing to synchronise: no parameter is registered, no group is made, so
-  // it needs no collective at all.
-  const bool distributed = world > 1;
-  if (distributed)
-    for (std::size_t i = 0; i < params.size(); ++i) set_distributed_params(params[i], DistributedParamId{i});
-  std::unique_ptr<nn::Optimizer> opt;
-  if (o.optimizer == "sgd")
-    opt = std::make_unique<nn::SGD>(params, o.lr, o.momentum);
-  else
-    opt = std::make_unique<nn::Adam>(params, o.lr);  // --momentum does not apply
-  auto forward = [&](const Tensor& x) { return l2(relu(l1(x))); };
-
-  // Where training starts: a checkpoint's position, or the beginning.
-  ProgressReporter board = ProgressReporter::from_env();
-  const RunIdentity identity = run_identity(o, world, train);
-  TrainPosition start;
-  std::optional<Checkpoint> resumed;
-  std::unique_ptr<CheckpointFolderLock> folder_lock;  // rank 0's, while it trains
-  if (!o.checkpoint_dir.empty()) {
-    resumed = agree_on_checkpoint(o, rdzv, distributed, device, identity,
-                                  checkpoint_layout(model_tensors(l1, l2), params, o.optimizer), folder_lock);
-    if (resumed) {
-      NoGradGuard no_grad;
-      std::map<std::string, Tensor> saved(resumed->model.begin(), resumed->model.end());
-      try {
-        for (const auto& [name, p] : model_tensors(l1, l2)) {
-          const auto it = saved.find(name);
-          if (it == saved.end())
-            throw CommandError(kExitFailed, resumed->path.string() + ": the model has no tensor " + name);
-          p.copy_(it->second);
-        }
-        opt->load_state(resumed->optimizer);
-      } catch (const Error& e) {
-        throw CommandError(kExitFailed, "cannot resume from " + resumed->path.string() + ": " + e.message() +
-                                            "; remove that file to resume from an older checkpoint, or pass "
-                                            "another --checkpoint-dir");
-      }
-      start = resumed->position;
-      if (!start.loss_sums.empty() && start.loss_sums.size() != static_cast<std::size_t>(world))
-        throw CommandError(kExitFailed, resumed->path.string() + ": it holds the loss sums of " +
-                                            std::to_string(start.loss_sums.size()) + " ranks, this job has " +
-                                            std::to_string(world));
-      board.checkpoint(start.step);
-    }
-    if (distributed)
-      confirm_same_model(
-          rdzv, model_tensors(l1, l2), opt->state(),
-          resumed ? "loading " + resumed->path.filename().string() : std::string("initialisation"));
+// One rank's run of `train`, in its phases: the constructor sets up (the
+// rendezvous, backend and device, the data, the model and optimizer);
+// resume() starts from the newest valid checkpoint; train() runs the epochs
+// and takes the checkpoints; report() prints the summary and writes the
+// outputs; finish() waits for every rank. Each fact is a member, set once.
+class TrainRun {
+ public:
+  explicit TrainRun(const TrainOptions& o)
+      : o_(o),
+        single_(!in_a_job()),
+        rdzv_(single_ ? Rendezvous::single_process() : rendezvous_from_env()),
+        rank_(rdzv_.rank()),
+        world_(rdzv_.world_size()),
+        lead_(rank_ == 0),
+        distributed_(world_ > 1),
+        config_(choose_config(o.config)),
+        registry_(load_for_report(config_)),
+        backend_(chosen_backend(registry_, o.backend, config_)),
+        device_(rank_device(backend_, rdzv_)),
+        support_(check_training_support(device_, world_, o.optimizer)),
+        job_(rdzv_, grad_sync_options(o)),
+        data_path_(find_data(o.data)),
+        data_(load_split(o, data_path_)),
+        l1_(device_, digits::kFeatures, 128, o.seed * 2 + 1),
+        l2_(device_, 128, digits::kClasses, o.seed * 2 + 2),
+        board_(ProgressReporter::from_env()),
+        identity_(run_identity(o, world_, train_data())),
+        tty_(lead_ && ::isatty(STDOUT_FILENO) != 0) {
+    if (!single_ && o.nproc_given && o.nproc != world_ && lead_)
+      print_warning("--nproc " + std::to_string(o.nproc) + " is ignored: this process is rank " +
+                    std::to_string(rank_) + " of a job of " + std::to_string(world_) +
+                    " started by a launcher");
+    params_ = l1_.parameters();
+    for (const Tensor& p : l2_.parameters()) params_.push_back(p);
+    // The capability decides here: a device without 'collective' follows
+    // its backend's collective_fallback (an error names the remedy). One
+    // rank has nothing to synchronise: no parameter is registered, no group
+    // is made, so it needs no collective at all.
+    if (distributed_)
+      for (std::size_t i = 0; i < params_.size(); ++i)
+        set_distributed_params(params_[i], DistributedParamId{i});
+    if (o.optimizer == "sgd")
+      opt_ = std::make_unique<nn::SGD>(params_, o.lr, o.momentum);
+    else
+      opt_ = std::make_unique<nn::Adam>(params_, o.lr);  // --momentum does not apply
   }
 
-  const bool tty = lead && ::isatty(STDOUT_FILENO) != 0;
-  if (lead)
+  // Where training starts: the checkpoint every rank agrees on, or the beginning.
+  void resume() {
+    if (!o_.checkpoint_dir.empty()) {
+      resumed_ = agree_on_checkpoint(o_, rdzv_, distributed_, device_, identity_,
+                                     checkpoint_layout(model(), params_, o_.optimizer), folder_lock_);
+      if (resumed_) load(*resumed_);
+      if (distributed_)
+        confirm_same_model(
+            rdzv_, model(), opt_->state(),
+            resumed_ ? "loading " + resumed_->path.filename().string() : std::string("initialisation"));
+    }
+    epoch_loss_ = start_.epoch_loss;
+    step_loss_ = start_.step_loss;
+    steps_ = start_.step;
+    if (lead_) print_start();
+  }
+
+  void train() {
+    reset_grad_sync_stats();
+    if (distributed_) group_ = distributed_group(device_);
+    for (int epoch = start_.completed_epochs + 1; epoch <= o_.epochs; ++epoch) train_epoch(epoch);
+  }
+
+  void report();
+
+  void finish() {
+    if (group_) group_->barrier();
+  }
+
+ private:
+  const digits::Dataset& train_data() const { return data_.first; }
+  const digits::Dataset& test_data() const { return data_.second; }
+  NamedTensors model() const { return model_tensors(l1_, l2_); }
+  Tensor forward(const Tensor& x) const { return l2_(relu(l1_(x))); }
+  bool checkpointing() const { return !o_.checkpoint_dir.empty(); }
+
+  void load(const Checkpoint& c) {
+    NoGradGuard no_grad;
+    std::map<std::string, Tensor> saved(c.model.begin(), c.model.end());
+    try {
+      for (const auto& [name, p] : model()) {
+        const auto it = saved.find(name);
+        if (it == saved.end())
+          throw CommandError(kExitFailed, c.path.string() + ": the model has no tensor " + name);
+        p.copy_(it->second);
+      }
+      opt_->load_state(c.optimizer);
+    } catch (const Error& e) {
+      throw CommandError(kExitFailed, "cannot resume from " + c.path.string() + ": " + e.message() +
+                                          "; remove that file to resume from an older checkpoint, or pass "
+                                          "another --checkpoint-dir");
+    }
+    start_ = c.position;
+    if (!start_.loss_sums.empty() && start_.loss_sums.size() != static_cast<std::size_t>(world_))
+      throw CommandError(kExitFailed, c.path.string() + ": it holds the loss sums of " +
+                                          std::to_string(start_.loss_sums.size()) + " ranks, this job has " +
+                                          std::to_string(world_));
+    board_.checkpoint(start_.step);
+  }
+
+  void print_start() const {
     std::printf(
         "backplane train: MLP 64-128-10 on %s (%lld train / %lld test rows), %d rank%s on %s, batch %d "
         "per rank, %s lr %g, %d epochs, seed %llu\n",
-        data_path.string().c_str(), static_cast<long long>(train.rows()), static_cast<long long>(test.rows()),
-        world, world == 1 ? "" : "s", device.id().c_str(), o.batch_size, o.optimizer.c_str(), o.lr, o.epochs,
-        static_cast<unsigned long long>(o.seed));
-  if (lead && resumed)
-    std::printf("resuming from %s: step %lld, epoch %d%s\n", resumed->path.string().c_str(),
-                static_cast<long long>(start.step), start.completed_epochs + (start.epoch_step > 0 ? 1 : 0),
-                start.epoch_step > 0
-                    ? (" (" + std::to_string(start.epoch_step) + " of its steps done)").c_str()
-                    : " done");
-  if (lead && support.falls_back()) {
-    std::printf("%s\n", support.fallback_summary().c_str());
+        data_path_.string().c_str(), static_cast<long long>(train_data().rows()),
+        static_cast<long long>(test_data().rows()), world_, world_ == 1 ? "" : "s", device_.id().c_str(),
+        o_.batch_size, o_.optimizer.c_str(), o_.lr, o_.epochs, static_cast<unsigned long long>(o_.seed));
+    if (resumed_)
+      std::printf(
+          "resuming from %s: step %lld, epoch %d%s\n", resumed_->path.string().c_str(),
+          static_cast<long long>(start_.step), start_.completed_epochs + (start_.epoch_step > 0 ? 1 : 0),
+          start_.epoch_step > 0 ? (" (" + std::to_string(start_.epoch_step) + " of its steps done)").c_str()
+                                : " done");
+    if (support_.falls_back()) std::printf("%s\n", support_.fallback_summary().c_str());
     std::fflush(stdout);
   }
 
-  std::vector<double> epoch_loss = start.epoch_loss, step_loss = start.step_loss;
-  int64_t steps = start.step;  // over every run of this job
-  int64_t timed_steps = 0;     // this run's
-  double train_seconds = 0;
-  int checkpoints = 0;
-  double checkpoint_seconds = 0;
+  void train_epoch(int epoch);
+
   // Rank 0 writes a checkpoint of where the run stands; the other ranks send
   // it their partial loss sums first when it is taken mid-epoch.
-  auto checkpoint = [&](int32_t completed_epochs, int64_t epoch_step, double loss_sum) {
+  void checkpoint(int32_t completed_epochs, int64_t epoch_step, double loss_sum) {
     const auto t0 = Clock::now();
     TrainPosition at;
-    at.step = steps;
+    at.step = steps_;
     at.completed_epochs = completed_epochs;
     at.epoch_step = epoch_step;
-    if (epoch_step > 0) at.loss_sums = gather_loss_sums(rdzv, distributed, steps, loss_sum);
-    if (!lead) return;
-    at.epoch_loss = epoch_loss;
-    at.step_loss = step_loss;
+    if (epoch_step > 0) at.loss_sums = gather_loss_sums(rdzv_, distributed_, steps_, loss_sum);
+    if (!lead_) return;
+    at.epoch_loss = epoch_loss_;
+    at.step_loss = step_loss_;
     std::vector<std::string> command{"backplane", "train"};
-    command.insert(command.end(), o.raw_args.begin(), o.raw_args.end());
+    command.insert(command.end(), o_.raw_args.begin(), o_.raw_args.end());
     try {
-      save_checkpoint(o.checkpoint_dir, at, identity, command, model_tensors(l1, l2), opt->state(), o.keep);
+      save_checkpoint(o_.checkpoint_dir, at, identity_, command, model(), opt_->state(), o_.keep);
     } catch (const Error& e) {
       throw CommandError(kExitFailed, "cannot write a checkpoint: " + e.message());
     }
-    board.checkpoint(steps);
-    ++checkpoints;
-    checkpoint_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  const bool checkpointing = !o.checkpoint_dir.empty();
-  reset_grad_sync_stats();
-  std::optional<ProcessGroup> group;
-  if (distributed) group = distributed_group(device);
-  for (int epoch = start.completed_epochs + 1; epoch <= o.epochs; ++epoch) {
-    const std::vector<int64_t> rows = shard(train.rows(), rank, world, o.seed, epoch);
-    const std::size_t n_steps = (rows.size() + o.batch_size - 1) / static_cast<std::size_t>(o.batch_size);
-    // A resumed epoch goes on from its checkpoint's step and loss sum.
-    const bool resuming = epoch == start.completed_epochs + 1 && start.epoch_step > 0;
-    if (resuming &&
-        (static_cast<std::size_t>(start.epoch_step) >= n_steps ||
-         start.step !=
-             static_cast<int64_t>(start.completed_epochs) * static_cast<int64_t>(n_steps) + start.epoch_step))
-      throw CommandError(kExitFailed,
-                         resumed->path.string() + ": its position (step " + std::to_string(start.step) +
-                             ", step " + std::to_string(start.epoch_step) + " of epoch " +
-                             std::to_string(epoch) + ") does not fit this run's " + std::to_string(n_steps) +
-                             " steps per epoch: the file is damaged; remove it to resume from an "
-                             "older one");
-    const std::size_t first = resuming ? static_cast<std::size_t>(start.epoch_step) : 0;
-    double loss_sum =
-        resuming && !start.loss_sums.empty() ? start.loss_sums[static_cast<std::size_t>(rank)] : 0;
-    const auto t_epoch = Clock::now();
-    for (std::size_t s = first; s < n_steps; ++s) {
-      const std::size_t b = s * static_cast<std::size_t>(o.batch_size);
-      const auto t0 = Clock::now();
-      Batch batch = make_batch(device, train, rows, b, std::min(rows.size(), b + o.batch_size));
-      Tensor loss = nn::cross_entropy(forward(batch.x), batch.y);
-      Gradients grads = loss.backward();
-      opt->step(grads);
-      float loss_value = 0;  // read back into a local, every step: no vector
-      loss.read_into(DType::f32, &loss_value, 1);
-      const double l = loss_value;
-      train_seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      ++steps;
-      ++timed_steps;
-      board.step(steps);
-      loss_sum += l;
-      step_loss.push_back(l);
-      const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
-      if (tty && (s % 4 == 0 || s + 1 == n_steps))
-        progress(true, epoch, o.epochs, s + 1, n_steps, loss_sum / static_cast<double>(s + 1),
-                 static_cast<double>(std::min(rows.size(), (s + 1) * o.batch_size) * world) /
-                     std::max(elapsed, 1e-9),
-                 false);
-      // Mid-epoch checkpoints; one that falls on the epoch's last step is
-      // taken after the epoch's loss below.
-      if (checkpointing && o.checkpoint_every > 0 && steps % o.checkpoint_every == 0 && s + 1 < n_steps)
-        checkpoint(epoch - 1, static_cast<int64_t>(s + 1), loss_sum);
-    }
-    // The epoch's loss over every rank's shard.
-    const float local_loss = static_cast<float>(loss_sum / static_cast<double>(n_steps));
-    if (group) {
-      Tensor mean_loss =
-          group->all_reduce(Tensor::from_vector<float>(device, {1}, {local_loss}), ReduceOp::mean);
-      epoch_loss.push_back(mean_loss.to_vector<float>()[0]);
-    } else {
-      epoch_loss.push_back(local_loss);
-    }
-    if (lead && !std::isfinite(epoch_loss.back()) &&
-        std::all_of(epoch_loss.begin(), epoch_loss.end() - 1, [](double v) { return std::isfinite(v); }))
-      print_warning("the loss is " + exact_text(epoch_loss.back()) + " after epoch " + std::to_string(epoch) +
-                    ": training diverged, and the model it ends with is not usable; lower --lr (" +
-                    format_number(o.lr) +
-                    " now), or check the data (--metrics-out records \"diverged_at_epoch\")");
-    const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
-    if (lead)
-      progress(tty, epoch, o.epochs, n_steps, n_steps, epoch_loss.back(),
-               static_cast<double>((rows.size() - first * static_cast<std::size_t>(o.batch_size)) * world) /
-                   std::max(elapsed, 1e-9),
-               true);
-    if (checkpointing && (o.checkpoint_every == 0 || steps % o.checkpoint_every == 0 || epoch == o.epochs))
-      checkpoint(epoch, 0, 0);
+    board_.checkpoint(steps_);
+    ++checkpoints_;
+    checkpoint_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
   }
-  const GradSyncStats stats = grad_sync_stats();
 
+  void write_metrics(double test_accuracy, double per_step, double sync_fraction,
+                     const std::vector<OpFallbackStats>& fallbacks) const;
+  void write_plot() const;
+
+  // Set up once.
+  const TrainOptions& o_;
+  const bool single_;
+  Rendezvous rdzv_;
+  const int rank_;
+  const int world_;
+  const bool lead_;
+  const bool distributed_;
+  const fs::path config_;
+  Registry registry_;
+  Backend backend_;
+  Device device_;
+  const TrainingSupport support_;
+  DistributedScope job_;  // the job's groups end with the run, after what is declared below
+  const fs::path data_path_;
+  const std::pair<digits::Dataset, digits::Dataset> data_;  // train, test
+  nn::Linear l1_;
+  nn::Linear l2_;
+  std::vector<Tensor> params_;
+  std::unique_ptr<nn::Optimizer> opt_;
+  ProgressReporter board_;
+  const RunIdentity identity_;
+  const bool tty_;
+  // Set by resume().
+  TrainPosition start_;
+  std::optional<Checkpoint> resumed_;
+  std::unique_ptr<CheckpointFolderLock> folder_lock_;  // rank 0's, while it trains
+  // Where the run stands.
+  std::vector<double> epoch_loss_, step_loss_;
+  int64_t steps_ = 0;        // over every run of this job
+  int64_t timed_steps_ = 0;  // this run's
+  double train_seconds_ = 0;
+  int checkpoints_ = 0;
+  double checkpoint_seconds_ = 0;
+  std::optional<ProcessGroup> group_;
+};
+
+void TrainRun::train_epoch(int epoch) {
+  const std::vector<int64_t> rows = shard(train_data().rows(), rank_, world_, o_.seed, epoch);
+  const std::size_t n_steps = (rows.size() + o_.batch_size - 1) / static_cast<std::size_t>(o_.batch_size);
+  // A resumed epoch goes on from its checkpoint's step and loss sum.
+  const bool resuming = epoch == start_.completed_epochs + 1 && start_.epoch_step > 0;
+  if (resuming &&
+      (static_cast<std::size_t>(start_.epoch_step) >= n_steps ||
+       start_.step !=
+           static_cast<int64_t>(start_.completed_epochs) * static_cast<int64_t>(n_steps) + start_.epoch_step))
+    throw CommandError(kExitFailed,
+                       resumed_->path.string() + ": its position (step " + std::to_string(start_.step) +
+                           ", step " + std::to_string(start_.epoch_step) + " of epoch " +
+                           std::to_string(epoch) + ") does not fit this run's " + std::to_string(n_steps) +
+                           " steps per epoch: the file is damaged; remove it to resume from an "
+                           "older one");
+  const std::size_t first = resuming ? static_cast<std::size_t>(start_.epoch_step) : 0;
+  double loss_sum =
+      resuming && !start_.loss_sums.empty() ? start_.loss_sums[static_cast<std::size_t>(rank_)] : 0;
+  const auto t_epoch = Clock::now();
+  for (std::size_t s = first; s < n_steps; ++s) {
+    const std::size_t b = s * static_cast<std::size_t>(o_.batch_size);
+    const auto t0 = Clock::now();
+    Batch batch = make_batch(device_, train_data(), rows, b, std::min(rows.size(), b + o_.batch_size));
+    Tensor loss = nn::cross_entropy(forward(batch.x), batch.y);
+    Gradients grads = loss.backward();
+    opt_->step(grads);
+    float loss_value = 0;  // read back into a local, every step: no vector
+    loss.read_into(DType::f32, &loss_value, 1);
+    const double l = loss_value;
+    train_seconds_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    ++steps_;
+    ++timed_steps_;
+    board_.step(steps_);
+    loss_sum += l;
+    step_loss_.push_back(l);
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+    if (tty_ && (s % 4 == 0 || s + 1 == n_steps))
+      progress(true, epoch, o_.epochs, s + 1, n_steps, loss_sum / static_cast<double>(s + 1),
+               static_cast<double>(std::min(rows.size(), (s + 1) * o_.batch_size) * world_) /
+                   std::max(elapsed, 1e-9),
+               false);
+    // Mid-epoch checkpoints; one that falls on the epoch's last step is
+    // taken after the epoch's loss below.
+    if (checkpointing() && o_.checkpoint_every > 0 && steps_ % o_.checkpoint_every == 0 && s + 1 < n_steps)
+      checkpoint(epoch - 1, static_cast<int64_t>(s + 1), loss_sum);
+  }
+  // The epoch's loss over every rank's shard.
+  const float local_loss = static_cast<float>(loss_sum / static_cast<double>(n_steps));
+  if (group_) {
+    Tensor mean_loss =
+        group_->all_reduce(Tensor::from_vector<float>(device_, {1}, {local_loss}), ReduceOp::mean);
+    epoch_loss_.push_back(mean_loss.to_vector<float>()[0]);
+  } else {
+    epoch_loss_.push_back(local_loss);
+  }
+  if (lead_ && !std::isfinite(epoch_loss_.back()) &&
+      std::all_of(epoch_loss_.begin(), epoch_loss_.end() - 1, [](double v) { return std::isfinite(v); }))
+    print_warning("the loss is " + exact_text(epoch_loss_.back()) + " after epoch " + std::to_string(epoch) +
+                  ": training diverged, and the model it ends with is not usable; lower --lr (" +
+                  format_number(o_.lr) +
+                  " now), or check the data (--metrics-out records \"diverged_at_epoch\")");
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t_epoch).count();
+  if (lead_)
+    progress(tty_, epoch, o_.epochs, n_steps, n_steps, epoch_loss_.back(),
+             static_cast<double>((rows.size() - first * static_cast<std::size_t>(o_.batch_size)) * world_) /
+                 std::max(elapsed, 1e-9),
+             true);
+  if (checkpointing() &&
+      (o_.checkpoint_every == 0 || steps_ % o_.checkpoint_every == 0 || epoch == o_.epochs))
+    checkpoint(epoch, 0, 0);
+}
+
+void TrainRun::report() {
+  const GradSyncStats stats = grad_sync_stats();
   double test_accuracy = 0;
   {
     NoGradGuard no_grad;
-    const Tensor x = Tensor::from_vector<float>(device, {test.rows(), digits::kFeatures}, test.x);
-    test_accuracy = nn::accuracy(forward(x), Tensor::from_vector<int64_t>(device, {test.rows()}, test.y));
+    const digits::Dataset& test = test_data();
+    const Tensor x = Tensor::from_vector<float>(device_, {test.rows(), digits::kFeatures}, test.x);
+    test_accuracy = nn::accuracy(forward(x), Tensor::from_vector<int64_t>(device_, {test.rows()}, test.y));
   }
   // This run's steps only: a resumed run times what it trained itself.
-  const double per_step = timed_steps > 0 ? train_seconds / static_cast<double>(timed_steps) : 0.0;
+  const double per_step = timed_steps_ > 0 ? train_seconds_ / static_cast<double>(timed_steps_) : 0.0;
   const double steps_per_second = per_step > 0 ? 1.0 / per_step : 0.0;
-  const double sync_fraction = train_seconds > 0 ? stats.seconds / train_seconds : 0;
+  const double sync_fraction = train_seconds_ > 0 ? stats.seconds / train_seconds_ : 0;
   // Most time first (Backend::op_fallback_stats), this rank's counts.
-  const std::vector<OpFallbackStats> fallbacks = backend.op_fallback_stats();
-  if (lead) {
-    std::printf(
-        "test accuracy %.4f | %lld steps | %.1f steps/s | %.3f ms/step | all_reduce %.0f%% of step time "
-        "(%lld collectives, %.1f KiB each)\n",
-        test_accuracy, static_cast<long long>(steps), steps_per_second, per_step * 1e3, sync_fraction * 100,
-        static_cast<long long>(stats.collectives),
-        stats.collectives > 0 ? static_cast<double>(stats.bytes) / stats.collectives / 1024 : 0.0);
-    if (const std::string line = fallback_report(backend, device, fallbacks); !line.empty())
-      std::printf("%s\n", line.c_str());
-    if (checkpoints > 0)
-      std::printf("checkpoints: %d written to %s (%.1f ms each, not in ms/step), the newest %d kept\n",
-                  checkpoints, o.checkpoint_dir.c_str(), checkpoint_seconds * 1e3 / checkpoints, o.keep);
-    std::fflush(stdout);
-    if (!o.save_model.empty()) {
-      try {
-        save_safetensors(o.save_model, model_tensors(l1, l2),
-                         {{"backplane.model", "MLP 64-128-10"}, {"step", std::to_string(steps)}});
-      } catch (const Error& e) {
-        throw CommandError(kExitFailed, "--save-model: " + e.message());
-      }
-    }
-    if (!o.metrics_out.empty()) {
-      // In this order; op_fallbacks by time, most first.
-      nlohmann::ordered_json by_time = nlohmann::ordered_json::object();
-      for (const OpFallbackStats& f : fallbacks)
-        by_time[std::string(to_string(f.op)) + "/" + std::string(to_string(f.dtype))] = {
-            {"calls", f.calls}, {"bytes_moved", f.bytes_moved()}, {"seconds", f.seconds}};
-      // The first epoch (1-based) whose loss is nan or infinite; null when none.
-      const auto bad =
-          std::find_if(epoch_loss.begin(), epoch_loss.end(), [](double v) { return !std::isfinite(v); });
-      const nlohmann::ordered_json diverged =
-          bad == epoch_loss.end()
-              ? nlohmann::ordered_json(nullptr)
-              : nlohmann::ordered_json(static_cast<int64_t>(bad - epoch_loss.begin()) + 1);
-      nlohmann::ordered_json m{{"test_accuracy", test_accuracy},
-                               {"diverged_at_epoch", diverged},
-                               {"steps", steps},
-                               {"seconds_per_step", per_step},
-                               {"steps_per_second", steps_per_second},
-                               {"resumed_from_step", resumed ? resumed->position.step : int64_t{0}},
-                               {"allreduce_fraction", sync_fraction},
-                               {"epochs", o.epochs},
-                               {"nproc", world},
-                               {"batch_size_per_rank", o.batch_size},
-                               {"optimizer", o.optimizer},
-                               {"lr", o.lr},
-                               {"momentum", o.optimizer == "sgd" ? o.momentum : 0.0},
-                               {"bucket_mb", o.bucket_mb},
-                               {"seed", o.seed},
-                               {"backend", backend.name()},
-                               {"device", device.id()},
-                               {"epoch_loss", epoch_loss},
-                               {"op_fallbacks", by_time}};
-      write_output(o.metrics_out, "--metrics-out", m.dump(2) + "\n");
-    }
-    if (!o.plot.empty()) {
-      // Step k of epoch e (1-based) sits at e - 1 + k / steps: the epoch
-      // spans (e - 1, e], so its mean belongs at its middle, e - 0.5.
-      std::vector<double> ex(epoch_loss.size()), sx(step_loss.size());
-      for (std::size_t i = 0; i < ex.size(); ++i) ex[i] = static_cast<double>(i) + 0.5;
-      const double steps_per_epoch = static_cast<double>(step_loss.size()) / std::max(1, o.epochs);
-      for (std::size_t i = 0; i < sx.size(); ++i) sx[i] = static_cast<double>(i + 1) / steps_per_epoch;
-      ChartOptions chart;
-      chart.title = "backplane train: MLP 64-128-10 on digits, world size " + std::to_string(world) + ", " +
-                    o.optimizer + " lr " + format_number(o.lr) + ", batch " + std::to_string(o.batch_size) +
-                    " per rank";
-      chart.x_label = "epoch";
-      chart.y_label = "cross-entropy loss";
-      chart.log_y = o.plot_scale == "log";
-      const std::string svg = svg_line_chart(chart, {Series{"rank 0 step loss", sx, step_loss, "#9ecae1"},
-                                                     Series{"epoch mean over ranks (at mid-epoch)", ex,
-                                                            epoch_loss, "#d62728", /*markers=*/true}});
-      write_output(o.plot, "--plot", svg);
+  const std::vector<OpFallbackStats> fallbacks = backend_.op_fallback_stats();
+  if (!lead_) return;
+  std::printf(
+      "test accuracy %.4f | %lld steps | %.1f steps/s | %.3f ms/step | all_reduce %.0f%% of step time "
+      "(%lld collectives, %.1f KiB each)\n",
+      test_accuracy, static_cast<long long>(steps_), steps_per_second, per_step * 1e3, sync_fraction * 100,
+      static_cast<long long>(stats.collectives),
+      stats.collectives > 0 ? static_cast<double>(stats.bytes) / stats.collectives / 1024 : 0.0);
+  if (const std::string line = fallback_report(backend_, device_, fallbacks); !line.empty())
+    std::printf("%s\n", line.c_str());
+  if (checkpoints_ > 0)
+    std::printf("checkpoints: %d written to %s (%.1f ms each, not in ms/step), the newest %d kept\n",
+                checkpoints_, o_.checkpoint_dir.c_str(), checkpoint_seconds_ * 1e3 / checkpoints_, o_.keep);
+  std::fflush(stdout);
+  if (!o_.save_model.empty()) {
+    try {
+      save_safetensors(o_.save_model, model(),
+                       {{"backplane.model", "MLP 64-128-10"}, {"step", std::to_string(steps_)}});
+    } catch (const Error& e) {
+      throw CommandError(kExitFailed, "--save-model: " + e.message());
     }
   }
-  if (group) group->barrier();
+  if (!o_.metrics_out.empty()) write_metrics(test_accuracy, per_step, sync_fraction, fallbacks);
+  if (!o_.plot.empty()) write_plot();
+}
+
+void TrainRun::write_metrics(double test_accuracy, double per_step, double sync_fraction,
+                             const std::vector<OpFallbackStats>& fallbacks) const {
+  // In this order; op_fallbacks by time, most first.
+  nlohmann::ordered_json by_time = nlohmann::ordered_json::object();
+  for (const OpFallbackStats& f : fallbacks)
+    by_time[std::string(to_string(f.op)) + "/" + std::string(to_string(f.dtype))] = {
+        {"calls", f.calls}, {"bytes_moved", f.bytes_moved()}, {"seconds", f.seconds}};
+  // The first epoch (1-based) whose loss is nan or infinite; null when none.
+  const auto bad =
+      std::find_if(epoch_loss_.begin(), epoch_loss_.end(), [](double v) { return !std::isfinite(v); });
+  const nlohmann::ordered_json diverged =
+      bad == epoch_loss_.end() ? nlohmann::ordered_json(nullptr)
+                               : nlohmann::ordered_json(static_cast<int64_t>(bad - epoch_loss_.begin()) + 1);
+  nlohmann::ordered_json m{{"test_accuracy", test_accuracy},
+                           {"diverged_at_epoch", diverged},
+                           {"steps", steps_},
+                           {"seconds_per_step", per_step},
+                           {"steps_per_second", per_step > 0 ? 1.0 / per_step : 0.0},
+                           {"resumed_from_step", resumed_ ? resumed_->position.step : int64_t{0}},
+                           {"allreduce_fraction", sync_fraction},
+                           {"epochs", o_.epochs},
+                           {"nproc", world_},
+                           {"batch_size_per_rank", o_.batch_size},
+                           {"optimizer", o_.optimizer},
+                           {"lr", o_.lr},
+                           {"momentum", o_.optimizer == "sgd" ? o_.momentum : 0.0},
+                           {"bucket_mb", o_.bucket_mb},
+                           {"seed", o_.seed},
+                           {"backend", backend_.name()},
+                           {"device", device_.id()},
+                           {"epoch_loss", epoch_loss_},
+                           {"op_fallbacks", by_time}};
+  write_output(o_.metrics_out, "--metrics-out", m.dump(2) + "\n");
+}
+
+void TrainRun::write_plot() const {
+  // Step k of epoch e (1-based) sits at e - 1 + k / steps: the epoch spans
+  // (e - 1, e], so its mean belongs at its middle, e - 0.5.
+  std::vector<double> ex(epoch_loss_.size()), sx(step_loss_.size());
+  for (std::size_t i = 0; i < ex.size(); ++i) ex[i] = static_cast<double>(i) + 0.5;
+  const double steps_per_epoch = static_cast<double>(step_loss_.size()) / std::max(1, o_.epochs);
+  for (std::size_t i = 0; i < sx.size(); ++i) sx[i] = static_cast<double>(i + 1) / steps_per_epoch;
+  ChartOptions chart;
+  chart.title = "backplane train: MLP 64-128-10 on digits, world size " + std::to_string(world_) + ", " +
+                o_.optimizer + " lr " + format_number(o_.lr) + ", batch " + std::to_string(o_.batch_size) +
+                " per rank";
+  chart.x_label = "epoch";
+  chart.y_label = "cross-entropy loss";
+  chart.log_y = o_.plot_scale == "log";
+  const std::string svg = svg_line_chart(
+      chart, {Series{"rank 0 step loss", sx, step_loss_, "#9ecae1"},
+              Series{"epoch mean over ranks (at mid-epoch)", ex, epoch_loss_, "#d62728", /*markers=*/true}});
+  write_output(o_.plot, "--plot", svg);
+}
+
+int train_rank(const TrainOptions& o) {
+  TrainRun run(o);
+  run.resume();
+  run.train();
+  run.report();
+  run.finish();
   return kExitOk;
 }
 

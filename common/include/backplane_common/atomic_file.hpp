@@ -7,6 +7,7 @@
 #define BACKPLANE_COMMON_ATOMIC_FILE_HPP_
 
 #include <cstddef>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -84,6 +85,12 @@ class AtomicFileWriter {
 // Writes `contents` to `path` through an AtomicFileWriter.
 void write_file_atomically(const std::string& path, std::string_view contents,
                            LinkPolicy links = LinkPolicy::follow_protected);
+
+// The final name an AtomicFileWriter's temporary file ".<name>.tmp-<suffix>"
+// stands for ("m.json" for ".m.json.tmp-12-ab3f"), or nullopt for any other
+// file name: for a program that clears what writes a crash interrupted. A
+// final name over 200 bytes is cut to its first 200 in the temporary's.
+std::optional<std::string> final_name_of_temporary(std::string_view file_name);
 
 // Whether write_file_atomically(path, ...) can start: creates its temporary
 // file and removes it again, leaving `path` itself untouched. For a check
