@@ -1439,7 +1439,13 @@ void Server::Impl::park(tcp::socket socket, asio::ip::address address) {
     promote();
   });
   // A connection that sends first goes first: a client sends its Hello at
-  // once, a flood of silent connections never does.
+  // once, a flood of silent connections never does. Bytes there already
+  // count at once (the notice of readiness may come after the next accept).
+  error_code ignored;
+  if (w->socket.available(ignored) > 0) {
+    w->readable = true;
+    return;
+  }
   w->socket.async_wait(tcp::socket::wait_read, [this, w](const error_code& ec) {
     if (ec) return;
     asio::post(accept_strand, [this, w] {

@@ -6,6 +6,8 @@
 // client is served on the same server afterwards.
 #include "server_support.hpp"
 
+#include <backplane/log.hpp>
+
 #include <doctest/doctest.h>
 
 #include <signal.h>
@@ -15,7 +17,9 @@
 #include <array>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 using namespace rstest;
@@ -680,6 +684,77 @@ TEST_CASE("remote server: at --max-handshakes a new client waits, and gets in on
   silent.clear();
   CHECK(server_is_empty(*server));
   check_round_trip(server->port());
+}
+
+TEST_CASE("remote server: pausing and resuming accepting under a flood stay within the log limit") {
+  // Room for 16 waiting connections (half of a descriptor limit of 32, read
+  // when the server starts), one handshake slot, and a flood whose every
+  // connection sends a byte and then nothing: the server pauses and resumes
+  // accepting over and over as they time out.
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  rlimit low = saved;
+  low.rlim_cur = 32;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  rs::ServerOptions o = test_options();
+  o.limits.max_handshakes = 1;
+  o.limits.max_handshakes_per_address = 1;
+  o.limits.handshake_timeout = std::chrono::milliseconds(100);
+  std::unique_ptr<rs::Server> server;
+  try {
+    server = serve(o);
+  } catch (...) {
+    ::setrlimit(RLIMIT_NOFILE, &saved);
+    throw;
+  }
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &saved) == 0);
+
+  struct Line {
+    std::chrono::steady_clock::time_point at;
+    std::string text;
+  };
+  std::mutex mutex;
+  std::vector<Line> lines;
+  backplane::set_log_handler([&](backplane::LogLevel, std::string_view text) {
+    std::lock_guard lock(mutex);
+    lines.push_back(Line{std::chrono::steady_clock::now(), std::string(text)});
+  });
+  const auto paused_or_resumed = [](const std::string& t) {
+    return t.find("paused accepting") != std::string::npos ||
+           t.find("accepting connections again") != std::string::npos;
+  };
+  {
+    std::vector<std::unique_ptr<RawClient>> flood;
+    for (int i = 0; i < 300; ++i) {
+      flood.push_back(std::make_unique<RawClient>(server->port()));
+      flood.back()->send(std::vector<uint8_t>{0x42});
+    }
+    // Until the limit has held some of them back (30 s is the safety bound).
+    CHECK(wait_until([&] {
+      std::lock_guard lock(mutex);
+      int shown = 0;
+      bool held_back = false;
+      for (const Line& l : lines) {
+        shown += paused_or_resumed(l.text) ? 1 : 0;
+        held_back = held_back || l.text.find("were not shown") != std::string::npos;
+      }
+      return held_back && shown >= 2;
+    }));
+    flood.clear();
+  }
+  CHECK(server_is_empty(*server));
+  backplane::set_log_handler({});
+  // Ten lines a second at most, plus a line saying how many were not shown:
+  // any second holds at most two windows' worth.
+  std::lock_guard lock(mutex);
+  std::size_t most = 0;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    std::size_t in_second = 0;
+    for (std::size_t j = i; j < lines.size() && lines[j].at - lines[i].at < std::chrono::seconds(1); ++j)
+      in_second += paused_or_resumed(lines[j].text) ? 1 : 0;
+    most = std::max(most, in_second);
+  }
+  CHECK(most <= 22);
 }
 
 TEST_CASE("remote server: stop() tells every session and frees what they held") {
