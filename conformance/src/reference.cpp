@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 
 namespace backplane::conformance::ref {
 namespace {
@@ -242,7 +243,7 @@ HostTensor where(const HostTensor& cond, const HostTensor& a, const HostTensor& 
   return out;
 }
 
-HostTensor unary(Unary op, const HostTensor& t) {
+HostTensor unary(int32_t op, const HostTensor& t) {
   HostTensor out = empty_like_shape(t.dtype, t.shape);
   const auto n = static_cast<std::size_t>(t.numel());
   for (std::size_t k = 0; k < n; ++k) {
@@ -250,34 +251,38 @@ HostTensor unary(Unary op, const HostTensor& t) {
       const double x = t.f[k];
       double r = 0;
       switch (op) {
-        case Unary::neg:
+        default:
+          throw std::logic_error(std::string("conformance reference: no float reference for unary op ") +
+                                 (bp_op_name(op) != nullptr ? bp_op_name(op) : "?") +
+                                 ": add it to ref::unary in conformance/src/reference.cpp");
+        case BP_OP_NEG:
           r = -x;
           break;
-        case Unary::abs:
+        case BP_OP_ABS:
           r = std::fabs(x);
           break;
-        case Unary::exp:
+        case BP_OP_EXP:
           r = std::exp(x);
           break;
-        case Unary::log:
+        case BP_OP_LOG:
           r = std::log(x);
           break;
-        case Unary::sqrt:
+        case BP_OP_SQRT:
           r = std::sqrt(x);
           break;
-        case Unary::tanh:
+        case BP_OP_TANH:
           r = std::tanh(x);
           break;
-        case Unary::sigmoid:
+        case BP_OP_SIGMOID:
           r = 1.0 / (1.0 + std::exp(-x));
           break;
-        case Unary::relu:
+        case BP_OP_RELU:
           r = std::isnan(x) ? x : (x > 0 ? x : 0.0);
           break;  // NaN propagates, as np.maximum(x, 0)
-        case Unary::sin:
+        case BP_OP_SIN:
           r = std::sin(x);
           break;
-        case Unary::cos:
+        case BP_OP_COS:
           r = std::cos(x);
           break;
       }
@@ -286,13 +291,13 @@ HostTensor unary(Unary op, const HostTensor& t) {
       const int64_t x = t.i[k];
       int64_t r = 0;
       switch (op) {
-        case Unary::neg:
+        case BP_OP_NEG:
           r = wneg(x);
           break;
-        case Unary::abs:
+        case BP_OP_ABS:
           r = x < 0 ? wneg(x) : x;
           break;  // abs(MIN) wraps to MIN
-        case Unary::relu:
+        case BP_OP_RELU:
           r = x > 0 ? x : 0;
           break;
         default:

@@ -23,13 +23,14 @@ HostTensor expand(const HostTensor& t, const std::vector<int64_t>& shape);
 
 enum class Binary { add, sub, mul, div, pow, maximum, minimum };
 enum class Compare { eq, ne, lt, le, gt, ge };
-enum class Unary { neg, abs, exp, log, sqrt, tanh, sigmoid, relu, sin, cos };
 enum class Reduce { sum, mean, max, min, argmax, argmin };
 
 HostTensor binary(Binary op, const HostTensor& a, const HostTensor& b);
 HostTensor compare(Compare op, const HostTensor& a, const HostTensor& b);
 HostTensor where(const HostTensor& cond, const HostTensor& a, const HostTensor& b);
-HostTensor unary(Unary op, const HostTensor& t);
+// A UNARY op of abi.h's table by its bp_op (clamp: see clamp below); an op
+// with no reference here throws std::logic_error naming it.
+HostTensor unary(int32_t op, const HostTensor& t);
 HostTensor clamp(const HostTensor& t, double lo, double hi);
 
 // A reduction's value and, per output element, the scale its rounding error

@@ -14,51 +14,9 @@
 
 namespace backplane {
 
-// The host API's enums name abi.h's values without including it: they must agree.
-static_assert(static_cast<int32_t>(Op::add) == BP_OP_ADD);
-static_assert(static_cast<int32_t>(Op::sub) == BP_OP_SUB);
-static_assert(static_cast<int32_t>(Op::mul) == BP_OP_MUL);
-static_assert(static_cast<int32_t>(Op::div) == BP_OP_DIV);
-static_assert(static_cast<int32_t>(Op::matmul) == BP_OP_MATMUL);
-static_assert(static_cast<int32_t>(Op::copy) == BP_OP_COPY);
-static_assert(static_cast<int32_t>(Op::pow) == BP_OP_POW);
-static_assert(static_cast<int32_t>(Op::maximum) == BP_OP_MAXIMUM);
-static_assert(static_cast<int32_t>(Op::minimum) == BP_OP_MINIMUM);
-static_assert(static_cast<int32_t>(Op::eq) == BP_OP_EQ);
-static_assert(static_cast<int32_t>(Op::ne) == BP_OP_NE);
-static_assert(static_cast<int32_t>(Op::lt) == BP_OP_LT);
-static_assert(static_cast<int32_t>(Op::le) == BP_OP_LE);
-static_assert(static_cast<int32_t>(Op::gt) == BP_OP_GT);
-static_assert(static_cast<int32_t>(Op::ge) == BP_OP_GE);
-static_assert(static_cast<int32_t>(Op::where) == BP_OP_WHERE);
-static_assert(static_cast<int32_t>(Op::neg) == BP_OP_NEG);
-static_assert(static_cast<int32_t>(Op::abs) == BP_OP_ABS);
-static_assert(static_cast<int32_t>(Op::exp) == BP_OP_EXP);
-static_assert(static_cast<int32_t>(Op::log) == BP_OP_LOG);
-static_assert(static_cast<int32_t>(Op::sqrt) == BP_OP_SQRT);
-static_assert(static_cast<int32_t>(Op::tanh) == BP_OP_TANH);
-static_assert(static_cast<int32_t>(Op::sigmoid) == BP_OP_SIGMOID);
-static_assert(static_cast<int32_t>(Op::relu) == BP_OP_RELU);
-static_assert(static_cast<int32_t>(Op::sin) == BP_OP_SIN);
-static_assert(static_cast<int32_t>(Op::cos) == BP_OP_COS);
-static_assert(static_cast<int32_t>(Op::clamp) == BP_OP_CLAMP);
-static_assert(static_cast<int32_t>(Op::cast) == BP_OP_CAST);
-static_assert(static_cast<int32_t>(Op::fill) == BP_OP_FILL);
-static_assert(static_cast<int32_t>(Op::arange) == BP_OP_ARANGE);
-static_assert(static_cast<int32_t>(Op::rand_uniform) == BP_OP_RAND_UNIFORM);
-static_assert(static_cast<int32_t>(Op::randn) == BP_OP_RANDN);
-static_assert(static_cast<int32_t>(Op::sum) == BP_OP_SUM);
-static_assert(static_cast<int32_t>(Op::mean) == BP_OP_MEAN);
-static_assert(static_cast<int32_t>(Op::max) == BP_OP_MAX);
-static_assert(static_cast<int32_t>(Op::min) == BP_OP_MIN);
-static_assert(static_cast<int32_t>(Op::argmax) == BP_OP_ARGMAX);
-static_assert(static_cast<int32_t>(Op::argmin) == BP_OP_ARGMIN);
-static_assert(static_cast<int32_t>(Op::softmax) == BP_OP_SOFTMAX);
-static_assert(static_cast<int32_t>(Op::log_softmax) == BP_OP_LOG_SOFTMAX);
-static_assert(static_cast<int32_t>(Op::index_select) == BP_OP_INDEX_SELECT);
-static_assert(static_cast<int32_t>(Op::gather) == BP_OP_GATHER);
-static_assert(static_cast<int32_t>(Op::gather) + 1 == BP_OP_COUNT_,
-              "a bp_op this header names is missing from Op");
+// Op is made from BP_OP_TABLE (op.hpp), so its values are abi.h's by
+// construction. DType and Capability name abi.h's values without including
+// it: they must agree.
 static_assert(static_cast<int32_t>(DType::f32) == BP_DTYPE_F32);
 static_assert(static_cast<int32_t>(DType::f64) == BP_DTYPE_F64);
 static_assert(static_cast<int32_t>(DType::i32) == BP_DTYPE_I32);

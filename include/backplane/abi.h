@@ -23,7 +23,9 @@
  *  2.2  struct_size is the end of the last field (BP_STRUCT_SIZE), not
  *       sizeof: trailing padding no longer reads as a field. BP_OP_TABLE:
  *       each op once, with its kind, dtype class, arity and attributes
- *       (bp_op_info_of); the op values are unchanged.
+ *       (bp_op_info_of); the op values are unchanged. Its name column is
+ *       an identifier (add), so C++ can name enumerators from it; #name is
+ *       the string.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -318,8 +320,10 @@ typedef enum bp_dtype {
 /* Ops (append-only; the host validates shapes and dtypes before execute)    */
 /* ------------------------------------------------------------------------ */
 
-/* Every op, once: BP_OP_TABLE(X) calls X(NAME, value, "name", kind, dtypes,
- * inputs, attrs) per op, in value order. The enum, bp_op_name and
+/* Every op, once: BP_OP_TABLE(X) calls X(NAME, value, name, kind, dtypes,
+ * inputs, attrs) per op, in value order. `name` is the op's name as an
+ * identifier (add, log_softmax): #name is its string, and C++ makes
+ * backplane::Op's enumerators from it. The enum, bp_op_name and
  * bp_op_info below are made from it, and so are the host's arity and dtype
  * checks, the SDK's dtype families (plugin/dtype.hpp), the remote server's
  * validation and conformance's grouping: adding an op is one line here plus
@@ -346,50 +350,50 @@ typedef enum bp_dtype {
  *   mean      an empty axis gives NaN; sum of an empty axis is 0.
  *   index_select, gather  an index out of range is an INVALID_ARGUMENT
  *             status naming it. */
-#define BP_OP_TABLE(X)                                                                                  \
-  X(ADD, 1, "add", BINARY, ARITHMETIC, 2, 0)                                                            \
-  X(SUB, 2, "sub", BINARY, ARITHMETIC, 2, 0)                                                            \
-  X(MUL, 3, "mul", BINARY, ARITHMETIC, 2, 0)                                                            \
-  X(DIV, 4, "div", BINARY, ARITHMETIC, 2, 0)                                                            \
-  X(MATMUL, 5, "matmul", MATMUL, FLOATING, 2, 0)                                                        \
-  X(COPY, 6, "copy", COPY, MOVING, 1, 0)                                                                \
-  X(POW, 7, "pow", BINARY, ARITHMETIC, 2, 0)                                                            \
-  X(MAXIMUM, 8, "maximum", BINARY, ARITHMETIC, 2, 0)                                                    \
-  X(MINIMUM, 9, "minimum", BINARY, ARITHMETIC, 2, 0)                                                    \
-  X(EQ, 10, "eq", COMPARE, NUMERIC, 2, 0)                                                               \
-  X(NE, 11, "ne", COMPARE, NUMERIC, 2, 0)                                                               \
-  X(LT, 12, "lt", COMPARE, NUMERIC, 2, 0)                                                               \
-  X(LE, 13, "le", COMPARE, NUMERIC, 2, 0)                                                               \
-  X(GT, 14, "gt", COMPARE, NUMERIC, 2, 0)                                                               \
-  X(GE, 15, "ge", COMPARE, NUMERIC, 2, 0)                                                               \
-  X(WHERE, 16, "where", SELECT, MOVING, 3, 0)                                                           \
-  X(NEG, 17, "neg", UNARY, ARITHMETIC, 1, 0)                                                            \
-  X(ABS, 18, "abs", UNARY, ARITHMETIC, 1, 0)                                                            \
-  X(EXP, 19, "exp", UNARY, FLOATING, 1, 0)                                                              \
-  X(LOG, 20, "log", UNARY, FLOATING, 1, 0)                                                              \
-  X(SQRT, 21, "sqrt", UNARY, FLOATING, 1, 0)                                                            \
-  X(TANH, 22, "tanh", UNARY, FLOATING, 1, 0)                                                            \
-  X(SIGMOID, 23, "sigmoid", UNARY, FLOATING, 1, 0)                                                      \
-  X(RELU, 24, "relu", UNARY, ARITHMETIC, 1, 0)                                                          \
-  X(SIN, 25, "sin", UNARY, FLOATING, 1, 0)                                                              \
-  X(COS, 26, "cos", UNARY, FLOATING, 1, 0)                                                              \
-  X(CLAMP, 27, "clamp", UNARY, ARITHMETIC, 1, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1)                  \
-  X(CAST, 28, "cast", CAST, NUMERIC, 1, BP_OP_ATTR_DTYPE)                                               \
-  X(FILL, 29, "fill", CREATE, NUMERIC, 0, BP_OP_ATTR_SCALAR0)                                           \
-  X(ARANGE, 30, "arange", RANGE, ARITHMETIC, 0, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1)                \
-  X(RAND_UNIFORM, 31, "rand_uniform", CREATE, FLOATING, 0,                                              \
-    BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1 | BP_OP_ATTR_SEED)                                          \
-  X(RANDN, 32, "randn", CREATE, FLOATING, 0, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1 | BP_OP_ATTR_SEED) \
-  X(SUM, 33, "sum", REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
-  X(MEAN, 34, "mean", REDUCE, FLOATING, 1, BP_OP_ATTR_AXIS)                                             \
-  X(MAX, 35, "max", REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
-  X(MIN, 36, "min", REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
-  X(ARGMAX, 37, "argmax", ARG_REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                   \
-  X(ARGMIN, 38, "argmin", ARG_REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                   \
-  X(SOFTMAX, 39, "softmax", SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                                      \
-  X(LOG_SOFTMAX, 40, "log_softmax", SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                              \
-  X(INDEX_SELECT, 41, "index_select", INDEX_SELECT, MOVING, 2, BP_OP_ATTR_AXIS)                         \
-  X(GATHER, 42, "gather", GATHER, MOVING, 2, BP_OP_ATTR_AXIS)
+#define BP_OP_TABLE(X)                                                                                \
+  X(ADD, 1, add, BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(SUB, 2, sub, BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(MUL, 3, mul, BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(DIV, 4, div, BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(MATMUL, 5, matmul, MATMUL, FLOATING, 2, 0)                                                        \
+  X(COPY, 6, copy, COPY, MOVING, 1, 0)                                                                \
+  X(POW, 7, pow, BINARY, ARITHMETIC, 2, 0)                                                            \
+  X(MAXIMUM, 8, maximum, BINARY, ARITHMETIC, 2, 0)                                                    \
+  X(MINIMUM, 9, minimum, BINARY, ARITHMETIC, 2, 0)                                                    \
+  X(EQ, 10, eq, COMPARE, NUMERIC, 2, 0)                                                               \
+  X(NE, 11, ne, COMPARE, NUMERIC, 2, 0)                                                               \
+  X(LT, 12, lt, COMPARE, NUMERIC, 2, 0)                                                               \
+  X(LE, 13, le, COMPARE, NUMERIC, 2, 0)                                                               \
+  X(GT, 14, gt, COMPARE, NUMERIC, 2, 0)                                                               \
+  X(GE, 15, ge, COMPARE, NUMERIC, 2, 0)                                                               \
+  X(WHERE, 16, where, SELECT, MOVING, 3, 0)                                                           \
+  X(NEG, 17, neg, UNARY, ARITHMETIC, 1, 0)                                                            \
+  X(ABS, 18, abs, UNARY, ARITHMETIC, 1, 0)                                                            \
+  X(EXP, 19, exp, UNARY, FLOATING, 1, 0)                                                              \
+  X(LOG, 20, log, UNARY, FLOATING, 1, 0)                                                              \
+  X(SQRT, 21, sqrt, UNARY, FLOATING, 1, 0)                                                            \
+  X(TANH, 22, tanh, UNARY, FLOATING, 1, 0)                                                            \
+  X(SIGMOID, 23, sigmoid, UNARY, FLOATING, 1, 0)                                                      \
+  X(RELU, 24, relu, UNARY, ARITHMETIC, 1, 0)                                                          \
+  X(SIN, 25, sin, UNARY, FLOATING, 1, 0)                                                              \
+  X(COS, 26, cos, UNARY, FLOATING, 1, 0)                                                              \
+  X(CLAMP, 27, clamp, UNARY, ARITHMETIC, 1, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1)                  \
+  X(CAST, 28, cast, CAST, NUMERIC, 1, BP_OP_ATTR_DTYPE)                                               \
+  X(FILL, 29, fill, CREATE, NUMERIC, 0, BP_OP_ATTR_SCALAR0)                                           \
+  X(ARANGE, 30, arange, RANGE, ARITHMETIC, 0, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1)                \
+  X(RAND_UNIFORM, 31, rand_uniform, CREATE, FLOATING, 0,                                              \
+    BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1 | BP_OP_ATTR_SEED)                                        \
+  X(RANDN, 32, randn, CREATE, FLOATING, 0, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1 | BP_OP_ATTR_SEED) \
+  X(SUM, 33, sum, REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
+  X(MEAN, 34, mean, REDUCE, FLOATING, 1, BP_OP_ATTR_AXIS)                                             \
+  X(MAX, 35, max, REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
+  X(MIN, 36, min, REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                             \
+  X(ARGMAX, 37, argmax, ARG_REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                   \
+  X(ARGMIN, 38, argmin, ARG_REDUCE, ARITHMETIC, 1, BP_OP_ATTR_AXIS)                                   \
+  X(SOFTMAX, 39, softmax, SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                                      \
+  X(LOG_SOFTMAX, 40, log_softmax, SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                              \
+  X(INDEX_SELECT, 41, index_select, INDEX_SELECT, MOVING, 2, BP_OP_ATTR_AXIS)                         \
+  X(GATHER, 42, gather, GATHER, MOVING, 2, BP_OP_ATTR_AXIS)
 
 /* The bp_op_attrs fields an op reads (the table's last column). */
 #define BP_OP_ATTR_AXIS    (1u << 0)
@@ -529,7 +533,7 @@ static inline BP_MAYBE_UNUSED_ const char* bp_dtype_name(int32_t dtype) {
 static inline BP_MAYBE_UNUSED_ const bp_op_info* bp_op_info_of(int32_t op) {
   static const bp_op_info rows[BP_OP_COUNT_] = {{NULL, BP_OP_KIND_NONE, BP_OP_DTYPES_NONE, 0, 0},
 #define BP_OP_ROW_(NAME, value, name, kind, dtypes, inputs, attrs) \
-  {name, BP_OP_KIND_##kind, BP_OP_DTYPES_##dtypes, inputs, attrs},
+  {#name, BP_OP_KIND_##kind, BP_OP_DTYPES_##dtypes, inputs, attrs},
                                                 BP_OP_TABLE(BP_OP_ROW_)
 #undef BP_OP_ROW_
   };

@@ -5,10 +5,12 @@
 import ast
 import keyword
 import os
+import re
 
 import backplane as bp
 
 PACKAGE = os.path.dirname(bp.__file__)
+ABI_H = os.path.join(os.path.dirname(__file__), "..", "..", "include", "backplane", "abi.h")
 STUB_ONLY = {"PathLike", "ShapeLike", "DTypeLike", "DeviceLike", "ArrayLike", "Operand", "ReduceOpLike", "_F"}
 
 
@@ -56,8 +58,9 @@ def check_module(module, stub):
         want = {n for n in public(cls) - {"name", "value"} if not keyword.iskeyword(n)}
         if hasattr(cls, "__members__"):
             want -= set(cls.__members__)
-            assert set(cls.__members__) <= names, f"{stub}: {name} lacks values"
-        assert want - names == set(), f"{stub}: {name} lacks members"
+            lacking = sorted(set(cls.__members__) - names)
+            assert not lacking, f"{stub}: class {name} lacks the values {lacking}: add a line `    <value>: int` for each"
+        assert want - names == set(), f"{stub}: {name} lacks members {sorted(want - names)}"
 
 
 def test_package_stubs_match():
@@ -70,3 +73,23 @@ def test_nn_stubs_match():
 
 def test_py_typed_marker_ships():
     assert os.path.isfile(os.path.join(PACKAGE, "py.typed"))
+
+
+def op_table():
+    """(value, name) of each row of abi.h's BP_OP_TABLE: X(NAME, value, name, ...)."""
+    rows = re.findall(r"X\([A-Z_0-9]+, (\d+), (\w+),", open(ABI_H).read())
+    assert rows, f"{ABI_H}: no BP_OP_TABLE rows found (X(NAME, value, name, ...))"
+    return {name: int(value) for value, name in rows}
+
+
+def test_op_enum_is_the_op_table():
+    # backplane.Op is made from BP_OP_TABLE; the stub is checked against it above.
+    table = op_table()
+    module = {name: int(member.value) for name, member in bp.Op.__members__.items()}
+    missing = sorted(set(table) - set(module))
+    assert not missing, f"backplane.Op lacks {missing}, rows of BP_OP_TABLE in include/backplane/abi.h: " \
+                        "python/src/module.cpp must bind every row"
+    extra = sorted(set(module) - set(table))
+    assert not extra, f"backplane.Op has {extra}, which BP_OP_TABLE in include/backplane/abi.h does not"
+    wrong = sorted(n for n in table if module[n] != table[n])
+    assert not wrong, f"backplane.Op values differ from BP_OP_TABLE's for {wrong}"

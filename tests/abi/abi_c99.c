@@ -401,7 +401,7 @@ static void check_ops(void) {
     int32_t op;
 #define CHECK_ROW_(N, v, s, k, d, in, at)                                                           \
   EXPECT(BP_OP_##N == (v));                                                                         \
-  EXPECT(bp_op_info_of(v)->name != NULL && strcmp(bp_op_info_of(v)->name, (s)) == 0);               \
+  EXPECT(bp_op_info_of(v)->name != NULL && strcmp(bp_op_info_of(v)->name, #s) == 0);                \
   EXPECT(bp_op_info_of(v)->kind == BP_OP_KIND_##k && bp_op_info_of(v)->dtypes == BP_OP_DTYPES_##d); \
   EXPECT(bp_op_info_of(v)->inputs == (in) && bp_op_info_of(v)->attrs == (uint32_t)(at));
     BP_OP_TABLE(CHECK_ROW_)

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -142,6 +143,19 @@ TEST_CASE("cpu: every op of the suite is covered by one of the family tests abov
         kFamilies.begin(), kFamilies.end(),
         [&](const std::vector<std::string>* f) { return std::find(f->begin(), f->end(), op) != f->end(); });
     CHECK_MESSAGE(covered, op);
+  }
+}
+
+TEST_CASE("cpu: every op of abi.h's BP_OP_TABLE has conformance cases") {
+  std::set<std::string> covered;
+  for (const bc::CaseResult& r : bc::run_conformance(cpu(), bc::Options{})) covered.insert(r.plugin_op);
+  for (int32_t op = 1; op < BP_OP_COUNT_; ++op) {
+    const std::string name = bp_op_name(op);
+    CHECK_MESSAGE(covered.count(name) == 1,
+                  "op " << name
+                        << " of BP_OP_TABLE (include/backplane/abi.h) has no "
+                           "conformance case: add its reference (conformance/src/"
+                           "reference.cpp) and its cases (conformance/src/cases_*.cpp)");
   }
 }
 

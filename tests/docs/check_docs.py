@@ -390,7 +390,7 @@ def check_env(source):
     return findings
 
 
-OP_ROW_RE = re.compile(r"X\((\w+), (\d+), \"(\w+)\"")
+OP_ROW_RE = re.compile(r"X\((\w+), (\d+), (\w+),")
 DOC_OP_ROW_RE = re.compile(r"^\| (\d+) \| `BP_OP_(\w+)` \| `(\w+)` \|")
 
 
@@ -399,7 +399,7 @@ def check_ops(source):
     in order, with their values and names."""
     table = [(int(v), n, s) for n, v, s in OP_ROW_RE.findall(read(source, "include/backplane/abi.h"))]
     if not table:
-        return ["include/backplane/abi.h: no BP_OP_TABLE rows found (X(NAME, value, \"name\", ...))"]
+        return ["include/backplane/abi.h: no BP_OP_TABLE rows found (X(NAME, value, name, ...))"]
     doc_rel = "docs/plugins.md"
     rows = []
     for number, line in enumerate(read(source, doc_rel).splitlines(), 1):
