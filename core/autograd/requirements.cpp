@@ -208,9 +208,13 @@ TrainingSupport training_support(const Device& device, const TrainingSetup& setu
       msg += "; its op_fallback \"" + configured.to_string() + "\" is off while " + off;
     else if (configured.kind == OpFallback::Kind::host)
       msg += "; its op_fallback \"" + configured.to_string() + "\" names a backend that is not loaded";
-    else
+    else if (b.config_backends > 1)
       msg += ", or set \"op_fallback\": \"host:<backend>\" at " + b.config_entry + " in " + b.config_source +
              " to run what it lacks on another backend's device";
+    else  // no other backend to name: say what to add
+      msg += ", or add a backend that runs them (\"cpu\", library \"backplane_cpu\") to " + b.config_source +
+             " and set \"op_fallback\": \"host:cpu\" at " + b.config_entry +
+             " to run what this one lacks there";
   }
   if (collective_missing)
     msg +=

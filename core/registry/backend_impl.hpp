@@ -44,8 +44,9 @@ struct BackendImpl {
 
   // From the config.
   std::string name;
-  std::string config_entry;   // "backends[2]": where in the JSON it came from
-  std::string config_source;  // the config file (or from_json's source name)
+  std::string config_entry;         // "backends[2]": where in the JSON it came from
+  std::string config_source;        // the config file (or from_json's source name)
+  std::size_t config_backends = 0;  // how many backends that config names, this one included
   std::string library;
   std::string library_path;
   bool required = false;

@@ -258,6 +258,7 @@ std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
     b->name = entry.name;
     b->config_entry = entry.path;
     b->config_source = cfg.source;
+    b->config_backends = cfg.backends.size();
     b->library = entry.library;
     b->required = entry.required;
     b->collective_fallback = entry.fallback;

@@ -337,6 +337,16 @@ TEST_CASE("requirements: the ops on a dtype whose flag is missing are named with
   CHECK(e.message() == training_support(device_of("good_c"), {DType::f32}).message);
 }
 
+TEST_CASE(
+    "requirements: with no other backend in the config, the refusal says what to add, not host:<backend>") {
+  const Registry alone = load(config_json({backend_json("good_c", "good_c")}));
+  const TrainingSupport s = training_support(alone.backend("good_c").device(0), {DType::f32});
+  CHECK_FALSE(s.ok());
+  BP_CHECK_CONTAINS(s.message, "or add a backend that runs them (\"cpu\", library \"backplane_cpu\") to ");
+  BP_CHECK_CONTAINS(s.message, "and set \"op_fallback\": \"host:cpu\" at backends[0]");
+  CHECK(s.message.find("host:<backend>") == std::string::npos);
+}
+
 TEST_CASE("requirements: one rank needs no 'collective', whatever the collective_fallback") {
   const TrainingSupport one = training_support(device_of("gaps"), {DType::f32, TrainingOptimizer::any, 1});
   CHECK(std::find(one.missing_capabilities.begin(), one.missing_capabilities.end(), Capability::collective) ==
