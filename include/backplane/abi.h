@@ -326,9 +326,12 @@ typedef enum bp_dtype {
  * backplane::Op's enumerators from it. The enum, bp_op_name and
  * bp_op_info below are made from it, and so are the host's arity and dtype
  * checks, the SDK's dtype families (plugin/dtype.hpp), the remote server's
- * validation and conformance's grouping: adding an op is one line here plus
- * its kernels, its autograd rule and its conformance cases
- * (docs/contributing.md, "Adding an op").
+ * validation and conformance's grouping: naming a new op is one line here,
+ * at the end with the next value, and a BP_ABI_MINOR bump. What it computes
+ * is written elsewhere: its cpu and cuda kernels, its front-end function,
+ * its autograd rule, its conformance reference, cases and tolerance, its
+ * Python binding and stubs, and its docs; docs/contributing.md ("Adding an
+ * op") lists every file, and which tests fail while one is missing.
  *   kind    the operands' layout and the output's dtype (bp_op_kind below)
  *   dtypes  the dtype class of the data it computes on (bp_op_dtypes below)
  *   inputs  how many inputs; every op has exactly one output
