@@ -473,11 +473,11 @@ class NoGradContext {
 
 }  // namespace
 
-void bind_tensor(py::module_& m) {
-  py::class_<PyTensor> cls(m, "Tensor", py::buffer_protocol(),
-                           "A typed, shaped view of a plugin buffer on one device");
-  g_tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+namespace {
 
+// The class itself: construction, properties, conversion to Python and
+// NumPy, autodiff.
+void bind_tensor_class(py::class_<PyTensor>& cls) {
   cls.def(py::init([](py::handle data, py::handle device, py::handle dtype, bool requires_grad) {
             auto out = std::make_unique<PyTensor>(
                 make_tensor(data, device.is_none() ? std::nullopt : std::optional<Device>(to_device(device)),
@@ -621,8 +621,10 @@ void bind_tensor(py::module_& m) {
           },
           py::arg("gradient") = py::none(), py::arg("retain_graph") = false,
           "Computes the gradients of this tensor (a loss) and adds each leaf's to its .grad");
+}
 
-  // ---- operators
+// Python's operators (+, -, *, /, **, @, comparisons, unary).
+void bind_operators(py::class_<PyTensor>& cls) {
   cls.def("__add__", &binary<add>)
       .def("__radd__", [](py::handle a, py::handle b) { return binary<add>(b, a); })
       .def("__sub__", &binary<sub>)
@@ -653,8 +655,10 @@ void bind_tensor(py::module_& m) {
       .def("__neg__", &unary<neg>)
       .def("__pos__", [](py::object self) { return self; })
       .def("__abs__", &unary<abs>);
+}
 
-  // ---- methods that are also functions
+// Element-wise ops and reductions, each a method and a module function.
+void bind_elementwise(py::class_<PyTensor>& cls, py::module_& m) {
   auto both_unary = [&](const char* name, PyTensor (*f)(const PyTensor&)) {
     cls.def(name, f);
     m.def(name, f, py::arg("t"));
@@ -669,6 +673,7 @@ void bind_tensor(py::module_& m) {
   both_unary("relu", &unary<relu>);
   both_unary("sin", &unary<sin>);
   both_unary("cos", &unary<cos>);
+  both_unary("erf", &unary<erf>);
   auto both_binary = [&](const char* name, PyTensor (*f)(py::handle, py::handle)) {
     cls.def(name, f, py::arg("other"));
     m.def(name, f, py::arg("a"), py::arg("b"));
@@ -715,8 +720,10 @@ void bind_tensor(py::module_& m) {
       .def("log_softmax", log_softmax_fn, py::arg("axis") = -1);
   m.def("softmax", softmax_fn, py::arg("t"), py::arg("axis") = -1);
   m.def("log_softmax", log_softmax_fn, py::arg("t"), py::arg("axis") = -1);
+}
 
-  // ---- shape ops
+// reshape, permute, transpose, slice, index_select, gather and the other shape ops.
+void bind_shape_ops(py::class_<PyTensor>& cls, py::module_& m) {
   cls.def("reshape", [](const PyTensor& t, const py::args& shape) {
     const std::vector<int64_t> dims = dims_from_args(shape);
     return PyTensor(nogil([&] { return reshape(t.t, dims); }));
@@ -817,8 +824,10 @@ void bind_tensor(py::module_& m) {
         return py::tuple(py::cast(broadcast_shapes(to_shape(a), to_shape(b)).to_vector()));
       },
       py::arg("a"), py::arg("b"));
+}
 
-  // ---- creation
+// tensor(), zeros, ones, full, arange, rand_uniform and randn: making tensors.
+void bind_creation(py::module_& m) {
   m.def(
       "tensor",
       [](py::handle data, py::handle device, py::handle dtype, bool requires_grad) {
@@ -892,8 +901,10 @@ void bind_tensor(py::module_& m) {
       },
       py::arg("shape"), py::arg("seed"), py::arg("mean") = 0.0, py::arg("stddev") = 1.0, py::kw_only(),
       py::arg("device") = py::none(), py::arg("dtype") = py::none(), py::arg("requires_grad") = false);
+}
 
-  // ---- grad mode
+// no_grad and is_grad_enabled.
+void bind_grad_mode(py::module_& m) {
   py::class_<NoGradContext>(m, "_NoGradContext")
       .def(py::init<>())
       .def("__enter__", [](NoGradContext& c) { c.enter(); })
@@ -902,6 +913,20 @@ void bind_tensor(py::module_& m) {
         return false;
       });
   m.def("is_grad_enabled", &grad_enabled, "Whether ops record for autodiff on this thread");
+}
+
+}  // namespace
+
+void bind_tensor(py::module_& m) {
+  py::class_<PyTensor> cls(m, "Tensor", py::buffer_protocol(),
+                           "A typed, shaped view of a plugin buffer on one device");
+  g_tensor_type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  bind_tensor_class(cls);
+  bind_operators(cls);
+  bind_elementwise(cls, m);
+  bind_shape_ops(cls, m);
+  bind_creation(m);
+  bind_grad_mode(m);
 }
 
 }  // namespace backplane::python
