@@ -100,6 +100,31 @@ std::string join_host_port(const std::string& host, uint16_t port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
+// The lines about connections waiting for a handshake slot (built only when
+// one is closed or accepting pauses).
+[[gnu::cold]] std::string waited_too_long_text(const asio::ip::address& address, milliseconds timeout,
+                                               int64_t handshakes, const ServerLimits& limits) {
+  return address.to_string() + " waited " + ms_text(timeout) +
+         " (--handshake-timeout-ms) for a handshake slot and was closed: " + std::to_string(handshakes) +
+         " connections are in their handshake (--max-handshakes " + std::to_string(limits.max_handshakes) +
+         ", --max-handshakes-per-address " + std::to_string(limits.max_handshakes_per_address) + ")";
+}
+
+[[gnu::cold]] std::string evicted_text(const asio::ip::address& address, std::size_t max_waiting) {
+  return "closed a connection from " + address.to_string() +
+         " that waited longest for a handshake slot without sending anything: " +
+         std::to_string(max_waiting) +
+         " connections wait, the most this server keeps (half of `ulimit -n`; raise it to keep more)";
+}
+
+[[gnu::cold]] std::string paused_text(std::size_t waiting, int64_t handshakes) {
+  return "paused accepting: " + std::to_string(waiting) +
+         " connections wait for a handshake slot, the most this server keeps (half of `ulimit -n`), and " +
+         std::to_string(handshakes) +
+         " are in their handshake (--max-handshakes, --max-handshakes-per-address); new ones wait until one "
+         "starts or times out";
+}
+
 bool is_loopback(const asio::ip::address& a) {
   if (a.is_v4()) return (a.to_v4().to_uint() >> 24) == 127;
   const asio::ip::address_v6 v6 = a.to_v6();
@@ -1390,14 +1415,7 @@ void Server::Impl::accept() {
       // Every waiting connection has sent its first bytes: new ones wait in
       // the kernel's listen queue until one starts its handshake or times out.
       accept_paused = true;
-      log_limited(
-          LogLevel::warning,
-          "paused accepting: " + std::to_string(waiting.size()) +
-              " connections wait for a handshake slot, the most this server keeps (half of `ulimit -n`), "
-              "and " +
-              std::to_string(handshakes.load()) +
-              " are in their handshake (--max-handshakes, --max-handshakes-per-address); new ones wait "
-              "until one starts or times out");
+      log_limited(LogLevel::warning, paused_text(waiting.size(), handshakes.load()));
       return;
     }
     accept();
@@ -1429,13 +1447,8 @@ void Server::Impl::park(tcp::socket socket, asio::ip::address address) {
     w->socket.close(ignored);
     waiting.erase(w->place);
     --waiting_count;
-    log_limited(LogLevel::warning, w->address.to_string() + " waited " + ms_text(timeout) +
-                                       " (--handshake-timeout-ms) for a handshake slot and was closed: " +
-                                       std::to_string(handshakes.load()) +
-                                       " connections are in their handshake (--max-handshakes " +
-                                       std::to_string(options.limits.max_handshakes) +
-                                       ", --max-handshakes-per-address " +
-                                       std::to_string(options.limits.max_handshakes_per_address) + ")");
+    log_limited(LogLevel::warning,
+                waited_too_long_text(w->address, timeout, handshakes.load(), options.limits));
     promote();
   });
   // A connection that sends first goes first: a client sends its Hello at
@@ -1516,12 +1529,7 @@ bool Server::Impl::evict_silent() {
   w->timer.cancel();
   error_code ignored;
   w->socket.close(ignored);
-  log_limited(
-      LogLevel::warning,
-      "closed a connection from " + w->address.to_string() +
-          " that waited longest for a handshake slot without sending anything: " +
-          std::to_string(max_waiting) +
-          " connections wait, the most this server keeps (half of `ulimit -n`; raise it to keep more)");
+  log_limited(LogLevel::warning, evicted_text(w->address, max_waiting));
   return true;
 }
 
