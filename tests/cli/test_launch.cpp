@@ -597,16 +597,22 @@ TEST_CASE("launch: --max-restarts starts every rank again with a fresh secret, t
   CHECK(tokens.size() == 3);  // one secret per start
 }
 
-TEST_CASE("launch: a usage error (exit 64) is not restarted") {
+TEST_CASE("launch: a usage error (exit 64) or a configuration error (exit 2) is not restarted") {
   TempDir tmp;
-  const Result r =
-      cli(tmp, launch_sh(2, "echo \"start $BACKPLANE_RESTART_COUNT\"; exit 64", {"--max-restarts", "3"}));
-  INFO(r.describe());
-  CHECK(r.code == 64);
-  CHECK(contains(r.err, "not restarting: rank "));
-  CHECK(contains(r.err, "exited with 64, a usage error, which a restart would repeat"));
-  CHECK_FALSE(contains(r.err, "restart 1/3"));
-  CHECK_FALSE(contains(r.out, "start 1"));
+  for (const int code : {64, 2}) {
+    CAPTURE(code);
+    const Result r =
+        cli(tmp, launch_sh(2, "echo \"start $BACKPLANE_RESTART_COUNT\"; exit " + std::to_string(code),
+                           {"--max-restarts", "3"}));
+    INFO(r.describe());
+    CHECK(r.code == code);
+    CHECK(contains(r.err, "not restarting: rank "));
+    CHECK(contains(
+        r.err, code == 64 ? "exited with 64, a usage error, which a restart would repeat"
+                          : "exited with 2, a configuration or usage error, which a restart would repeat"));
+    CHECK_FALSE(contains(r.err, "restart 1/3"));
+    CHECK_FALSE(contains(r.out, "start 1"));
+  }
 }
 
 TEST_CASE("launch: a job that fails once completes after one restart and exits 0") {

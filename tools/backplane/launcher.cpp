@@ -316,12 +316,16 @@ class Launcher {
       while (running_ > 0) poll_once();
       finish_streams();
       if (!failure_ || signalled_) return exit_code_;
-      // A usage error (exit 64: bad arguments or options) fails the same way
-      // on every start: restarting would only repeat it.
+      // A usage or configuration error fails the same way on every start:
+      // restarting would only repeat it. 64 is EX_USAGE (backplane's usage
+      // and environment errors); 2 is backplane's configuration error and
+      // the usage error of argparse and the shell.
       if (spec_.max_restarts > 0 && WIFEXITED(failure_->status) &&
-          WEXITSTATUS(failure_->status) == kExitUsage) {
-        say("backplane launch: not restarting: rank " + std::to_string(failure_->rank) +
-            " exited with 64, a usage error, which a restart would repeat");
+          (WEXITSTATUS(failure_->status) == kExitUsage || WEXITSTATUS(failure_->status) == kExitConfig)) {
+        const bool usage = WEXITSTATUS(failure_->status) == kExitUsage;
+        say("backplane launch: not restarting: rank " + std::to_string(failure_->rank) + " exited with " +
+            (usage ? "64, a usage error" : "2, a configuration or usage error") +
+            ", which a restart would repeat");
         return exit_code_;
       }
       if (restart == spec_.max_restarts) {
