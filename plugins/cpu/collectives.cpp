@@ -1,33 +1,24 @@
-// The Communicator (collectives.hpp): rendezvous and connection over Gloo,
+// The Communicator (collectives.hpp): the choice of its Link (transport.hpp),
 // one validation of each tensor (the SDK's make_view), and the failure
 // model: a failed or aborted collective poisons the communicator, publishes
-// its error for the peers and closes the connections. The algorithms live in
-// collective_algorithms.cpp, the Gloo transport in gloo_transport.cpp.
+// its error for the peers and closes the link. The algorithms live in
+// collective_algorithms.cpp, the links in shm_transport.cpp and
+// gloo_transport.cpp.
 #include "collectives.hpp"
-
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/address.h>
-#include <gloo/transport/tcp/device.h>
 
 #include <algorithm>
 #include <atomic>
 #include <backplane/plugin.hpp>
 #include <chrono>
-#include <cstring>
-#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "collective_algorithms.hpp"
-#include "gloo_errors.hpp"
-#include "gloo_transport.hpp"
 #include "host_buffer.hpp"
 #include "kv_store.hpp"
-#include "listen_address.hpp"
-#include "shm_transport.hpp"
 #include "sigpipe_block.hpp"
+#include "transport.hpp"
 
 namespace backplane::cpu {
 namespace {
@@ -46,17 +37,43 @@ constexpr uint64_t kScratchKeepBytes = uint64_t{64} << 20;
 using ReducibleDTypes = plugin::DTypes<BP_DTYPE_F32, BP_DTYPE_F64, BP_DTYPE_F16, BP_DTYPE_BF16, BP_DTYPE_I64,
                                        BP_DTYPE_I32, BP_DTYPE_I8, BP_DTYPE_U8>;
 
+// The transport of a group of one: the algorithms never send in one.
+class Alone final : public Transport {
+ public:
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return 1; }
+  Region& region(void*, uint64_t) override { return unreachable(); }
+  void send(Region&, int, uint64_t, uint64_t, uint64_t) override { unreachable(); }
+  void recv(Region&, int, uint64_t, uint64_t, uint64_t) override { unreachable(); }
+  int wait_recv(Region&, int) override { unreachable(); }
+  int wait_send(Region&, int) override { unreachable(); }
+
+ private:
+  [[noreturn]] static Region& unreachable() {
+    plugin::fail(BP_STATUS_INTERNAL, "a group of one has no peer to exchange messages with");
+  }
+};
+
+// The link of a group of one: no peers to stop or tell.
+class AloneLink final : public Link {
+ public:
+  std::unique_ptr<Transport> begin(const FailureBoard&, const CallContext&) override {
+    return std::make_unique<Alone>();
+  }
+  void interrupt() noexcept override {}
+  void close() noexcept override {}
+};
+
 }  // namespace
 
 struct Communicator::Impl {
   int32_t rank = 0;
   int32_t size = 1;
   milliseconds timeout{0};
-  // Declared before the mesh, so freed after it: a failed collective's Gloo
-  // buffers, kept by the mesh, point into it.
+  // Declared before the link, so freed after it: a failed collective's Gloo
+  // buffers, kept by the link, point into it.
   Scratch scratch;
-  std::unique_ptr<GlooMesh> mesh;  // NULL in a group of one, or on shared memory
-  std::unique_ptr<ShmGroup> shm;   // set when every rank shares this host
+  std::unique_ptr<Link> link;  // chosen at creation, never NULL
   FailureBoard board;
   Tuning tuning;
   uint64_t sequence = 0;  // collectives run so far (tags of their messages)
@@ -78,17 +95,6 @@ struct Communicator::Impl {
   void publish_once(const std::string& message) noexcept {
     if (!published.exchange(true)) board.publish(rank, message);
   }
-  bool linked() const noexcept { return mesh != nullptr || shm != nullptr; }
-  // Ends this rank's waits now (comm_abort).
-  void interrupt_links() noexcept {
-    if (mesh != nullptr) mesh->interrupt();
-    if (shm != nullptr) shm->interrupt();
-  }
-  // Tells the peers this rank failed, so that their waits on it fail now.
-  void close_links() noexcept {
-    if (mesh != nullptr) mesh->close_connections();
-    if (shm != nullptr) shm->close(true);
-  }
 };
 
 // ---------------------------------------------------------------------------
@@ -108,86 +114,6 @@ Communicator& Communicator::from_handle(bp_comm* comm, const char* op) {
   return *c;
 }
 
-namespace {
-
-// The rank a rendezvous key belongs to, or -1. Gloo's full-mesh connect uses
-// "rank_<r>" (the rank's host name) and "<r>" (its addresses); this file adds
-// "conn/<r>", and shm_transport.cpp "shm/host/<r>" and "shm/ready/<r>".
-int32_t rank_of_key(const std::string& key, int32_t size) {
-  std::string digits = key;
-  for (const char* prefix : {"rank_", "conn/", "shm/host/", "shm/ready/"})
-    if (key.rfind(prefix, 0) == 0) digits = key.substr(std::strlen(prefix));
-  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
-    return -1;
-  const int32_t r = std::stoi(digits);
-  return r < size ? r : -1;
-}
-
-// The address lists Gloo's full-mesh connect publishes: key "<rank>" holds, for
-// each other rank q in order, the address rank <rank> listens on for q.
-void learn_published_addresses(GlooMesh& mesh, const std::map<std::string, std::vector<char>>& seen) {
-  for (const auto& [key, bytes] : seen) {
-    const int32_t p = rank_of_key(key, mesh.size);
-    if (p < 0 || p == mesh.rank || key.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::size_t others = static_cast<std::size_t>(mesh.size - 1);
-    const std::size_t each = bytes.size() / others;
-    const std::size_t index = static_cast<std::size_t>(mesh.rank < p ? mesh.rank : mesh.rank - 1);
-    if (each == 0 || bytes.size() % others != 0) continue;
-    try {
-      const gloo::transport::tcp::Address a(
-          std::vector<char>(bytes.begin() + index * each, bytes.begin() + (index + 1) * each));
-      mesh.peers.rank_of_address[a.str()] = p;
-      mesh.peers.address_of_rank[p] = display_address(a.str());
-    } catch (const std::exception&) {
-      // An address this Gloo cannot parse only makes messages less specific.
-    }
-  }
-}
-
-// A StoreFailure during comm_create, as the status to return.
-plugin::Failure store_failure(const StoreFailure& f, const std::string& where, const std::string& stage,
-                              const std::string& store_prefix, int32_t size, milliseconds timeout) {
-  std::string keys;
-  for (const auto& k : f.keys) keys += (keys.empty() ? "" : ", ") + ("\"" + store_prefix + k + "\"");
-  std::string why;
-  // A wait on another rank's key that times out: that rank never joined.
-  const int32_t missing = f.keys.size() == 1 ? rank_of_key(f.keys[0], size) : -1;
-  if (f.code == BP_STATUS_TIMEOUT && f.operation != "set" && missing >= 0) {
-    why = "rank " + std::to_string(missing) + " did not " +
-          (f.keys[0].rfind("conn/", 0) == 0 ? "finish connecting" : "join") + " within " +
-          std::to_string(timeout.count()) +
-          " ms (did it start, and call comm_create with the same world size and key prefix?)";
-  } else {
-    why = "the key-value store failed to " + f.operation + " " + keys;
-  }
-  return plugin::Failure(f.code, where + ": " + stage + ": " + why + " [store: " + f.detail + "]");
-}
-
-// Each connection's address at the far end, for naming peers in errors: the
-// side that accepted a connection knows the peer only by its ephemeral port.
-void exchange_connection_addresses(GlooMesh& mesh, GlooStore& store, milliseconds timeout) {
-  std::string mine;
-  for (int32_t q = 0; q < mesh.size; ++q)
-    if (q != mesh.rank) mine += std::to_string(q) + "=" + mesh.context->getPair(q)->address().str() + "\n";
-  store.set("conn/" + std::to_string(mesh.rank), std::vector<char>(mine.begin(), mine.end()));
-  for (int32_t p = 0; p < mesh.size; ++p) {
-    if (p == mesh.rank) continue;
-    const std::string key = "conn/" + std::to_string(p);
-    store.wait({key}, timeout);
-    const std::vector<char> theirs = store.get(key);
-    const std::string text(theirs.begin(), theirs.end());
-    const std::string tag = std::to_string(mesh.rank) + "=";
-    for (std::size_t at = 0; at < text.size();) {
-      const auto end = std::min(text.find('\n', at), text.size());
-      if (text.compare(at, tag.size(), tag) == 0)
-        mesh.peers.rank_of_address[text.substr(at + tag.size(), end - at - tag.size())] = p;
-      at = end + 1;
-    }
-  }
-}
-
-}  // namespace
-
 std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& args,
                                                    const NetworkOptions& network) {
   // The host validated rank, world size and timeout; these two checks guard
@@ -200,7 +126,10 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
   c.rank = args.rank;
   c.size = args.world_size;
   c.timeout = milliseconds(std::max<int64_t>(1, args.timeout_ms));
-  if (c.size == 1) return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  if (c.size == 1) {
+    c.link = std::make_unique<AloneLink>();
+    return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  }
 
   const std::string where = c.where("comm_create");
   if (args.store == nullptr)
@@ -210,71 +139,17 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
     fail(BP_STATUS_INVALID_ARGUMENT, where + ": the key-value store lacks " + missing + " (struct_size " +
                                          std::to_string(args.store->struct_size) + ")");
 
-  const Clock::time_point deadline = Clock::now() + c.timeout;
   const std::string key_prefix = args.key_prefix != nullptr ? args.key_prefix : "";
   const std::string store_prefix = key_prefix + "cpu.gloo/";
   c.board = FailureBoard(args.store, store_prefix);
-  GlooStore store(*args.store, store_prefix, deadline);
-  try {
-    c.shm = ShmGroup::connect(store, c.rank, c.size, network.shared_memory, where);
-  } catch (const StoreFailure& f) {
-    throw store_failure(f, where, "shared-memory setup", store_prefix, c.size, c.timeout);
-  }
-  if (c.shm != nullptr) {
+  StoreExchange exchange(*args.store, store_prefix, Clock::now() + c.timeout);
+  const LinkSetup setup{exchange, store_prefix, c.rank, c.size, c.timeout, network, where};
+  c.link = connect_shared_memory(setup);
+  if (c.link != nullptr)
     plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": connected to " + std::to_string(c.size - 1) +
                                   " peers through shared memory");
-    return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
-  }
-
-  // Only TCP listens: ranks on shared memory need no address (nor its warnings).
-  const ListenAddress listen = choose_listen_address(network);
-  const SigpipeBlock block;  // Gloo's loop thread starts here and inherits the mask
-  c.mesh = std::make_unique<GlooMesh>(c.rank, c.size);
-  GlooMesh& mesh = *c.mesh;
-  try {
-    mesh.device = gloo::transport::tcp::CreateDevice(listen.attr);
-  } catch (const std::exception& e) {
-    fail(BP_STATUS_INVALID_ARGUMENT, where + ": cannot listen on " + listen.description + ": " +
-                                         gloo_text(e) +
-                                         " (check the interface name with `ip link`, or the hostname)");
-  }
-
-  // Gloo waits up to 5x the context timeout for one pair to connect; a fifth
-  // keeps connecting within the caller's timeout. Collectives pass their own
-  // timeouts to every wait, so this setting matters only here.
-  const milliseconds connect_timeout = std::max(milliseconds(1), c.timeout / 5);
-  mesh.context = std::make_shared<gloo::rendezvous::Context>(c.rank, c.size);
-  mesh.context->setTimeout(connect_timeout);
-  const Clock::time_point connect_start = Clock::now();
-  try {
-    mesh.context->connectFullMesh(store, mesh.device);
-  } catch (const StoreFailure& f) {
-    throw store_failure(f, where, "rendezvous", store_prefix, c.size, c.timeout);
-  } catch (const std::exception& e) {
-    learn_published_addresses(mesh, store.seen());
-    const std::string text = gloo_text(e);
-    std::string named;
-    const int32_t peer = mesh.peers.rank_in(text, named);
-    // Gloo's connect timeouts are IoExceptions like any other: the clock
-    // tells them apart.
-    const bool timed_out =
-        classify(e, false, Clock::now() - connect_start >= connect_timeout) == LinkError::timed_out;
-    fail(timed_out ? BP_STATUS_TIMEOUT : BP_STATUS_COLLECTIVE,
-         where + ": connecting to " +
-             (peer >= 0 ? mesh.peers.describe(peer)
-                        : (named.empty() ? std::string("the other ranks") : named)) +
-             (timed_out ? " timed out" : " failed") + " (listening on " + listen.description +
-             "; is that rank running, and can it reach this address?) [gloo: " + text + "]");
-  }
-  mesh.context->setTimeout(c.timeout);
-  learn_published_addresses(mesh, store.seen());
-  try {
-    exchange_connection_addresses(mesh, store, c.timeout);
-  } catch (const StoreFailure& f) {
-    throw store_failure(f, where, "exchanging connection addresses", store_prefix, c.size, c.timeout);
-  }
-  plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": connected to " + std::to_string(c.size - 1) +
-                                " peers, listening on " + listen.description);
+  else
+    c.link = connect_gloo(setup);
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -285,14 +160,13 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
 void Communicator::abort() noexcept {
   Impl& c = *impl_;
   if (c.aborted.exchange(true, std::memory_order_acq_rel)) return;
-  if (!c.linked()) return;
-  c.interrupt_links();  // first: local waits end now, whatever the store does
+  c.link->interrupt();  // first: local waits end now, whatever the store does
   try {
     c.publish_once(c.abort_notice());
   } catch (...) {
     // Building the message failed (out of memory): the peers see the close alone.
   }
-  c.close_links();
+  c.link->close();
 }
 
 // ---------------------------------------------------------------------------
@@ -327,13 +201,11 @@ void guarded(Communicator::Impl& c, const char* op, Fn&& body) {
   auto poison = [&](CommFailure f) {
     c.failed = true;
     c.failure = f;
-    if (c.linked()) {
-      c.publish_once(c.aborted.load(std::memory_order_acquire) ? c.abort_notice() : f.message);
-      // Also after an abort, whose thread may not have closed them yet: once
-      // closed, Gloo no longer reads into or writes from this collective's
-      // tensors, which the caller may free as soon as this returns.
-      c.close_links();
-    }
+    c.publish_once(c.aborted.load(std::memory_order_acquire) ? c.abort_notice() : f.message);
+    // Also after an abort, whose thread may not have closed it yet: once
+    // closed, Gloo no longer reads into or writes from this collective's
+    // tensors, which the caller may free as soon as this returns.
+    c.link->close();
     fail(f.code, f.message);
   };
   try {
@@ -350,38 +222,14 @@ void guarded(Communicator::Impl& c, const char* op, Fn&& body) {
   c.scratch.trim(kScratchKeepBytes);
 }
 
-// The transport of a group of one: the algorithms never send in one.
-class Alone final : public Transport {
- public:
-  int rank() const noexcept override { return 0; }
-  int size() const noexcept override { return 1; }
-  Region& region(void*, uint64_t) override { return unreachable(); }
-  void send(Region&, int, uint64_t, uint64_t, uint64_t) override { unreachable(); }
-  void recv(Region&, int, uint64_t, uint64_t, uint64_t) override { unreachable(); }
-  int wait_recv(Region&, int) override { unreachable(); }
-  int wait_send(Region&, int) override { unreachable(); }
-
- private:
-  [[noreturn]] static Region& unreachable() {
-    fail(BP_STATUS_INTERNAL, "a group of one has no peer to exchange messages with");
-  }
-};
-
 // Runs algorithm(transport) on this collective's transport. `call` goes into
 // the tags of its messages: dtype, counts, reduce op, root.
 template <class Fn>
 void run_collective(Communicator::Impl& c, const char* op, std::initializer_list<uint64_t> call,
                     Fn&& algorithm) {
-  if (c.shm != nullptr) {
-    ShmRun run(*c.shm, c.board, CallContext(c.timeout, c.sequence++, call, {op, c.rank, c.size}));
-    algorithm(run);
-  } else if (c.mesh != nullptr) {
-    GlooRun run(*c.mesh, c.board, CallContext(c.timeout, c.sequence++, call, {op, c.rank, c.size}));
-    algorithm(run);
-  } else {
-    Alone alone;
-    algorithm(alone);
-  }
+  const std::unique_ptr<Transport> transport =
+      c.link->begin(c.board, CallContext(c.timeout, c.sequence++, call, {op, c.rank, c.size}));
+  algorithm(*transport);
 }
 
 // The SDK's view of a contiguous tensor of `dtype`: the one check of each

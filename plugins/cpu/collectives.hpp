@@ -1,5 +1,6 @@
 // Collectives of the cpu plugin: a Communicator joins the ranks of a group over
-// Gloo's TCP transport and runs all_reduce, broadcast, all_gather,
+// one link, chosen when it is made (shared memory on one host, else Gloo's
+// TCP; transport.hpp), and runs all_reduce, broadcast, all_gather,
 // reduce_scatter and barrier on host buffers of this plugin.
 //
 // Thread safety: one collective at a time per Communicator (the host

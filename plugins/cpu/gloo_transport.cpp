@@ -1,14 +1,23 @@
-// The Transport over Gloo (see gloo_transport.hpp).
+// The Link and Transport over Gloo (see gloo_transport.hpp): connecting
+// the full mesh through the store, and running collectives on it.
 #include "gloo_transport.hpp"
 
+#include <gloo/rendezvous/store.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/device.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <backplane/plugin.hpp>
+#include <cstring>
 #include <exception>
 #include <utility>
 
 #include "gloo_errors.hpp"
+#include "listen_address.hpp"
 #include "sigpipe_block.hpp"
 
 namespace backplane::cpu {
@@ -18,7 +27,160 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 using UnboundBuffer = gloo::transport::UnboundBuffer;
 
+// Gloo's full-mesh connect publishes, under key "<rank>", its tcp::Address
+// objects back to back: a sockaddr_storage (filled by getsockname only as
+// far as the address family needs, the rest uninitialised stack memory)
+// and a sequence number.
+constexpr std::size_t kGlooAddressBytes = sizeof(sockaddr_storage) + sizeof(ssize_t);
+
+bool is_address_list_key(const std::string& key) {
+  return !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// Zeroes the unused bytes of each address in such a list, so that no stray
+// memory reaches the store; leaves a value of another shape as it is.
+void zero_address_padding(std::vector<char>& value) {
+  if (value.empty() || value.size() % kGlooAddressBytes != 0) return;
+  for (std::size_t at = 0; at < value.size(); at += kGlooAddressBytes) {
+    sa_family_t family = 0;
+    std::memcpy(&family, value.data() + at, sizeof family);
+    const std::size_t used = family == AF_INET    ? sizeof(sockaddr_in)
+                             : family == AF_INET6 ? sizeof(sockaddr_in6)
+                                                  : sizeof(sa_family_t);
+    std::fill(value.begin() + static_cast<std::ptrdiff_t>(at + used),
+              value.begin() + static_cast<std::ptrdiff_t>(at + sizeof(sockaddr_storage)), 0);
+  }
+}
+
+// Gloo's rendezvous store over the exchange. The exchange's one deadline
+// bounds every call (the timeouts Gloo passes are ignored); throws
+// StoreFailure.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStore(KeyValueExchange& exchange) : exchange_(exchange) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    if (!is_address_list_key(key)) return exchange_.set(key, data);
+    std::vector<char> clean = data;
+    zero_address_padding(clean);
+    exchange_.set(key, clean);
+  }
+  std::vector<char> get(const std::string& key) override {
+    std::vector<char> value = exchange_.get(key);
+    seen_[key] = value;
+    return value;
+  }
+  void wait(const std::vector<std::string>& keys) override { exchange_.wait(keys); }
+  void wait(const std::vector<std::string>& keys, const milliseconds&) override { exchange_.wait(keys); }
+
+  // Values read so far, by key (the address lists of ranks already joined).
+  const std::map<std::string, std::vector<char>>& seen() const noexcept { return seen_; }
+
+ private:
+  KeyValueExchange& exchange_;
+  std::map<std::string, std::vector<char>> seen_;
+};
+
+// The address lists Gloo's full-mesh connect publishes: key "<rank>" holds, for
+// each other rank q in order, the address rank <rank> listens on for q.
+void learn_published_addresses(GlooMesh& mesh, const std::map<std::string, std::vector<char>>& seen) {
+  for (const auto& [key, bytes] : seen) {
+    const int32_t p = rank_of_key(key, mesh.size);
+    if (p < 0 || p == mesh.rank || !is_address_list_key(key)) continue;
+    const std::size_t others = static_cast<std::size_t>(mesh.size - 1);
+    const std::size_t each = bytes.size() / others;
+    const std::size_t index = static_cast<std::size_t>(mesh.rank < p ? mesh.rank : mesh.rank - 1);
+    if (each == 0 || bytes.size() % others != 0) continue;
+    try {
+      const gloo::transport::tcp::Address a(
+          std::vector<char>(bytes.begin() + index * each, bytes.begin() + (index + 1) * each));
+      mesh.peers.rank_of_address[a.str()] = p;
+      mesh.peers.address_of_rank[p] = display_address(a.str());
+    } catch (const std::exception&) {
+      // An address this Gloo cannot parse only makes messages less specific.
+    }
+  }
+}
+
+// Each connection's address at the far end, for naming peers in errors: the
+// side that accepted a connection knows the peer only by its ephemeral port.
+void exchange_connection_addresses(GlooMesh& mesh, KeyValueExchange& store) {
+  std::string mine;
+  for (int32_t q = 0; q < mesh.size; ++q)
+    if (q != mesh.rank) mine += std::to_string(q) + "=" + mesh.context->getPair(q)->address().str() + "\n";
+  store.set("conn/" + std::to_string(mesh.rank), std::vector<char>(mine.begin(), mine.end()));
+  for (int32_t p = 0; p < mesh.size; ++p) {
+    if (p == mesh.rank) continue;
+    const std::string key = "conn/" + std::to_string(p);
+    store.wait({key});
+    const std::vector<char> theirs = store.get(key);
+    const std::string text(theirs.begin(), theirs.end());
+    const std::string tag = std::to_string(mesh.rank) + "=";
+    for (std::size_t at = 0; at < text.size();) {
+      const auto end = std::min(text.find('\n', at), text.size());
+      if (text.compare(at, tag.size(), tag) == 0)
+        mesh.peers.rank_of_address[text.substr(at + tag.size(), end - at - tag.size())] = p;
+      at = end + 1;
+    }
+  }
+}
+
 }  // namespace
+
+std::unique_ptr<Link> connect_gloo(const LinkSetup& setup) {
+  using plugin::fail;
+  const std::string& where = setup.where;
+  const ListenAddress listen = choose_listen_address(setup.network);
+  const SigpipeBlock block;  // Gloo's loop thread starts here and inherits the mask
+  auto link = std::make_unique<GlooMesh>(setup.rank, setup.size);
+  GlooMesh& mesh = *link;
+  try {
+    mesh.device = gloo::transport::tcp::CreateDevice(listen.attr);
+  } catch (const std::exception& e) {
+    fail(BP_STATUS_INVALID_ARGUMENT, where + ": cannot listen on " + listen.description + ": " +
+                                         gloo_text(e) +
+                                         " (check the interface name with `ip link`, or the hostname)");
+  }
+
+  // Gloo waits up to 5x the context timeout for one pair to connect; a fifth
+  // keeps connecting within the caller's timeout. Collectives pass their own
+  // timeouts to every wait, so this setting matters only here.
+  const milliseconds connect_timeout = std::max(milliseconds(1), setup.timeout / 5);
+  mesh.context = std::make_shared<gloo::rendezvous::Context>(setup.rank, setup.size);
+  mesh.context->setTimeout(connect_timeout);
+  GlooStore store(setup.exchange);
+  const Clock::time_point connect_start = Clock::now();
+  try {
+    mesh.context->connectFullMesh(store, mesh.device);
+  } catch (const StoreFailure& f) {
+    throw setup.failure(f, "rendezvous");
+  } catch (const std::exception& e) {
+    learn_published_addresses(mesh, store.seen());
+    const std::string text = gloo_text(e);
+    std::string named;
+    const int32_t peer = mesh.peers.rank_in(text, named);
+    // Gloo's connect timeouts are IoExceptions like any other: the clock
+    // tells them apart.
+    const bool timed_out =
+        classify(e, false, Clock::now() - connect_start >= connect_timeout) == LinkError::timed_out;
+    fail(timed_out ? BP_STATUS_TIMEOUT : BP_STATUS_COLLECTIVE,
+         where + ": connecting to " +
+             (peer >= 0 ? mesh.peers.describe(peer)
+                        : (named.empty() ? std::string("the other ranks") : named)) +
+             (timed_out ? " timed out" : " failed") + " (listening on " + listen.description +
+             "; is that rank running, and can it reach this address?) [gloo: " + text + "]");
+  }
+  mesh.context->setTimeout(setup.timeout);
+  learn_published_addresses(mesh, store.seen());
+  try {
+    exchange_connection_addresses(mesh, setup.exchange);
+  } catch (const StoreFailure& f) {
+    throw setup.failure(f, "exchanging connection addresses");
+  }
+  plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": connected to " + std::to_string(setup.size - 1) +
+                                " peers, listening on " + listen.description);
+  return link;
+}
 
 // ---------------------------------------------------------------------------
 // PeerBook
@@ -67,7 +229,11 @@ void GlooMesh::interrupt() noexcept {
   }
 }
 
-void GlooMesh::close_connections() noexcept {
+std::unique_ptr<Transport> GlooMesh::begin(const FailureBoard& board, const CallContext& call) {
+  return std::make_unique<GlooRun>(*this, board, call);
+}
+
+void GlooMesh::close() noexcept {
   if (context == nullptr) return;
   const SigpipeBlock block;
   for (int32_t p = 0; p < size; ++p) {

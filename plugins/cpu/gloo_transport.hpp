@@ -1,5 +1,6 @@
-// The collectives' Transport over Gloo's TCP full mesh. A GlooMesh is one
-// communicator's connections (and what comm_abort needs to stop them); a
+// The Link and Transport over Gloo's TCP full mesh. A GlooMesh is one
+// communicator's connections (and what comm_abort needs to stop them), made
+// by connect_gloo (transport.hpp) through a rendezvous in the store; a
 // GlooRun is one collective on it: its deadline, the tags its messages carry
 // and the translation of every Gloo exception into a CommFailure that names
 // the peer.
@@ -21,7 +22,6 @@
 #include <string>
 #include <vector>
 
-#include "kv_store.hpp"
 #include "link_failures.hpp"
 #include "transport.hpp"
 
@@ -44,10 +44,10 @@ struct PeerBook {
 // One communicator's connections. abort() may run on any thread while a
 // collective runs on another; everything else is called by one thread at a
 // time (the communicator's).
-class GlooMesh {
+class GlooMesh final : public Link {
  public:
   GlooMesh(int32_t rank, int32_t size);
-  ~GlooMesh();
+  ~GlooMesh() override;
   GlooMesh(const GlooMesh&) = delete;
   GlooMesh& operator=(const GlooMesh&) = delete;
 
@@ -59,14 +59,15 @@ class GlooMesh {
   std::shared_ptr<gloo::rendezvous::Context> context;
   PeerBook peers;
 
+  std::unique_ptr<Transport> begin(const FailureBoard& board, const CallContext& call) override;
   // Interrupts every wait of the collective in progress and makes every
   // later wait or post fail: those report BP_STATUS_COLLECTIVE "aborted".
   // Thread-safe, never blocks on the network.
-  void interrupt() noexcept;
+  void interrupt() noexcept override;
   bool interrupted() const noexcept { return interrupted_.load(std::memory_order_acquire); }
   // Closes every connection, so that peers waiting on this rank fail now
   // rather than at their timeout. Thread-safe; idempotent.
-  void close_connections() noexcept;
+  void close() noexcept override;
 
  private:
   friend class GlooRun;

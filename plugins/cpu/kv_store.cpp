@@ -1,9 +1,6 @@
 // The host's key-value store for the collectives (see kv_store.hpp).
 #include "kv_store.hpp"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <algorithm>
 #include <cstring>
 #include <memory>
@@ -83,31 +80,7 @@ std::vector<char> store_get(const bp_kv_store& kv, const std::string& key, int64
   return bytes != nullptr ? std::vector<char>(bytes, bytes + args.size) : std::vector<char>();
 }
 
-// Gloo's full-mesh connect publishes, under key "<rank>", its tcp::Address
-// objects back to back: a sockaddr_storage (filled by getsockname only as
-// far as the address family needs, the rest uninitialised stack memory)
-// and a sequence number. Zeroes what the family does not use, so that no
-// stray memory reaches the store.
-constexpr std::size_t kGlooAddressBytes = sizeof(sockaddr_storage) + sizeof(ssize_t);
-
-bool is_address_list_key(const std::string& key) {
-  return !key.empty() && key.find_first_not_of("0123456789") == std::string::npos;
-}
-
 }  // namespace
-
-void zero_address_padding(std::vector<char>& value) {
-  if (value.empty() || value.size() % kGlooAddressBytes != 0) return;
-  for (std::size_t at = 0; at < value.size(); at += kGlooAddressBytes) {
-    sa_family_t family = 0;
-    std::memcpy(&family, value.data() + at, sizeof family);
-    const std::size_t used = family == AF_INET    ? sizeof(sockaddr_in)
-                             : family == AF_INET6 ? sizeof(sockaddr_in6)
-                                                  : sizeof(sa_family_t);
-    std::fill(value.begin() + static_cast<std::ptrdiff_t>(at + used),
-              value.begin() + static_cast<std::ptrdiff_t>(at + sizeof(sockaddr_storage)), 0);
-  }
-}
 
 std::string missing_store_entries(const bp_kv_store& kv) {
   std::string missing;
@@ -125,28 +98,18 @@ std::string missing_store_entries(const bp_kv_store& kv) {
   return missing;
 }
 
-GlooStore::GlooStore(const bp_kv_store& kv, std::string prefix, Clock::time_point deadline)
+StoreExchange::StoreExchange(const bp_kv_store& kv, std::string prefix, Clock::time_point deadline)
     : kv_(kv), prefix_(std::move(prefix)), deadline_(deadline) {}
 
-void GlooStore::set(const std::string& key, const std::vector<char>& data) {
-  if (is_address_list_key(key)) {
-    std::vector<char> clean = data;
-    zero_address_padding(clean);
-    store_set(kv_, prefix_ + key, clean.data(), clean.size(), key);
-    return;
-  }
-  store_set(kv_, prefix_ + key, data.data(), data.size(), key);
+void StoreExchange::set(const std::string& key, const std::vector<char>& value) {
+  store_set(kv_, prefix_ + key, value.data(), value.size(), key);
 }
 
-std::vector<char> GlooStore::get(const std::string& key) {
-  std::vector<char> value = store_get(kv_, prefix_ + key, remaining_ms("get", {key}), key);
-  seen_[key] = value;
-  return value;
+std::vector<char> StoreExchange::get(const std::string& key) {
+  return store_get(kv_, prefix_ + key, remaining_ms("get", {key}), key);
 }
 
-void GlooStore::wait(const std::vector<std::string>& keys) { wait(keys, milliseconds(0)); }
-
-void GlooStore::wait(const std::vector<std::string>& keys, const milliseconds&) {
+void StoreExchange::wait(const std::vector<std::string>& keys) {
   std::vector<std::string> full;
   std::vector<const char*> pointers;
   full.reserve(keys.size());
@@ -161,10 +124,37 @@ void GlooStore::wait(const std::vector<std::string>& keys, const milliseconds&) 
   StoreStatus(kv_, kv_.wait(&args)).check("wait", keys);
 }
 
-int64_t GlooStore::remaining_ms(const char* operation, const std::vector<std::string>& keys) const {
+int64_t StoreExchange::remaining_ms(const char* operation, const std::vector<std::string>& keys) const {
   const auto left = std::chrono::duration_cast<milliseconds>(deadline_ - Clock::now()).count();
   if (left <= 0) throw StoreFailure{BP_STATUS_TIMEOUT, operation, keys, "no time left before the deadline"};
   return left;
+}
+
+int32_t rank_of_key(const std::string& key, int32_t size) {
+  const std::size_t last = key.find_last_not_of("0123456789");
+  if (last != std::string::npos && key[last] != '/' && key[last] != '_') return -1;
+  const std::string digits = last == std::string::npos ? key : key.substr(last + 1);
+  if (digits.empty() || digits.size() > 9) return -1;
+  const int32_t r = std::stoi(digits);
+  return r < size ? r : -1;
+}
+
+plugin::Failure setup_failure(const StoreFailure& f, const std::string& where, const char* stage,
+                              const std::string& prefix, int32_t size, milliseconds timeout) {
+  std::string keys;
+  for (const auto& k : f.keys) keys += (keys.empty() ? "" : ", ") + ("\"" + prefix + k + "\"");
+  std::string why;
+  // A wait on another rank's key that times out: that rank never joined.
+  const int32_t missing = f.keys.size() == 1 ? rank_of_key(f.keys[0], size) : -1;
+  if (f.code == BP_STATUS_TIMEOUT && f.operation != "set" && missing >= 0) {
+    why = "rank " + std::to_string(missing) + " did not " +
+          (f.keys[0].rfind("conn/", 0) == 0 ? "finish connecting" : "join") + " within " +
+          std::to_string(timeout.count()) +
+          " ms (did it start, and call comm_create with the same world size and key prefix?)";
+  } else {
+    why = "the key-value store failed to " + f.operation + " " + keys;
+  }
+  return plugin::Failure(f.code, where + ": " + stage + ": " + why + " [store: " + f.detail + "]");
 }
 
 void FailureBoard::publish(int32_t rank, const std::string& message) const noexcept {

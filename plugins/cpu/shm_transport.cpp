@@ -1,4 +1,4 @@
-// The shared-memory Transport (see shm_transport.hpp).
+// The shared-memory Link and Transport (see shm_transport.hpp).
 //
 // The segment: a header, one control block per rank (its doorbell, the
 // futex word every event for that rank bumps; whether it sleeps on it; its
@@ -307,8 +307,20 @@ std::string open_segment(const std::string& name, int32_t n, const std::string& 
 
 }  // namespace
 
-std::unique_ptr<ShmGroup> ShmGroup::connect(GlooStore& store, int32_t rank, int32_t size, bool enabled,
-                                            const std::string& where) {
+std::unique_ptr<Link> connect_shared_memory(const LinkSetup& setup) {
+  try {
+    return ShmGroup::connect(setup);
+  } catch (const StoreFailure& f) {
+    throw setup.failure(f, "shared-memory setup");
+  }
+}
+
+std::unique_ptr<ShmGroup> ShmGroup::connect(const LinkSetup& setup) {
+  KeyValueExchange& store = setup.exchange;
+  const int32_t rank = setup.rank;
+  const int32_t size = setup.size;
+  const bool enabled = setup.network.shared_memory;
+  const std::string& where = setup.where;
   // Ranks on other hosts, a rank with it switched off and groups too large
   // use TCP by design (debug). Anything else is a fault on a host where
   // shared memory should have worked, and costs every step several times
@@ -431,7 +443,7 @@ ShmGroup::ShmGroup(int32_t rank, int32_t size, void* base, uint64_t bytes)
 }
 
 ShmGroup::~ShmGroup() {
-  close(false);
+  mark_closed(false);
   for (int fd : pidfds_)
     if (fd >= 0) ::close(fd);
   munmap(base_, bytes_);
@@ -442,7 +454,11 @@ void ShmGroup::interrupt() noexcept {
   ring_bell(segment_->block(rank_));
 }
 
-void ShmGroup::close(bool failed) noexcept {
+std::unique_ptr<Transport> ShmGroup::begin(const FailureBoard& board, const CallContext& call) {
+  return std::make_unique<ShmRun>(*this, board, call);
+}
+
+void ShmGroup::mark_closed(bool failed) noexcept {
   if (closed_.exchange(true)) return;
   shared(segment_->block(rank_).state).store(failed ? kFailed : kClosed, std::memory_order_release);
   for (int32_t p = 0; p < size_; ++p)

@@ -1,4 +1,4 @@
-// The collectives' Transport between ranks that share a host: one POSIX
+// The Link and Transport between ranks that share a host: one POSIX
 // shared-memory segment per communicator holding, for every ordered pair of
 // ranks, a byte ring that carries that pair's messages in order. A wait spins
 // briefly, then sleeps on a futex, so that on a loaded machine it gives the
@@ -7,8 +7,9 @@
 // Used when every rank of a communicator runs on the same host, in the same
 // network and mount namespaces (so "same host" means what the user means by
 // it, and /dev/shm is one file system); otherwise the Gloo transport
-// (gloo_transport.hpp) carries everything. The choice is made in comm_create,
-// identically on every rank, from what each rank publishes in the store.
+// (gloo_transport.hpp) carries everything. The choice is made in comm_create
+// (connect_shared_memory, transport.hpp), identically on every rank, from what
+// each rank publishes in the store.
 //
 // Failure model, the same as Gloo's as seen by the caller: a peer that failed,
 // aborted or was destroyed marks itself closed in the segment and wakes its
@@ -28,7 +29,6 @@
 #include <string>
 #include <vector>
 
-#include "kv_store.hpp"
 #include "link_failures.hpp"
 #include "transport.hpp"
 
@@ -40,32 +40,30 @@ namespace backplane::cpu {
 std::string shared_memory_host_identity();
 
 // One communicator's segment, mapped by this rank.
-class ShmGroup {
+class ShmGroup final : public Link {
  public:
-  // Sets the segment up through `store` (keys "shm/..."), when `enabled` and
-  // every rank publishes the same host identity. Returns NULL when the group
-  // is to use Gloo instead; why is logged, at warning level (once per
-  // process) when every rank shares the host but the setup failed, else at
-  // debug level. Throws StoreFailure when the store fails or a rank does not
-  // take part before the deadline.
-  static std::unique_ptr<ShmGroup> connect(GlooStore& store, int32_t rank, int32_t size, bool enabled,
-                                           const std::string& where);
+  // Sets the segment up through setup.exchange (keys "shm/..."), when
+  // setup.network.shared_memory and every rank publishes the same host
+  // identity. Returns NULL when the group is to use Gloo instead; why is
+  // logged, at warning level (once per process) when every rank shares the
+  // host but the setup failed, else at debug level. Throws StoreFailure when
+  // the store fails or a rank does not take part before the deadline.
+  static std::unique_ptr<ShmGroup> connect(const LinkSetup& setup);
   // Marks this rank closed (peers waiting on it fail at once) and unmaps.
-  ~ShmGroup();
+  ~ShmGroup() override;
   ShmGroup(const ShmGroup&) = delete;
   ShmGroup& operator=(const ShmGroup&) = delete;
 
   int32_t rank() const noexcept { return rank_; }
   int32_t size() const noexcept { return size_; }
 
+  std::unique_ptr<Transport> begin(const FailureBoard& board, const CallContext& call) override;
   // Ends this rank's waits (comm_abort): they report the abort. Any thread.
-  void interrupt() noexcept;
+  void interrupt() noexcept override;
   bool interrupted() const noexcept { return interrupted_.load(std::memory_order_acquire); }
-  // Marks this rank closed (destroyed) or `failed` (a failed or aborted
-  // collective), so that its peers' waits on it fail now rather than at
-  // their timeout; a failed rank's unread messages are dropped. Any thread;
-  // the first call decides.
-  void close(bool failed) noexcept;
+  // Marks this rank failed: its peers' waits on it fail now, and its unread
+  // messages are dropped.
+  void close() noexcept override { mark_closed(true); }
 
   // "peer rank 1 (pid 4242)".
   std::string describe(int32_t peer) const;
@@ -77,6 +75,10 @@ class ShmGroup {
  private:
   friend class ShmRun;
   ShmGroup(int32_t rank, int32_t size, void* base, uint64_t bytes);
+  // Marks this rank closed (destroyed) or `failed` (a failed or aborted
+  // collective), so that its peers' waits on it fail now rather than at
+  // their timeout. Any thread; the first call decides.
+  void mark_closed(bool failed) noexcept;
 
   const int32_t rank_;
   const int32_t size_;

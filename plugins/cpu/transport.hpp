@@ -1,16 +1,22 @@
-// The point-to-point messaging the collective algorithms run on, shaped like
-// Gloo's unbound buffers: memory is registered as a Region, sends and
-// receives are posted against it and waited for later, so that several
-// transfers overlap with the arithmetic. One Transport serves one collective
-// on one rank; the Gloo one (gloo_transport.hpp) and the tests' in-memory one
-// implement it.
+// How ranks reach each other, in two layers. A Link is one communicator's
+// connections, chosen once when the communicator is made: shared memory
+// (shm_transport.hpp) when every rank runs on this host, else Gloo's TCP
+// (gloo_transport.hpp). A Transport is one collective's point-to-point
+// messaging over a Link, which the collective algorithms run on; the tests'
+// in-memory one implements it too. A new way of moving bytes is one new file
+// holding a Link, its Transport and its connect function, which is declared
+// at the end here and tried in Communicator::create.
 #ifndef BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_
 #define BACKPLANE_PLUGINS_CPU_TRANSPORT_HPP_
 
 #include <chrono>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
+#include <string>
 
+#include "collectives.hpp"
+#include "kv_store.hpp"
 #include "link_failures.hpp"
 
 namespace backplane::cpu {
@@ -104,6 +110,52 @@ struct CallContext {
   std::chrono::steady_clock::time_point deadline;
   uint64_t signature;
 };
+
+// One communicator's connections to its peers. begin() and the Transports it
+// makes are used by one thread at a time (the communicator's); interrupt()
+// and close() may run on any thread, also while a collective waits.
+class Link {
+ public:
+  virtual ~Link() = default;
+
+  // The messaging of one collective; `board` and `call` outlive it. Throws
+  // CommFailure (an abort already happened, say).
+  virtual std::unique_ptr<Transport> begin(const FailureBoard& board, const CallContext& call) = 0;
+  // Ends this rank's waits now and makes every later one fail as aborted
+  // (comm_abort). Never blocks on the peers.
+  virtual void interrupt() noexcept = 0;
+  // Closes this rank's end as failed, so that peers waiting on it fail now
+  // rather than at their timeout, and this rank's memory is no longer read
+  // or written on their behalf. Idempotent.
+  virtual void close() noexcept = 0;
+};
+
+// What connecting a Link needs. Each connect function sets up through
+// `exchange` (keys of its own) and is called by every rank alike.
+struct LinkSetup {
+  KeyValueExchange& exchange;
+  std::string store_prefix;  // what `exchange` puts before its keys, for messages
+  int32_t rank;
+  int32_t size;
+  std::chrono::milliseconds timeout;
+  const NetworkOptions& network;
+  std::string where;  // "comm_create on rank 0 of 2"
+
+  // A StoreFailure during `stage`, as the status comm_create returns.
+  plugin::Failure failure(const StoreFailure& f, const char* stage) const {
+    return setup_failure(f, where, stage, store_prefix, size, timeout);
+  }
+};
+
+// The links comm_create tries, in order. Each throws plugin::Failure on an
+// error every rank sees alike (the store failed, a rank never came).
+//
+// Shared memory: NULL when the group is to use another link (some rank is
+// elsewhere or has it switched off, or setup failed: that is logged, at
+// warning level when every rank shares this host).
+std::unique_ptr<Link> connect_shared_memory(const LinkSetup& setup);
+// Gloo's TCP full mesh: never NULL.
+std::unique_ptr<Link> connect_gloo(const LinkSetup& setup);
 
 }  // namespace backplane::cpu
 

@@ -1,11 +1,13 @@
 // The cpu plugin's side of the host's key-value store, against a recording
 // store: publishing a failure asks for a bounded set (ABI 2.1's timeout_ms),
 // so a hung store host cannot hold a failing rank for the store's whole
-// timeout; the values it writes are exactly the message.
+// timeout; the values it writes are exactly the message. And what a failed
+// setup says: the rank a setup key belongs to, named when it never came.
 #include "cpu/kv_store.hpp"
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstddef>
 #include <map>
 #include <string>
@@ -60,4 +62,43 @@ TEST_CASE("kv store: publishing a failure is one bounded set of exactly the mess
   CHECK(r.set_timeouts[0] > 0);      // bounded...
   CHECK(r.set_timeouts[0] <= 5000);  // ...and short, whatever the store's own timeout
   CHECK(r.values.at("job/g0/failed/2") == "rank 2: all_reduce timed out");
+}
+
+TEST_CASE("kv store: a setup key names the rank it belongs to") {
+  using backplane::cpu::rank_of_key;
+  CHECK(rank_of_key("rank_1", 4) == 1);  // Gloo's host name
+  CHECK(rank_of_key("3", 4) == 3);       // Gloo's address list
+  CHECK(rank_of_key("conn/2", 4) == 2);
+  CHECK(rank_of_key("shm/host/0", 4) == 0);
+  CHECK(rank_of_key("shm/ready/3", 4) == 3);
+  CHECK(rank_of_key("shm/segment", 4) == -1);
+  CHECK(rank_of_key("4", 4) == -1);  // not a rank of the group
+  CHECK(rank_of_key("x1", 4) == -1);
+  CHECK(rank_of_key("", 4) == -1);
+}
+
+TEST_CASE("kv store: a setup that times out waiting on a rank's key names that rank") {
+  using backplane::cpu::setup_failure;
+  using backplane::cpu::StoreFailure;
+  const std::chrono::milliseconds timeout(1500);
+  const auto joined =
+      setup_failure(StoreFailure{BP_STATUS_TIMEOUT, "wait", {"shm/ready/2"}, "timed out"},
+                    "comm_create on rank 0 of 4", "shared-memory setup", "job/cpu.gloo/", 4, timeout);
+  CHECK(joined.code() == BP_STATUS_TIMEOUT);
+  CHECK(std::string(joined.what()) ==
+        "comm_create on rank 0 of 4: shared-memory setup: rank 2 did not join within 1500 ms (did it start, "
+        "and call comm_create with the same world size and key prefix?) [store: timed out]");
+  const auto connecting = setup_failure(StoreFailure{BP_STATUS_TIMEOUT, "wait", {"conn/1"}, "timed out"},
+                                        "comm_create on rank 0 of 2", "exchanging connection addresses",
+                                        "job/cpu.gloo/", 2, timeout);
+  CHECK(std::string(connecting.what()).find("rank 1 did not finish connecting within 1500 ms") !=
+        std::string::npos);
+  // A failed set is the store's fault, not a missing rank's: it names the key in full.
+  const auto set =
+      setup_failure(StoreFailure{BP_STATUS_IO, "set", {"shm/host/0"}, "connection refused"},
+                    "comm_create on rank 0 of 2", "shared-memory setup", "job/cpu.gloo/", 2, timeout);
+  CHECK(set.code() == BP_STATUS_IO);
+  CHECK(std::string(set.what()) ==
+        "comm_create on rank 0 of 2: shared-memory setup: the key-value store failed to set "
+        "\"job/cpu.gloo/shm/host/0\" [store: connection refused]");
 }
