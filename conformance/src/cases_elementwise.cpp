@@ -297,6 +297,7 @@ const std::vector<UnaryOp>& unary_ops() {
       {BP_OP_SQRT, &backplane::sqrt, false, 0.0, 100},      {BP_OP_TANH, &backplane::tanh, false, -20, 20},
       {BP_OP_SIGMOID, &backplane::sigmoid, false, -20, 20}, {BP_OP_RELU, &backplane::relu, true, -20, 20},
       {BP_OP_SIN, &backplane::sin, false, -20, 20},         {BP_OP_COS, &backplane::cos, false, -20, 20},
+      {BP_OP_ERF, &backplane::erf, false, -5, 5},
   };
   return ops;
 }

@@ -17,7 +17,7 @@
 //                  gather cast contiguous to
 //  arithmetic      add sub mul div arange                rel 1e-6            rel 1e-12           exact, wraps
 //  pow             pow                                   rel 1e-5            rel 1e-9            exact, wraps
-//  transcendental  exp log sqrt tanh sigmoid sin cos     rel 2e-6 abs 1e-6   rel 1e-9 abs 1e-12  -
+//  transcendental  exp log sqrt tanh sigmoid sin cos erf rel 2e-6 abs 1e-6   rel 1e-9 abs 1e-12  -
 //  reduction       sum mean                              rel 1e-5 abs 1e-6   rel 1e-9 abs 1e-12  exact, wraps
 //                  scale: sum of |x| over the reduced elements (mean: divided by n)
 //  softmax         softmax log_softmax                   rel 1e-5 abs 1e-6   rel 1e-9 abs 1e-12  -
@@ -86,6 +86,7 @@ Family family_of(bp_op op) {
     case BP_OP_SIGMOID:
     case BP_OP_SIN:
     case BP_OP_COS:
+    case BP_OP_ERF:
       return Family::transcendental;
     case BP_OP_SUM:
     case BP_OP_MEAN:

@@ -285,6 +285,9 @@ HostTensor unary(int32_t op, const HostTensor& t) {
         case BP_OP_COS:
           r = std::cos(x);
           break;
+        case BP_OP_ERF:
+          r = std::erf(x);
+          break;
       }
       out.f[k] = round_to(t.dtype, r);
     } else {

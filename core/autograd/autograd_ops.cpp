@@ -206,7 +206,8 @@ struct UnaryNode final : GradNode {
 
   // Which of x and out the formula of `op` reads.
   static bool saves_input(int32_t op) noexcept {
-    return op == BP_OP_ABS || op == BP_OP_LOG || op == BP_OP_RELU || op == BP_OP_SIN || op == BP_OP_COS;
+    return op == BP_OP_ABS || op == BP_OP_LOG || op == BP_OP_RELU || op == BP_OP_SIN || op == BP_OP_COS ||
+           op == BP_OP_ERF;
   }
   static bool saves_output(int32_t op) noexcept {
     return op == BP_OP_EXP || op == BP_OP_SQRT || op == BP_OP_TANH || op == BP_OP_SIGMOID;
@@ -247,6 +248,9 @@ struct UnaryNode final : GradNode {
         break;
       case BP_OP_COS:
         gi[0] = neg(mul(g, sin(x)));
+        break;
+      case BP_OP_ERF:  // 2/sqrt(pi) exp(-x^2)
+        gi[0] = mul(g, mul(exp(neg(mul(x, x))), scalar_like(g, 1.1283791670955126)));
         break;
       default:
         break;

@@ -178,6 +178,7 @@ Tensor tanh(const Tensor& t) { return tracked_unary(BP_OP_TANH, t); }
 Tensor sigmoid(const Tensor& t) { return tracked_unary(BP_OP_SIGMOID, t); }
 Tensor sin(const Tensor& t) { return tracked_unary(BP_OP_SIN, t); }
 Tensor cos(const Tensor& t) { return tracked_unary(BP_OP_COS, t); }
+Tensor erf(const Tensor& t) { return tracked_unary(BP_OP_ERF, t); }
 
 Tensor clamp(const Tensor& t, double lo, double hi) {
   if (std::isnan(lo) || std::isnan(hi))

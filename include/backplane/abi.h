@@ -26,6 +26,8 @@
  *       (bp_op_info_of); the op values are unchanged. Its name column is
  *       an identifier (add), so C++ can name enumerators from it; #name is
  *       the string.
+ *  2.3  BP_OP_ERF (43), the Gauss error function. A host of 2.2 never asks
+ *       for it; a plugin of 2.2 answers supports_op false.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -229,7 +231,7 @@ extern "C" {
 #endif
 
 #define BP_ABI_MAJOR 2
-#define BP_ABI_MINOR 2
+#define BP_ABI_MINOR 3
 
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_plugin_entry"
 
@@ -396,7 +398,8 @@ typedef enum bp_dtype {
   X(SOFTMAX, 39, softmax, SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                                      \
   X(LOG_SOFTMAX, 40, log_softmax, SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                              \
   X(INDEX_SELECT, 41, index_select, INDEX_SELECT, MOVING, 2, BP_OP_ATTR_AXIS)                         \
-  X(GATHER, 42, gather, GATHER, MOVING, 2, BP_OP_ATTR_AXIS)
+  X(GATHER, 42, gather, GATHER, MOVING, 2, BP_OP_ATTR_AXIS)                                           \
+  X(ERF, 43, erf, UNARY, FLOATING, 1, 0)
 
 /* The bp_op_attrs fields an op reads (the table's last column). */
 #define BP_OP_ATTR_AXIS    (1u << 0)

@@ -28,7 +28,7 @@
 //
 // Differentiable ops: add sub mul div pow maximum minimum (broadcast
 // operands get the sum of the gradient over their broadcast dims), where
-// (a and b), neg abs exp log sqrt tanh sigmoid relu sin cos clamp, sum mean
+// (a and b), neg abs exp log sqrt tanh sigmoid relu sin cos erf clamp, sum mean
 // max min (over one axis or all), matmul (batched, broadcast batch dims),
 // softmax log_softmax, reshape permute transpose slice cat index_select
 // gather, cast (between f32 and f64), contiguous, to(device).

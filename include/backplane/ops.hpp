@@ -10,7 +10,7 @@
 //    overflow wraps. pow on integers requires a non-negative exponent.
 //  - comparisons (eq ne lt le gt ge): one dtype (any numeric or bool); the
 //    result is bool. where(cond, a, b): cond bool, a and b one dtype.
-//  - unary math (exp log sqrt tanh sigmoid sin cos): f32/f64. neg, abs,
+//  - unary math (exp log sqrt tanh sigmoid sin cos erf): f32/f64. neg, abs,
 //    relu, clamp: f32/f64/i32/i64.
 //  - reductions: sum/max/min on f32/f64/i32/i64 keep the dtype (sum of
 //    integers wraps); mean on f32/f64; argmax/argmin give i64.
@@ -82,6 +82,8 @@ BACKPLANE_API Tensor sigmoid(const Tensor& t);
 BACKPLANE_API Tensor relu(const Tensor& t);
 BACKPLANE_API Tensor sin(const Tensor& t);
 BACKPLANE_API Tensor cos(const Tensor& t);
+// The Gauss error function, 2/sqrt(pi) * integral from 0 to x of exp(-s^2) ds.
+BACKPLANE_API Tensor erf(const Tensor& t);
 // Elementwise min(max(t, lo), hi); lo <= hi (Errc::invalid_argument otherwise).
 BACKPLANE_API Tensor clamp(const Tensor& t, double lo, double hi);
 

@@ -426,6 +426,7 @@ BP_CPU_UNARY_LIBM(LogOp, std::log(x))
 BP_CPU_UNARY_LIBM(TanhOp, std::tanh(x))
 BP_CPU_UNARY_LIBM(SinOp, std::sin(x))
 BP_CPU_UNARY_LIBM(CosOp, std::cos(x))
+BP_CPU_UNARY_LIBM(ErfOp, std::erf(x))
 #undef BP_CPU_UNARY_LIBM
 
 struct SqrtOp {

@@ -200,6 +200,8 @@ void run_elementwise(const OpCall& call) {
       return unary_op<FloatDTypes>(call, SinOp{});
     case BP_OP_COS:
       return unary_op<FloatDTypes>(call, CosOp{});
+    case BP_OP_ERF:
+      return unary_op<FloatDTypes>(call, ErfOp{});
     default:
       plugin::fail(BP_STATUS_INTERNAL,
                    "cpu: " + plugin::op_name(call.op()) + " reached the elementwise family");

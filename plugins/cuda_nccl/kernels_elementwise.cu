@@ -210,6 +210,9 @@ struct UnaryFn {
         case BP_OP_COS:
           r = cos(x);
           break;
+        case BP_OP_ERF:
+          r = erf(x);
+          break;
         default:
           break;
       }

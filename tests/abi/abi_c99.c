@@ -375,13 +375,14 @@ static void check_ops(void) {
                   {BP_OP_SOFTMAX, "softmax"},
                   {BP_OP_LOG_SOFTMAX, "log_softmax"},
                   {BP_OP_INDEX_SELECT, "index_select"},
-                  {BP_OP_GATHER, "gather"}};
+                  {BP_OP_GATHER, "gather"},
+                  {BP_OP_ERF, "erf"}};
   const size_t n = sizeof(expected) / sizeof(expected[0]);
   size_t i;
   int32_t a, b;
 
   EXPECT(BP_OP_INVALID == 0 && BP_OP_ADD == 1 && BP_OP_COPY == 6 && BP_OP_POW == 7 && BP_OP_GATHER == 42);
-  EXPECT(BP_OP_COUNT_ == 43);
+  EXPECT(BP_OP_COUNT_ == 44);
   EXPECT((size_t)BP_OP_COUNT_ == n + 1); /* every op is listed above */
   for (i = 0; i < n; ++i) EXPECT_NAME(bp_op_name(expected[i].op), expected[i].name);
   /* Names are distinct, so they can be parsed back. */

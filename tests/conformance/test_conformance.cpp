@@ -116,7 +116,7 @@ const std::vector<std::string> kCreation = {"zeros", "ones", "full", "arange", "
 const std::vector<std::string> kBinary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
 const std::vector<std::string> kCompare = {"eq", "ne", "lt", "le", "gt", "ge", "where"};
 const std::vector<std::string> kUnary = {"neg",     "abs",  "exp", "log", "sqrt", "tanh",
-                                         "sigmoid", "relu", "sin", "cos", "clamp"};
+                                         "sigmoid", "relu", "sin", "cos", "erf",  "clamp"};
 const std::vector<std::string> kReduce = {"sum", "mean", "max", "min", "argmax", "argmin"};
 const std::vector<std::string> kLinalg = {"matmul", "softmax", "log_softmax"};
 const std::vector<std::string> kShape = {"reshape", "permute",      "transpose", "slice",
@@ -129,7 +129,7 @@ const std::vector<const std::vector<std::string>*> kFamilies = {&kCreation, &kBi
 TEST_CASE("cpu: creation (zeros ones full arange rand_uniform randn)") { check_family(kCreation); }
 TEST_CASE("cpu: binary arithmetic (add sub mul div pow maximum minimum)") { check_family(kBinary); }
 TEST_CASE("cpu: comparisons and where (eq ne lt le gt ge where)") { check_family(kCompare); }
-TEST_CASE("cpu: unary (neg abs exp log sqrt tanh sigmoid relu sin cos clamp)") { check_family(kUnary); }
+TEST_CASE("cpu: unary (neg abs exp log sqrt tanh sigmoid relu sin cos erf clamp)") { check_family(kUnary); }
 TEST_CASE("cpu: reductions (sum mean max min argmax argmin)") { check_family(kReduce); }
 TEST_CASE("cpu: matmul, softmax, log_softmax") { check_family(kLinalg); }
 TEST_CASE("cpu: shape ops (reshape permute transpose slice cat index_select gather)") {

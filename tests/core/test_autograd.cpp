@@ -221,6 +221,7 @@ TEST_CASE("autograd: finite differences: unary math") {
       {"relu", bp::relu, avoiding(uniform(s, -1, 1, 27), {0.0})},
       {"sin", bp::sin, uniform(s, -3, 3, 28)},
       {"cos", bp::cos, uniform(s, -3, 3, 29)},
+      {"erf", bp::erf, uniform(s, -2, 2, 30)},
   };
   for (const Case& c : cases) {
     const auto op = c.op;
