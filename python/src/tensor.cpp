@@ -674,7 +674,6 @@ void bind_elementwise(py::class_<PyTensor>& cls, py::module_& m) {
   both_unary("sin", &unary<sin>);
   both_unary("cos", &unary<cos>);
   both_unary("erf", &unary<erf>);
-  both_unary("erf", &unary<erf>);
   auto both_binary = [&](const char* name, PyTensor (*f)(py::handle, py::handle)) {
     cls.def(name, f, py::arg("other"));
     m.def(name, f, py::arg("a"), py::arg("b"));
