@@ -20,7 +20,9 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -285,9 +287,156 @@ struct SafetensorsReader::Impl {
     }
   }
 
+  // One tensor as the header spells it, its structure checked: a name, a
+  // dtype string, extents (each at most 2^63-1, or `rank` over kMaxRank),
+  // and data_offsets.
+  struct RawEntry {
+    std::string name;
+    std::string dtype;
+    std::vector<uint64_t> dims;
+    std::size_t rank = 0;
+    uint64_t begin = 0;
+    uint64_t end = 0;
+  };
+
   // Parses and validates the header; the entries come in the header's order.
   std::vector<Entry> parse_header(const std::string& text,
                                   std::map<std::string, std::string>& metadata) const {
+    if (std::optional<std::vector<RawEntry>> raw = read_strict_header(text, metadata)) {
+      std::vector<Entry> entries;
+      entries.reserve(raw->size());
+      for (const RawEntry& r : *raw) entries.push_back(make_entry(r));
+      return entries;
+    }
+    metadata.clear();
+    return parse_header_exactly(text, metadata);
+  }
+
+  // The header of every file a writer makes, in one SAX pass that builds the
+  // entries directly: a top-level object of tensor objects (each exactly
+  // dtype as a string, shape as an array of extents up to 2^63-1 and
+  // data_offsets as two non-negative integers) and at most one
+  // "__metadata__" object of strings, no key twice in one object. nullopt
+  // for anything else -- malformed or merely unusual (a negative extent, a
+  // field in another type) --, which parse_header_exactly then reads and
+  // names. A million tensors take about a second; building the document
+  // took four.
+  std::optional<std::vector<RawEntry>> read_strict_header(
+      const std::string& text, std::map<std::string, std::string>& metadata) const {
+    struct Strict final : json::json_sax_t {
+      enum class Field { none, dtype, shape, offsets };
+      std::map<std::string, std::string>& metadata;
+      std::vector<RawEntry> entries;
+      int depth = 0;                   // objects and arrays open
+      bool object_value_next = false;  // a top-level key was read: its object comes next
+      bool in_metadata = false;        // inside "__metadata__"
+      bool seen_metadata = false;
+      Field field = Field::none;  // the open tensor's field whose value comes next
+      unsigned fields_seen = 0;   // of the open tensor, one bit each
+      int offsets_seen = 0;
+      std::string meta_key;
+      explicit Strict(std::map<std::string, std::string>& m) : metadata(m) {}
+
+      bool null() override { return false; }
+      bool boolean(bool) override { return false; }
+      bool number_integer(number_integer_t) override { return false; }  // a negative number
+      bool number_float(number_float_t, const string_t&) override { return false; }
+      bool binary(binary_t&) override { return false; }
+      bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+        return false;
+      }
+      bool number_unsigned(number_unsigned_t v) override {
+        if (depth != 3) return false;
+        RawEntry& e = entries.back();
+        if (field == Field::shape) {
+          if (v > uint64_t{INT64_MAX} || e.dims.size() == static_cast<std::size_t>(Shape::kMaxRank))
+            return false;
+          e.dims.push_back(v);
+          e.rank = e.dims.size();
+          return true;
+        }
+        if (field != Field::offsets || offsets_seen == 2) return false;
+        (offsets_seen++ == 0 ? e.begin : e.end) = v;
+        return true;
+      }
+      bool string(string_t& v) override {
+        if (depth != 2) return false;
+        if (in_metadata) return metadata.emplace(std::move(meta_key), std::move(v)).second;
+        if (field != Field::dtype) return false;
+        entries.back().dtype = std::move(v);
+        return true;
+      }
+      bool start_object(std::size_t) override {
+        if (depth == 0 || (depth == 1 && object_value_next)) {
+          object_value_next = false;
+          ++depth;
+          return true;
+        }
+        return false;
+      }
+      bool end_object() override {
+        if (depth == 2 && !in_metadata && (fields_seen != 7 || offsets_seen != 2)) return false;
+        in_metadata = false;
+        --depth;
+        return true;
+      }
+      bool start_array(std::size_t) override {
+        if (depth != 2 || in_metadata || (field != Field::shape && field != Field::offsets)) return false;
+        ++depth;
+        return true;
+      }
+      bool end_array() override {
+        --depth;
+        return field != Field::offsets || offsets_seen == 2;
+      }
+      bool key(string_t& k) override {
+        if (depth == 1) {
+          if (k == kMetadataKey) {
+            if (seen_metadata) return false;
+            seen_metadata = in_metadata = true;
+          } else {
+            entries.emplace_back().name = std::move(k);
+            fields_seen = 0;
+            offsets_seen = 0;
+          }
+          object_value_next = true;
+          return true;
+        }
+        if (depth != 2) return false;
+        if (in_metadata) {
+          meta_key = std::move(k);
+          return true;
+        }
+        unsigned bit = 0;
+        if (k == "dtype") {
+          field = Field::dtype;
+          bit = 1;
+        } else if (k == "shape") {
+          field = Field::shape;
+          bit = 2;
+        } else if (k == "data_offsets") {
+          field = Field::offsets;
+          bit = 4;
+        }
+        if (bit == 0 || (fields_seen & bit) != 0) return false;
+        fields_seen |= bit;
+        return true;
+      }
+    };
+    Strict strict(metadata);
+    if (!json::sax_parse(text, &strict) || strict.depth != 0) return std::nullopt;
+    // A name twice is the exact reader's to name.
+    std::vector<const std::string*> names;
+    names.reserve(strict.entries.size());
+    for (const RawEntry& e : strict.entries) names.push_back(&e.name);
+    std::sort(names.begin(), names.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+    for (std::size_t i = 1; i < names.size(); ++i)
+      if (*names[i] == *names[i - 1]) return std::nullopt;
+    return std::move(strict.entries);
+  }
+
+  std::vector<Entry> parse_header_exactly(const std::string& text,
+                                          std::map<std::string, std::string>& metadata) const {
     // Two linear passes. First a SAX pass refuses what the document parse
     // would accept silently (a key repeated in one object: nlohmann keeps one)
     // or should not build (nesting deeper than a header has), and records the
@@ -388,54 +537,82 @@ struct SafetensorsReader::Impl {
     for (const char* field : {"dtype", "shape", "data_offsets"})
       if (!value.contains(field)) fail(what + " has no \"" + field + "\"");
 
-    Entry e;
-    e.name = name;
+    RawEntry raw;
+    raw.name = name;
     const auto& dtype = value["dtype"];
     if (!dtype.is_string()) fail(what + ": \"dtype\" is " + dtype.type_name() + ", not a string");
-    const auto& dtype_name = dtype.get_ref<const std::string&>();
-    const auto known = std::find_if(std::begin(kDTypeNames), std::end(kDTypeNames),
-                                    [&](const DTypeName& d) { return dtype_name == d.name; });
-    if (known == std::end(kDTypeNames))
-      fail(what + ": unknown dtype " + shown(dtype_name) +
-           "; backplane reads F32, F64, I32, I64, BOOL, F16, BF16, U8 and I8");
-    e.dtype = known->dtype;
-
+    raw.dtype = dtype.get<std::string>();
+    known_dtype(raw);  // each check in the order make_entry makes them, between the structure's
     const auto& shape = value["shape"];
     if (!shape.is_array()) fail(what + ": \"shape\" is " + shape.type_name() + ", not an array of integers");
-    if (shape.size() > static_cast<std::size_t>(Shape::kMaxRank))
-      fail(what + ": the shape has rank " + std::to_string(shape.size()) + "; backplane holds at most " +
-           std::to_string(Shape::kMaxRank) + " dimensions");
-    std::vector<int64_t> dims;
-    uint64_t bytes = dtype_size(e.dtype);
-    bool overflow = false;
+    raw.rank = shape.size();
+    check_rank(raw);
     for (const auto& d : shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX})
         fail(what + ": the shape " + shown(shape.dump()) + " holds " + shown(d.dump()) +
              "; extents are integers from 0 to 2^63-1");
-      dims.push_back(d.get<int64_t>());
-      overflow = overflow || __builtin_mul_overflow(bytes, d.get<uint64_t>(), &bytes);
+      raw.dims.push_back(d.get<uint64_t>());
     }
-    e.shape = Shape(dims);
-
     const auto& offsets = value["data_offsets"];
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned())
       fail(what + ": \"data_offsets\" is " + shown(offsets.dump()) +
            ", not [begin, end] of two non-negative integers");
-    const uint64_t begin = offsets[0].get<uint64_t>();
-    const uint64_t end = offsets[1].get<uint64_t>();
-    const std::string range = "[" + std::to_string(begin) + ", " + std::to_string(end) + "]";
-    if (begin > end) fail(what + ": data_offsets " + range + " end before they begin");
-    if (end > buffer_size_)
-      fail(what + ": data_offsets " + range + " are out of range: the buffer after the header holds " +
-           std::to_string(buffer_size_) + " bytes");
-    if (overflow || bytes != end - begin)
-      fail(what + ": the shape " + e.shape.to_string() + " of " + dtype_name + " takes " +
-           (overflow ? std::string("more than 2^64") : std::to_string(bytes)) + " bytes but data_offsets " +
-           range + " hold " + std::to_string(end - begin));
+    raw.begin = offsets[0].get<uint64_t>();
+    raw.end = offsets[1].get<uint64_t>();
+    return make_entry(raw);
+  }
+
+
+  // The checks of what a structurally valid entry says, in the order a
+  // reader meets them: the dtype, the rank, the offsets against the buffer
+  // and against the shape.
+  DType known_dtype(const RawEntry& raw) const {
+    for (const DTypeName& d : kDTypeNames)
+      if (raw.dtype == d.name) return d.dtype;
+    fail("tensor " + shown(raw.name) + ": unknown dtype " + shown(raw.dtype) +
+         "; backplane reads F32, F64, I32, I64, BOOL, F16, BF16, U8 and I8");
+  }
+
+  void check_rank(const RawEntry& raw) const {
+    if (raw.rank > static_cast<std::size_t>(Shape::kMaxRank))
+      fail("tensor " + shown(raw.name) + ": the shape has rank " + std::to_string(raw.rank) +
+           "; backplane holds at most " + std::to_string(Shape::kMaxRank) + " dimensions");
+  }
+
+  Entry make_entry(const RawEntry& raw) const {
+    Entry e;
+    e.name = raw.name;
+    e.dtype = known_dtype(raw);
+    check_rank(raw);
+    int64_t dims[Shape::kMaxRank];
+    uint64_t bytes = dtype_size(e.dtype);
+    bool overflow = false;
+    for (std::size_t i = 0; i < raw.dims.size(); ++i) {
+      dims[i] = static_cast<int64_t>(raw.dims[i]);
+      overflow = overflow || __builtin_mul_overflow(bytes, raw.dims[i], &bytes);
+    }
+    e.shape = Shape(std::span<const int64_t>(dims, raw.dims.size()));
+    const uint64_t begin = raw.begin;
+    const uint64_t end = raw.end;
+    if (begin > end || end > buffer_size_ || overflow || bytes != end - begin) [[unlikely]]
+      bad_offsets(raw, e, bytes, overflow);
     e.offset = buffer_start_ + begin;
     e.size = end - begin;
     return e;
+  }
+
+  [[noreturn, gnu::cold]] void bad_offsets(const RawEntry& raw, const Entry& e, uint64_t bytes,
+                                           bool overflow) const {
+    const std::string what = "tensor " + shown(raw.name);
+    const std::string range = "[" + std::to_string(raw.begin) + ", " + std::to_string(raw.end) + "]";
+    if (raw.begin > raw.end) fail(what + ": data_offsets " + range + " end before they begin");
+    if (raw.end > buffer_size_)
+      fail(what + ": data_offsets " + range + " are out of range: the buffer after the header holds " +
+           std::to_string(buffer_size_) + " bytes");
+    fail(what + ": the shape " + e.shape.to_string() + " of " + raw.dtype + " takes " +
+         (overflow ? std::string("more than 2^64") : std::to_string(bytes)) + " bytes but data_offsets " +
+         range + " hold " + std::to_string(raw.end - raw.begin));
   }
 
   // The tensors' byte ranges tile the buffer: no gap, no overlap, nothing
