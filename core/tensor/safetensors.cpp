@@ -563,7 +563,6 @@ struct SafetensorsReader::Impl {
     return make_entry(raw);
   }
 
-
   // The checks of what a structurally valid entry says, in the order a
   // reader meets them: the dtype, the rank, the offsets against the buffer
   // and against the shape.
