@@ -4,6 +4,7 @@
 # BACKPLANE_TEST_DATA, BACKPLANE_TEST_SOURCE_DIR.
 import json
 import os
+import random
 import socket
 
 import pytest
@@ -67,6 +68,21 @@ def nocoll_registry(plugin_dir):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port for a test's server that parallel tests will not take first.
+
+    Binding to port 0 answers from the ephemeral range, where every other
+    test's outgoing connections draw their local ports: between releasing it
+    and the server's bind, a connect elsewhere can take it (EADDRINUSE). This
+    draws at random below that range (Linux's default is 32768-60999) and
+    checks that nothing is bound to the port on any address.
+    """
+    rng = random.SystemRandom()
+    for _ in range(1000):
+        port = rng.randrange(20000, 32768)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free TCP port in 20000-32767 after 1000 tries")

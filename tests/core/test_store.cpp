@@ -7,6 +7,7 @@
 
 #include "distributed/slurm_hostlist.hpp"
 #include "distributed/store_wire.hpp"
+#include "free_port.hpp"
 #include "store_raw_client.hpp"
 
 #include <doctest/doctest.h>
@@ -63,19 +64,7 @@ std::shared_ptr<bp::Store> host(int32_t world_size, milliseconds timeout = 5s) {
   return bp::make_tcp_store(o);
 }
 
-// A loopback port nothing listens on (bound, read, released).
-uint16_t free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t len = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using bptest::free_port;
 
 using RawConnection = bptest::RawStoreClient;
 

@@ -5,6 +5,8 @@
 // kills everything and fails the test if they do not.
 #include <doctest/doctest.h>
 
+#include "free_port.hpp"
+
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -38,18 +40,7 @@ struct Rank {
   std::string output;
 };
 
-uint16_t free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  socklen_t len = sizeof(addr);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
+using bptest::free_port;
 
 fs::path scratch_dir(const std::string& name) {
   fs::path dir = fs::temp_directory_path() / ("bp_faults_" + std::to_string(::getpid()) + "_" + name);
