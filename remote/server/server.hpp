@@ -68,7 +68,7 @@ class Server {
   void stop();
 
  private:
-  friend class Connection;  // server.cpp: one client connection
+  friend class Connection;  // connection.hpp: one client connection
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
