@@ -4,6 +4,9 @@
 // communicators, by the client's ids) and frees all of it when it ends.
 // Every field of every request is validated first (validate.hpp); a bad one
 // fails that request, never the server.
+// The session's jobs are files of their own: session.cpp (routing, dispatch,
+// the sticky failure, release), session_buffers.cpp, session_ops.cpp and
+// session_comms.cpp, with the helpers they share in session_internal.hpp.
 //
 // Thread-safety: handle() and release() run on one thread (the session's
 // worker); abort() and abort_all() may be called from any thread at any time
