@@ -6,6 +6,7 @@
 #include "tensor/op_common.hpp"
 #include "tensor/placement.hpp"
 #include "tensor/tensor_impl.hpp"
+#include "trace/trace_format.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/process_group.hpp>
@@ -271,6 +272,20 @@ struct ProcessGroup::Impl {
   // naming the entry), aborts the communicator before it is reported (a
   // timed-out or failed collective leaves it in an unknown state; abi.h:
   // abort, then destroy).
+  // A collective's span: the collective device, the dtype, the bytes in.
+  [[gnu::cold]] void describe_for_trace(trace::detail::Event& e, const bp_tensor* input) const {
+    BackendImpl& b = coll();
+    e.device = trace::detail::device_label(b.serial, b.name, route.device);
+    e.count_key = "world";
+    e.count = world_size;
+    if (input == nullptr) return;  // barrier
+    const bp_tensor& in = *input;
+    e.dtype = static_cast<int16_t>(in.dtype);
+    int64_t n = 1;
+    for (int32_t i = 0; i < in.ndim; ++i) n *= in.shape[i];
+    e.bytes = n * static_cast<int64_t>(dtype_size(static_cast<DType>(in.dtype)));
+    trace::detail::add_shape(e, in);
+  }
   void run(bp_status* (*entry)(bp_collective_args*), const char* entry_name, const bp_tensor* in,
            const bp_tensor* out, int32_t reduce_op, int32_t root, const char* op) {
     require_not_aborted(op);
@@ -288,6 +303,9 @@ struct ProcessGroup::Impl {
       args.reduce_op = reduce_op;
       args.root = root;
       called = true;
+      trace::detail::Span span(trace::detail::kCatCollective, entry_name);
+      if (span.on()) [[unlikely]]
+        describe_for_trace(span.event(), in);
       st = detail::call_entry(coll(), entry_name, Errc::internal, entry, &args);
     } catch (const Error& e) {
       if (called) abort(e.message());  // the entry threw; the lock is released by now
@@ -375,7 +393,8 @@ struct ProcessGroup::Impl {
   // left them on its fallback device).
   std::shared_ptr<const TensorImpl> on_collective_device(const Tensor& t, const char* op) const {
     if (staged()) return detail::Access::impl(t.to(detail::Access::make_device(route.backend, route.device)));
-    return detail::bytes_on(detail::as_contiguous(detail::Access::impl(t), op), route.backend, route.device);
+    return detail::bytes_on(detail::as_contiguous(detail::Access::impl(t), op), route.backend, route.device,
+                            op);
   }
   // A private dense copy of x on the collective device (in-place collectives).
   std::shared_ptr<TensorImpl> private_copy(const TensorImpl& x, const Tensor& t, const char* op) const {
@@ -433,6 +452,10 @@ ProcessGroup ProcessGroup::create(const Device& device, const Rendezvous& rendez
   impl->rank = rendezvous.rank();
   impl->world_size = rendezvous.world_size();
   impl->bridge = std::make_unique<KvStoreBridge>(rendezvous.store());
+  // A trace aligns its clocks to rank 0's with the first group (every rank
+  // makes it, in the same order).
+  if (trace::detail::active()) [[unlikely]]
+    trace::detail::joined_job(impl->rank, impl->world_size, *rendezvous.store(), impl->key_prefix);
 
   bp_comm_create_args args{};
   args.struct_size = BP_COMM_CREATE_ARGS_STRUCT_SIZE;

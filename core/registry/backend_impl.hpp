@@ -37,10 +37,19 @@ struct DeviceRecord {
   std::map<std::string, std::string> attributes;
 };
 
+inline uint64_t next_backend_serial() noexcept {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
 struct BackendImpl {
   // Declared first so it is destroyed last: the library stays mapped until
   // the plugin instance (destroyed in ~BackendImpl) is gone.
   std::shared_ptr<boost::dll::shared_library> library_handle;
+
+  // Unique in the process, unlike the address (a later backend may reuse a
+  // freed one's): what per-thread caches of a backend's data key on.
+  const uint64_t serial = next_backend_serial();
 
   // From the config.
   std::string name;

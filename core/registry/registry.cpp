@@ -5,6 +5,7 @@
 #include "registry/loader.hpp"
 #include "tensor/placement.hpp"
 #include "tensor/tensor_impl.hpp"
+#include "trace/trace_format.hpp"
 
 #include <backplane/hosting.hpp>
 #include <backplane/log.hpp>
@@ -248,6 +249,7 @@ void load_now(BackendImpl& b, const BackendConfig& entry, const Config& cfg) {
 }
 
 std::shared_ptr<RegistryImpl> build(const Config& cfg, RequiredPolicy policy) {
+  trace::detail::start_from_env();  // BACKPLANE_TRACE: recording starts with the first registry
   auto reg = std::make_shared<RegistryImpl>();
   reg->default_backend = cfg.default_backend;
   reg->torch_devices = cfg.torch_devices;

@@ -1,5 +1,6 @@
 // Validation helpers, op names and the execute call of the op front-end.
 #include "tensor/op_common.hpp"
+#include "trace/trace_format.hpp"
 
 #include "tensor/placement.hpp"
 
@@ -92,6 +93,20 @@ Shape broadcast_strides(const TensorImpl& t, const Shape& out) {
 void execute_failed(BackendImpl& backend, int32_t device, int32_t op, bp_status* st) {
   // Returns for a status object whose code is OK (check frees it); throws otherwise.
   backend.check(st, std::string("execute ") + op_name(op) + " on " + backend.device_id(device));
+}
+
+void traced_execute(BackendImpl& backend, bp_execute_args& args, uint32_t fallback_for) {
+  namespace tr = trace::detail;
+  tr::Span span(fallback_for != 0 ? tr::kCatFallback : tr::kCatOp, op_name(args.op));
+  tr::Event& e = span.event();
+  e.device = tr::device_label(backend.serial, backend.name, args.device);
+  e.peer = fallback_for;
+  e.dtype = static_cast<int16_t>(args.num_inputs > 0 ? args.inputs[0].dtype : args.outputs[0].dtype);
+  for (int32_t i = 0; i < args.num_inputs; ++i) tr::add_shape(e, args.inputs[i]);
+  tr::add_shape(e, args.outputs[0]);
+  bp_status* st = call_entry(backend, "execute", Errc::internal, backend.api.execute, &args);
+  if (st != nullptr) [[unlikely]]
+    execute_failed(backend, args.device, args.op, st);
 }
 
 void arity_mismatch(int32_t op, int32_t num_inputs) {

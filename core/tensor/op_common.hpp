@@ -5,6 +5,7 @@
 #define BACKPLANE_CORE_OP_COMMON_HPP_
 
 #include "tensor/tensor_impl.hpp"
+#include "trace/recorder.hpp"
 
 #include <backplane/ops.hpp>
 #include <backplane/tensor.hpp>
@@ -111,8 +112,13 @@ constexpr bp_op_attrs make_attrs() noexcept {
 // naming the op and device, an exception escaping the plugin Errc::internal
 // naming the entry (call_entry: nothing on the success path). attrs may be
 // null (no attributes).
+// With a trace recording, the op is recorded as a span (traced_execute);
+// `fallback_for` is the interned label of the device the op ran for when it
+// fell back (trace::detail::device_label), 0 otherwise.
+[[gnu::noinline]] void traced_execute(BackendImpl& backend, bp_execute_args& args, uint32_t fallback_for);
 inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_tensor* inputs,
-                    int32_t num_inputs, const bp_tensor* output, const bp_op_attrs* attrs = nullptr) {
+                    int32_t num_inputs, const bp_tensor* output, const bp_op_attrs* attrs = nullptr,
+                    uint32_t fallback_for = 0) {
   static constexpr bp_op_attrs kNoAttrs = make_attrs();
   if (num_inputs != bp_op_info_of(op)->inputs) [[unlikely]]
     arity_mismatch(op, num_inputs);
@@ -126,6 +132,10 @@ inline void execute(BackendImpl& backend, int32_t device, int32_t op, const bp_t
   args.outputs = output;
   args.attrs = attrs != nullptr ? attrs : &kNoAttrs;
   args.plugin = backend.plugin;
+  if (trace::detail::active()) [[unlikely]] {
+    traced_execute(backend, args, fallback_for);
+    return;
+  }
   bp_status* st = call_entry(backend, "execute", Errc::internal, backend.api.execute, &args);
   if (st != nullptr) [[unlikely]]
     execute_failed(backend, device, op, st);

@@ -2,6 +2,7 @@
 // operands' bytes there (replicas), the fallback report and its API, and
 // Registry::set_op_fallback. The fast path is inline in placement.hpp.
 #include "tensor/placement.hpp"
+#include "trace/trace_format.hpp"
 
 #include <backplane/log.hpp>
 
@@ -125,7 +126,7 @@ void noop_release(void*) noexcept {}
 // memory when both are host_visible (no copy; `alias` set), else a copy.
 // Returns the bytes copied.
 uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec, int32_t dev,
-                      std::shared_ptr<TensorImpl>& out, bool& alias) {
+                      std::shared_ptr<TensorImpl>& out, bool& alias, const char* needed_by) {
   auto r = std::make_shared<TensorImpl>();
   r->shape = Shape{static_cast<int64_t>(s.nbytes)};
   r->strides = Shape{1};
@@ -155,6 +156,14 @@ uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec
     }
   }
   r->storage = &r->owned.emplace(exec, dev, s.nbytes);
+  trace::detail::Span span(trace::detail::kCatCopy, "copy");
+  if (span.on()) [[unlikely]] {
+    trace::detail::Event& e = span.event();
+    e.device = trace::detail::device_label(s.backend->serial, s.backend->name, s.device);
+    e.peer = trace::detail::device_label(exec->serial, exec->name, dev);
+    e.bytes = static_cast<int64_t>(s.nbytes);
+    e.needed_by = needed_by;
+  }
   copy_bytes(s, 0, *r->storage, 0, s.nbytes, what);
   out = std::move(r);
   alias = false;
@@ -174,7 +183,7 @@ Storage::ReplicaSlot& replica_slot(const Storage& s) {
 // x's bytes on (exec, dev), as a view of s's replica there (made now when
 // missing or elsewhere). `moved` gets the bytes copied.
 std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::shared_ptr<BackendImpl>& exec,
-                                               int32_t dev, uint64_t& moved) {
+                                               int32_t dev, uint64_t& moved, const char* needed_by) {
   const Storage& s = *x.storage;
   Storage::ReplicaSlot& slot = replica_slot(s);
   std::shared_ptr<TensorImpl> r;
@@ -185,7 +194,7 @@ std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::s
       r = slot.replica;
     } else {
       bool alias = false;
-      moved += make_replica(s, exec, dev, r, alias);
+      moved += make_replica(s, exec, dev, r, alias, needed_by);
       dropped = std::exchange(slot.replica, r);
       slot.alias = alias;
     }
@@ -321,7 +330,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     if (s.backend == st->exec && s.device == device_) continue;
     const auto t0 = Clock::now();
     uint64_t moved = 0;
-    st->operands[static_cast<std::size_t>(i)] = replica_view(x, st->exec, device_, moved);
+    st->operands[static_cast<std::size_t>(i)] = replica_view(x, st->exec, device_, moved, op_name(op));
     if (st->placed) {
       to_host += moved;
     } else if (s.home != nullptr) {
@@ -367,8 +376,12 @@ void Placement::stamp(TensorImpl& out) const {
 
 void Placement::execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_inputs,
                                const bp_tensor* output, const bp_op_attrs* attrs) const {
+  const uint32_t fallback_for =
+      trace::detail::active() && state_->placed
+          ? trace::detail::device_label(state_->home->serial, state_->home->name, state_->home_device)
+          : 0;
   try {
-    detail::execute(**exec_, device_, op, inputs, num_inputs, output, attrs);
+    detail::execute(**exec_, device_, op, inputs, num_inputs, output, attrs, fallback_for);
   } catch (const Error& e) {
     if (!state_->placed) throw;
     throw Error(e.code(), e.message() + " (run there for " + state_->home->device_id(state_->home_device) +
@@ -419,12 +432,13 @@ void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uin
 }
 
 std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
-                                           const std::shared_ptr<BackendImpl>& backend, int32_t device) {
+                                           const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                           const char* needed_by) {
   const Storage& s = *x->storage;
   if (s.backend == backend && s.device == device) return x;
   const auto t0 = Clock::now();
   uint64_t moved = 0;
-  auto v = replica_view(*x, backend, device, moved);
+  auto v = replica_view(*x, backend, device, moved, needed_by);
   if (s.home != nullptr && s.made_by_op != 0) {
     OpFallbackState::Counter& c = counter(*s.home, s.made_by_op, static_cast<DType>(s.made_by_dtype));
     c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);

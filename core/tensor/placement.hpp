@@ -139,9 +139,11 @@ void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uin
 
 // x's bytes on (backend, device): x itself when they are there, else a view
 // of x's replica there (made on demand). Counted in the fallback report as
-// a move of `op`'s (0: of whatever op made them).
+// a move of the op that made them; a trace names `needed_by` as the one that
+// needed the copy.
 std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
-                                           const std::shared_ptr<BackendImpl>& backend, int32_t device);
+                                           const std::shared_ptr<BackendImpl>& backend, int32_t device,
+                                           const char* needed_by);
 
 // True when BACKPLANE_OP_FALLBACK=error: every op fallback is off.
 bool op_fallback_disabled() noexcept;

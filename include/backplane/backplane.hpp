@@ -18,6 +18,7 @@
 #include <backplane/safetensors.hpp>
 #include <backplane/shape.hpp>
 #include <backplane/tensor.hpp>
+#include <backplane/trace.hpp>
 #include <backplane/version.hpp>
 
 #endif  // BACKPLANE_BACKPLANE_HPP_

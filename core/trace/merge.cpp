@@ -1,0 +1,273 @@
+// Joining the ranks' parts into the job's trace file, and the clock
+// alignment the join relies on.
+#include "trace/recorder.hpp"
+#include "trace/trace_format.hpp"
+
+#include <backplane/error.hpp>
+#include <backplane/rendezvous.hpp>
+#include <backplane/trace.hpp>
+#include <backplane_common/atomic_file.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace backplane::trace::detail {
+
+std::string json_escape(std::string_view text) {
+  std::string dumped =
+      nlohmann::json(std::string(text)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return dumped.substr(1, dumped.size() - 2);
+}
+
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& s) { return {s.begin(), s.end()}; }
+
+int64_t parse_ns(const std::vector<uint8_t>& v) {
+  const std::string s(v.begin(), v.end());
+  return std::stoll(s);
+}
+
+// The line without its trailing comma; whether it looks whole (ends in '}').
+std::string_view body_of(std::string_view line) {
+  while (!line.empty() && (line.back() == ',' || line.back() == '\r' || line.back() == ' '))
+    line.remove_suffix(1);
+  return line;
+}
+
+bool is_meta(std::string_view line, const char* name) {
+  return line.find("\"ph\":\"M\"") != std::string_view::npos &&
+         line.find(std::string("\"name\":\"") + name + "\"") != std::string_view::npos;
+}
+
+struct PartInfo {
+  int32_t rank = -1;
+  int64_t pid = 0;
+  int64_t offset_ns = 0;
+  int64_t error_ns = -1;  // -1: not measured
+  uint64_t dropped = 0;
+  bool ended = false;
+  uint64_t events = 0;
+  uint64_t torn = 0;
+};
+
+[[noreturn]] void unreadable(const std::string& path, const std::string& why) {
+  throw Error(Errc::io_error, "trace merge: cannot read '" + path + "': " + why);
+}
+
+// First pass: the part's metadata records.
+PartInfo read_info(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) unreadable(path, std::strerror(errno));
+  PartInfo info;
+  std::string line;
+  bool first = true;
+  while (std::getline(in, line)) {
+    if (first) {
+      first = false;
+      if (line != "[")
+        throw Error(Errc::invalid_argument,
+                    "trace merge: '" + path +
+                        "' is not a backplane trace part (it does not begin with the "
+                        "\"[\" line of one; give the FILE.rank<R>.part files a job left)");
+      continue;
+    }
+    const std::string_view body = body_of(line);
+    if (body.find("\"backplane_") == std::string_view::npos) continue;
+    const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("args")) continue;
+    const auto& a = j["args"];
+    const std::string name = j.value("name", "");
+    if (name == kMetaPart) {
+      info.rank = a.value("rank", -1);
+      info.pid = a.value("pid", int64_t{0});
+    } else if (name == kMetaClock) {
+      info.offset_ns = a.value("offset_ns", int64_t{0});
+      info.error_ns = a.value("error_ns", int64_t{-1});
+    } else if (name == kMetaDropped) {
+      info.dropped = a.value("dropped", uint64_t{0});
+    } else if (name == kMetaEnd) {
+      info.ended = true;
+      info.dropped = a.value("dropped", info.dropped);
+    }
+  }
+  if (first) unreadable(path, "it is empty");
+  if (info.rank < 0)
+    throw Error(Errc::invalid_argument,
+                "trace merge: '" + path + "' is not a backplane trace part (no backplane_part record)");
+  return info;
+}
+
+// "ts":<number> shifted by offset_us, in place.
+bool shift_ts(std::string& line, double offset_us) {
+  const std::size_t at = line.find("\"ts\":");
+  if (at == std::string::npos) return true;
+  const std::size_t begin = at + 5;
+  char* end = nullptr;
+  const double ts = std::strtod(line.c_str() + begin, &end);
+  if (end == line.c_str() + begin) return false;
+  char buf[40];
+  const int n = std::snprintf(buf, sizeof buf, "%.3f", ts + offset_us);
+  line.replace(begin, static_cast<std::size_t>(end - (line.c_str() + begin)), buf,
+               static_cast<std::size_t>(n));
+  return true;
+}
+
+}  // namespace
+
+bool part_ended(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return false;
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  if (size <= 0) return false;
+  const std::streamoff tail = std::min<std::streamoff>(size, 512);
+  in.seekg(size - tail);
+  std::string text(static_cast<std::size_t>(tail), '\0');
+  in.read(text.data(), tail);
+  return text.find(kMetaEnd) != std::string::npos && text.find("\n]") != std::string::npos;
+}
+
+ClockOffset measure_clock_offset(int32_t rank, int32_t world, Store& store, std::string_view key_prefix) {
+  constexpr int kRounds = 8;
+  ClockOffset best;
+  if (world <= 1) return best;
+  const std::string base = std::string(key_prefix) + "trace/clock/";
+  // Short: a rank that does not trace never answers, and a group's creation
+  // should not wait the store's whole timeout for it.
+  const auto timeout = std::min<std::chrono::milliseconds>(store.timeout(), std::chrono::seconds(10));
+  if (rank == 0) {
+    for (int32_t r = 1; r < world; ++r) {
+      const std::string k = base + std::to_string(r) + "/";
+      store.set(k + "go", bytes_of("1"));
+      for (int i = 0; i < kRounds; ++i) {
+        store.get(k + "ping/" + std::to_string(i), timeout);
+        store.set(k + "pong/" + std::to_string(i), bytes_of(std::to_string(now_ns())));
+      }
+    }
+    best.rounds = kRounds;
+    return best;
+  }
+  const std::string k = base + std::to_string(rank) + "/";
+  store.get(k + "go", timeout);
+  best.error_ns = std::numeric_limits<int64_t>::max();
+  for (int i = 0; i < kRounds; ++i) {
+    const int64_t t0 = now_ns();
+    store.set(k + "ping/" + std::to_string(i), bytes_of("1"));
+    const int64_t remote = parse_ns(store.get(k + "pong/" + std::to_string(i), timeout));
+    const int64_t t1 = now_ns();
+    const int64_t error = (t1 - t0) / 2;
+    if (error < best.error_ns) {
+      best.error_ns = error;
+      best.offset_ns = remote - (t0 + error);
+    }
+  }
+  best.rounds = kRounds;
+  return best;
+}
+
+}  // namespace backplane::trace::detail
+
+namespace backplane::trace {
+
+std::vector<std::string> parts_of(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+  const std::string prefix = p.filename().string() + ".rank";
+  std::map<long, std::string> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() + 5 || name.compare(0, prefix.size(), prefix) != 0 ||
+        name.compare(name.size() - 5, 5, ".part") != 0)
+      continue;
+    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 5);
+    if (digits.empty() || digits.size() > 8 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
+      continue;
+    found.emplace(std::stol(digits), (p.has_parent_path() ? (dir / name).string() : name));
+  }
+  std::vector<std::string> out;
+  for (auto& [rank, file] : found) out.push_back(file);
+  return out;
+}
+
+MergeResult merge(const std::vector<std::string>& parts, const std::string& output) {
+  if (parts.empty())
+    throw Error(Errc::invalid_argument, "trace merge: no parts to merge into '" + output +
+                                            "' (a job writes FILE.rank<R>.part; were they merged already?)");
+  std::vector<detail::PartInfo> infos;
+  for (const std::string& p : parts) infos.push_back(detail::read_info(p));
+  MergeResult result;
+  try {
+    common::AtomicFileWriter out(output);
+    out.write("{\"traceEvents\":[\n");
+    bool first_event = true;
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      detail::PartInfo& info = infos[i];
+      std::ifstream in(parts[i]);
+      if (!in) detail::unreadable(parts[i], std::strerror(errno));
+      const double offset_us = static_cast<double>(info.offset_ns) / 1000.0;
+      std::string line;
+      std::vector<std::string> lines_pending;
+      while (std::getline(in, line)) {
+        const std::string_view body = detail::body_of(line);
+        if (body.empty() || body == "[" || body == "]") continue;
+        if (body.find("\"backplane_") != std::string_view::npos &&
+            (detail::is_meta(body, detail::kMetaPart) || detail::is_meta(body, detail::kMetaClock) ||
+             detail::is_meta(body, detail::kMetaDropped) || detail::is_meta(body, detail::kMetaEnd)))
+          continue;
+        std::string event(body);
+        // A rank killed mid-write leaves a torn last line: skip what is not whole.
+        if (event.back() != '}' || (!info.ended && !nlohmann::json::accept(event)) ||
+            !detail::shift_ts(event, offset_us)) {
+          ++info.torn;
+          continue;
+        }
+        if (!first_event) out.write(",\n");
+        first_event = false;
+        out.write(event);
+        ++info.events;
+      }
+      result.events += info.events;
+      result.dropped += info.dropped;
+      if (!info.ended) ++result.incomplete;
+    }
+    nlohmann::json ranks = nlohmann::json::array();
+    for (std::size_t i = 0; i < parts.size(); ++i) {
+      const detail::PartInfo& info = infos[i];
+      ranks.push_back({{"rank", info.rank},
+                       {"pid", info.pid},
+                       {"clock_offset_us", static_cast<double>(info.offset_ns) / 1000.0},
+                       {"clock_error_us", info.error_ns < 0
+                                              ? nlohmann::json(nullptr)
+                                              : nlohmann::json(static_cast<double>(info.error_ns) / 1000.0)},
+                       {"events", info.events},
+                       {"dropped", info.dropped},
+                       {"torn_lines", info.torn},
+                       {"complete", info.ended}});
+    }
+    nlohmann::json other = {{"backplane_trace", {{"format", 1}, {"ranks", ranks}}}};
+    out.write("\n],\"displayTimeUnit\":\"ms\",\"otherData\":");
+    out.write(other.dump());
+    out.write("}\n");
+    out.commit();
+  } catch (const common::FileWriteError& e) {
+    throw Error(Errc::io_error, std::string("trace merge: ") + e.what());
+  }
+  result.ranks = parts.size();
+  return result;
+}
+
+}  // namespace backplane::trace

@@ -1,0 +1,671 @@
+// Tracing's recorder: per-thread event buffers, the session's writer thread
+// that turns them into a rank's part file, clock alignment through the
+// store, and the BACKPLANE_TRACE session. merge.cpp joins the parts.
+//
+// Recording (record()) is lock-free for the recording thread: it appends to
+// the current chunk of its own buffer and publishes the count; the writer
+// thread reads up to the published count. A thread marks itself "writing"
+// around the append (a store and a load, both sequentially consistent), so
+// stop() can clear g_active and then wait until no thread is inside an
+// append before it drains and frees the buffers.
+#include "trace/recorder.hpp"
+#include "trace/trace_format.hpp"
+
+#include <backplane/abi.h>
+#include <backplane/error.hpp>
+#include <backplane/log.hpp>
+#include <backplane/rendezvous.hpp>
+#include <backplane/trace.hpp>
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace backplane::trace::detail {
+
+std::atomic<bool> g_active{false};
+
+namespace {
+
+constexpr std::size_t kChunkEvents = 512;
+constexpr std::size_t kMaxNames = 65536;  // interned strings; later ones share one id
+
+struct Chunk {
+  std::array<Event, kChunkEvents> events;
+  std::atomic<uint32_t> count{0};
+  std::atomic<Chunk*> next{nullptr};
+};
+
+// One recording thread's events in one session.
+struct ThreadBuffer {
+  int64_t tid = 0;
+  std::string name;
+  Chunk* tail = nullptr;  // the recording thread's
+  Chunk* head = nullptr;  // the writer's
+  uint32_t written = 0;   // events of head already written
+  bool named = false;     // thread_name written
+};
+
+// The string table: process-wide, never cleared (ids stay valid for every
+// session and every per-thread cache); held in its JSON-escaped form.
+struct Names {
+  std::mutex mutex;
+  std::unordered_map<std::string, uint32_t> ids;
+  std::vector<std::string> escaped{"", "(more names than the trace keeps)"};
+};
+constexpr uint32_t kOverflowName = 1;
+Names& names() {
+  static Names* n = new Names;  // never destroyed: threads may intern during exit
+  return *n;
+}
+
+// The recording session.
+struct State {
+  std::string path;
+  std::string part_path;
+  uint64_t max_events = 0;
+  int32_t rank = 0;
+  int32_t world = 1;
+  bool joined = false;
+  bool merge_here = true;
+  uint64_t generation = 0;
+
+  std::atomic<uint64_t> recorded{0};
+  std::atomic<uint64_t> dropped{0};
+
+  std::mutex buffers_mutex;
+  std::vector<std::unique_ptr<ThreadBuffer>> buffers;
+
+  // The writer.
+  int fd = -1;
+  std::mutex writer_mutex;  // the part file and everything below
+  std::condition_variable wake;
+  bool stopping = false;
+  std::thread writer;
+  std::string out;
+  uint32_t process_device = 0;  // the first device an op ran on: the process track's name
+  bool process_named = false;
+  uint64_t dropped_written = 0;
+  std::string clock_line;  // the clock's metadata record, once measured
+  std::string write_error;
+};
+
+std::mutex g_state_mutex;  // starting and stopping
+State* g_state = nullptr;  // read by recording threads only while g_active
+std::atomic<uint64_t> g_generation{0};
+
+// A recording thread's marker, alive as long as the thread: "inside an
+// append" for stop(), and the buffer it appends to in which session.
+struct Slot;
+std::mutex g_slots_mutex;
+std::vector<Slot*>& slots() {
+  static auto* v = new std::vector<Slot*>;  // never destroyed: threads end after static destructors run
+  return *v;
+}
+struct Slot {
+  std::atomic<bool> writing{false};
+  ThreadBuffer* buffer = nullptr;
+  uint64_t generation = 0;
+  Slot() {
+    std::lock_guard lock(g_slots_mutex);
+    slots().push_back(this);
+  }
+  ~Slot() {
+    std::lock_guard lock(g_slots_mutex);
+    auto& v = slots();
+    v.erase(std::remove(v.begin(), v.end(), this), v.end());
+  }
+};
+thread_local Slot t_slot;
+
+int64_t gettid_now() { return static_cast<int64_t>(::syscall(SYS_gettid)); }
+
+ThreadBuffer* register_thread(State& s) noexcept {
+  try {
+    auto b = std::make_unique<ThreadBuffer>();
+    b->tid = gettid_now();
+    char name[32] = {};
+    if (::pthread_getname_np(::pthread_self(), name, sizeof name) == 0) b->name = name;
+    b->tail = b->head = new Chunk;
+    ThreadBuffer* raw = b.get();
+    std::lock_guard lock(s.buffers_mutex);
+    s.buffers.push_back(std::move(b));
+    return raw;
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+// ---- the part file's text ---------------------------------------------------
+
+void append_ts(std::string& out, int64_t ns) {
+  char buf[32];
+  const int64_t us = ns / 1000;
+  const int64_t frac = ns % 1000;
+  const int n = std::snprintf(buf, sizeof buf, "%lld.%03lld", static_cast<long long>(us),
+                              static_cast<long long>(frac < 0 ? -frac : frac));
+  out.append(buf, static_cast<std::size_t>(n));
+}
+
+void append_int(std::string& out, int64_t v) { out += std::to_string(v); }
+
+const std::string& name_of(uint32_t id) {  // names().mutex held
+  const auto& e = names().escaped;
+  return id < e.size() ? e[id] : e[0];
+}
+
+void append_event(std::string& out, const State& s, int64_t tid, const Event& e) {
+  out += "{\"ph\":\"";
+  switch (e.kind) {
+    case Kind::span:
+      out += 'X';
+      break;
+    case Kind::instant:
+      out += 'i';
+      break;
+    case Kind::flow_out:
+      out += 's';
+      break;
+    case Kind::flow_in:
+      out += 'f';
+      break;
+  }
+  out += "\",\"cat\":\"";
+  out += e.cat;
+  out += "\",\"name\":\"";
+  out += e.name != nullptr ? std::string_view(e.name) : std::string_view(name_of(e.name_id));
+  out += "\",\"pid\":";
+  append_int(out, s.rank);
+  out += ",\"tid\":";
+  append_int(out, tid);
+  out += ",\"ts\":";
+  append_ts(out, e.t0);
+  if (e.kind == Kind::span) {
+    out += ",\"dur\":";
+    append_ts(out, e.t1 - e.t0);
+  } else if (e.kind == Kind::instant) {
+    out += ",\"s\":\"t\"";
+  } else {
+    out += ",\"id\":";
+    append_int(out, static_cast<int64_t>(e.flow));
+    if (e.kind == Kind::flow_in) out += ",\"bp\":\"e\"";
+  }
+  out += ",\"args\":{";
+  bool first = true;
+  auto key = [&](const char* k) {
+    if (!first) out += ',';
+    first = false;
+    out += '"';
+    out += k;
+    out += "\":";
+  };
+  if (e.device != 0) {
+    key("device");
+    out += '"' + name_of(e.device) + '"';
+  }
+  if (e.peer != 0) {
+    key(e.cat == std::string_view(kCatCopy) ? "to" : "for");
+    out += '"' + name_of(e.peer) + '"';
+  }
+  if (e.dtype >= 0) {
+    key("dtype");
+    const char* d = bp_dtype_name(e.dtype);
+    out += '"';
+    out += d != nullptr ? d : "?";
+    out += '"';
+  }
+  if (e.nshapes > 0) {
+    key("shapes");
+    out += '[';
+    int at = 0;
+    for (int i = 0; i < e.nshapes; ++i) {
+      if (i > 0) out += ',';
+      out += '[';
+      for (int j = 0; j < e.ndim[i]; ++j) {
+        if (j > 0) out += ',';
+        append_int(out, e.dims[at++]);
+      }
+      out += ']';
+    }
+    out += ']';
+    if (e.shapes_cut) {
+      key("shapes_cut");
+      out += "true";
+    }
+  }
+  if (e.bytes >= 0) {
+    key("bytes");
+    append_int(out, e.bytes);
+  }
+  if (e.count_key != nullptr) {
+    key(e.count_key);
+    append_int(out, e.count);
+  }
+  if (e.text_key != nullptr) {
+    key(e.text_key);
+    out += '"' + name_of(e.text) + '"';
+  }
+  if (e.needed_by != nullptr) {
+    key("needed_by");
+    out += '"';
+    out += e.needed_by;
+    out += '"';
+  }
+  out += "}},\n";
+}
+
+void append_metadata(std::string& out, const State& s, const char* name, int64_t tid,
+                     const std::string& args) {
+  out += "{\"ph\":\"M\",\"name\":\"";
+  out += name;
+  out += "\",\"pid\":";
+  append_int(out, s.rank);
+  out += ",\"tid\":";
+  append_int(out, tid);
+  out += ",\"args\":{";
+  out += args;
+  out += "}},\n";
+}
+
+void write_out(State& s) {  // writer_mutex held
+  std::size_t at = 0;
+  while (at < s.out.size() && s.fd >= 0) {
+    const ssize_t n = ::write(s.fd, s.out.data() + at, s.out.size() - at);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (s.write_error.empty()) s.write_error = std::strerror(errno);
+      break;
+    }
+    at += static_cast<std::size_t>(n);
+  }
+  s.out.clear();
+}
+
+// Writes every published event not yet written. writer_mutex held.
+void drain(State& s) {
+  std::vector<ThreadBuffer*> buffers;
+  {
+    std::lock_guard lock(s.buffers_mutex);
+    for (auto& b : s.buffers) buffers.push_back(b.get());
+  }
+  std::lock_guard names_lock(names().mutex);
+  for (ThreadBuffer* b : buffers) {
+    if (!b->named) {
+      b->named = true;
+      std::string args = "\"name\":\"" + (b->name.empty() ? std::string("thread") : b->name) + " " +
+                         std::to_string(b->tid) + "\"";
+      append_metadata(s.out, s, "thread_name", b->tid, args);
+    }
+    while (b->head != nullptr) {
+      Chunk* c = b->head;
+      const uint32_t n = c->count.load(std::memory_order_acquire);
+      for (uint32_t i = b->written; i < n; ++i) {
+        const Event& e = c->events[i];
+        if (!s.process_named && e.device != 0 && e.cat == std::string_view(kCatOp))
+          s.process_device = e.device;
+        append_event(s.out, s, b->tid, e);
+      }
+      b->written = n;
+      Chunk* next = c->next.load(std::memory_order_acquire);
+      if (n < kChunkEvents || next == nullptr) break;
+      b->head = next;
+      b->written = 0;
+      delete c;
+    }
+    if (s.out.size() > (1u << 20)) write_out(s);
+  }
+  if (!s.process_named && s.process_device != 0) {
+    s.process_named = true;
+    append_metadata(
+        s.out, s, "process_name", 0,
+        "\"name\":\"rank " + std::to_string(s.rank) + " \xC2\xB7 " + name_of(s.process_device) + "\"");
+  }
+  const uint64_t dropped = s.dropped.load(std::memory_order_relaxed);
+  if (dropped != s.dropped_written) {
+    s.dropped_written = dropped;
+    append_metadata(s.out, s, kMetaDropped, 0, "\"dropped\":" + std::to_string(dropped));
+  }
+  write_out(s);
+}
+
+void writer_loop(State& s) {
+  std::unique_lock lock(s.writer_mutex);
+  while (!s.stopping) {
+    s.wake.wait_for(lock, std::chrono::milliseconds(100));
+    drain(s);
+  }
+}
+
+int32_t parse_int_or(const char* text, int32_t otherwise) {
+  if (text == nullptr || *text == '\0') return otherwise;
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(text, &end, 10);
+  if (errno != 0 || *end != '\0' || v < 0 || v > (1 << 24)) return otherwise;
+  return static_cast<int32_t>(v);
+}
+
+// The world size the launcher family of env_rank() names; 1 when unknown.
+int32_t env_world() {
+  for (const char* v : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_NTASKS"}) {
+    const int32_t w = parse_int_or(std::getenv(v), 0);
+    if (w > 0) return w;
+  }
+  return 1;
+}
+
+std::string open_error(const std::string& path, int err) {
+  return "trace: cannot create the trace part '" + path + "': " + std::strerror(err) +
+         (err == ELOOP ? " (it is a symbolic link; remove it or choose another trace file)" : "");
+}
+
+void start(Options options) {
+  if (options.path.empty()) throw Error(Errc::invalid_argument, "trace: the trace file's path is empty");
+  if (options.max_events == 0)
+    throw Error(Errc::invalid_argument, "trace: max_events is 0; give at least 1 (default " +
+                                            std::to_string(kDefaultMaxEvents) + ")");
+  std::lock_guard lock(g_state_mutex);
+  if (g_state != nullptr)
+    throw Error(Errc::invalid_argument, "trace: a session already records into '" + g_state->path +
+                                            "' in this process (BACKPLANE_TRACE or another trace::Session); "
+                                            "stop it first");
+  auto s = std::make_unique<State>();
+  s->path = std::move(options.path);
+  s->max_events = options.max_events;
+  if (auto r = Rendezvous::env_rank()) s->rank = parse_int_or(r->c_str(), 0);
+  s->world = std::max(env_world(), s->rank + 1);
+  const char* merge = std::getenv("BACKPLANE_TRACE_MERGE");
+  s->merge_here = merge == nullptr || std::string_view(merge) != "launcher";
+  s->part_path = part_path(s->path, s->rank);
+  s->fd = ::open(s->part_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (s->fd < 0) throw Error(Errc::io_error, open_error(s->part_path, errno));
+  s->generation = g_generation.fetch_add(1) + 1;
+  s->out = "[\n";
+  append_metadata(s->out, *s, kMetaPart, 0,
+                  "\"format\":1,\"rank\":" + std::to_string(s->rank) +
+                      ",\"world\":" + std::to_string(s->world) + ",\"pid\":" + std::to_string(::getpid()) +
+                      ",\"max_events\":" + std::to_string(s->max_events));
+  append_metadata(s->out, *s, "process_sort_index", 0, "\"sort_index\":" + std::to_string(s->rank));
+  write_out(*s);
+  State* raw = s.get();
+  s->writer = std::thread([raw] { writer_loop(*raw); });
+  g_state = s.release();
+  g_active.store(true, std::memory_order_seq_cst);
+}
+
+// Stops recording; writes the part's end; rank 0 merges. Throws what merging throws.
+void stop() {
+  std::unique_ptr<State> s;
+  {
+    std::lock_guard lock(g_state_mutex);
+    if (g_state == nullptr) return;
+    s.reset(g_state);
+    g_active.store(false, std::memory_order_seq_cst);
+    // Wait out appends that saw g_active before it was cleared.
+    {
+      std::lock_guard slots_lock(g_slots_mutex);
+      for (Slot* slot : slots())
+        while (slot->writing.load(std::memory_order_seq_cst)) std::this_thread::yield();
+    }
+    g_state = nullptr;
+  }
+  {
+    std::lock_guard lock(s->writer_mutex);
+    s->stopping = true;
+  }
+  s->wake.notify_all();
+  s->writer.join();
+  {
+    std::lock_guard lock(s->writer_mutex);
+    drain(*s);
+    if (!s->process_named) {
+      s->process_named = true;
+      append_metadata(s->out, *s, "process_name", 0, "\"name\":\"rank " + std::to_string(s->rank) + "\"");
+    }
+    s->out += "{\"ph\":\"M\",\"name\":\"";
+    s->out += kMetaEnd;
+    s->out += "\",\"pid\":" + std::to_string(s->rank) +
+              ",\"tid\":0,\"args\":{\"events\":" + std::to_string(s->recorded.load()) +
+              ",\"dropped\":" + std::to_string(s->dropped.load()) + "}}\n]\n";
+    write_out(*s);
+    for (auto& b : s->buffers) {
+      for (Chunk* c = b->head; c != nullptr;) {
+        Chunk* next = c->next.load(std::memory_order_relaxed);
+        delete c;
+        c = next;
+      }
+    }
+    if (s->fd >= 0 && ::close(s->fd) != 0 && s->write_error.empty()) s->write_error = std::strerror(errno);
+    s->fd = -1;
+  }
+  if (!s->write_error.empty())
+    throw Error(Errc::io_error, "trace: writing '" + s->part_path + "' failed: " + s->write_error);
+  if (s->rank != 0 || !s->merge_here) return;
+  // Rank 0 merges: the other ranks' parts, once they have ended (or after the wait).
+  const double wait_s = [] {
+    const char* w = std::getenv("BACKPLANE_TRACE_MERGE_WAIT");
+    const int32_t v = parse_int_or(w, 10);
+    return static_cast<double>(v);
+  }();
+  std::vector<std::string> parts;
+  for (int32_t r = 0; r < s->world; ++r) parts.push_back(part_path(s->path, r));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  for (const std::string& p : parts) {
+    while (!part_ended(p) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::vector<std::string> present;
+  for (const std::string& p : parts)
+    if (::access(p.c_str(), F_OK) == 0) present.push_back(p);
+  const MergeResult m = trace::merge(present, s->path);
+  for (const std::string& p : present) ::unlink(p.c_str());
+  if (m.ranks < static_cast<std::size_t>(s->world) || m.incomplete > 0) {
+    log(LogLevel::warning, "trace: wrote '" + s->path + "' with " + std::to_string(m.ranks) + " of " +
+                               std::to_string(s->world) + " ranks (" + std::to_string(m.incomplete) +
+                               " of them ended early: a rank died or its part is still being written)");
+  }
+}
+
+// The BACKPLANE_TRACE session: started with the first registry, stopped at exit.
+struct EnvSession {
+  ~EnvSession() {
+    try {
+      detail::stop();
+    } catch (const std::exception& e) {
+      log(LogLevel::error, e.what());
+    }
+  }
+};
+
+}  // namespace
+
+void record(const Event& e) noexcept {
+  Slot& slot = t_slot;
+  slot.writing.store(true, std::memory_order_seq_cst);
+  if (!g_active.load(std::memory_order_seq_cst)) [[unlikely]] {
+    slot.writing.store(false, std::memory_order_release);
+    return;
+  }
+  // g_state stays valid until `writing` is false again (stop() waits).
+  State& s = *g_state;
+  if (slot.generation != s.generation) [[unlikely]] {
+    slot.buffer = register_thread(s);  // takes buffers_mutex, never held while stop() waits
+    slot.generation = s.generation;
+  }
+  ThreadBuffer* b = slot.buffer;
+  if (b == nullptr || s.recorded.fetch_add(1, std::memory_order_relaxed) >= s.max_events) [[unlikely]] {
+    s.dropped.fetch_add(1, std::memory_order_relaxed);
+    slot.writing.store(false, std::memory_order_release);
+    return;
+  }
+  Chunk* c = b->tail;
+  uint32_t n = c->count.load(std::memory_order_relaxed);
+  if (n == kChunkEvents) [[unlikely]] {
+    Chunk* fresh = new (std::nothrow) Chunk;
+    if (fresh == nullptr) {
+      s.dropped.fetch_add(1, std::memory_order_relaxed);
+      slot.writing.store(false, std::memory_order_release);
+      return;
+    }
+    c->next.store(fresh, std::memory_order_release);
+    b->tail = c = fresh;
+    n = 0;
+  }
+  c->events[n] = e;
+  c->count.store(n + 1, std::memory_order_release);
+  slot.writing.store(false, std::memory_order_release);
+}
+
+uint32_t intern(std::string_view text) noexcept {
+  if (text.empty()) return 0;
+  try {
+    Names& n = names();
+    std::lock_guard lock(n.mutex);
+    auto it = n.ids.find(std::string(text));
+    if (it != n.ids.end()) return it->second;
+    if (n.escaped.size() >= kMaxNames) return kOverflowName;
+    const auto id = static_cast<uint32_t>(n.escaped.size());
+    n.escaped.push_back(json_escape(text));
+    n.ids.emplace(std::string(text), id);
+    return id;
+  } catch (...) {
+    return 0;
+  }
+}
+
+uint32_t device_label(uint64_t backend_serial, std::string_view backend, int32_t device) noexcept {
+  struct Entry {
+    uint64_t key;
+    int32_t device;
+    uint32_t id;
+  };
+  thread_local std::array<Entry, 8> cache{};
+  thread_local std::size_t next = 0;
+  for (const Entry& e : cache)
+    if (e.key == backend_serial && e.device == device && e.id != 0) return e.id;
+  uint32_t id = 0;
+  try {
+    id = intern(std::string(backend) + ":" + std::to_string(device));
+  } catch (...) {
+    return 0;
+  }
+  cache[next++ % cache.size()] = Entry{backend_serial, device, id};
+  return id;
+}
+
+void add_shape(Event& e, const bp_tensor& t) noexcept {
+  if (e.nshapes >= Event::kMaxShapes) {
+    e.shapes_cut = true;
+    return;
+  }
+  int used = 0;
+  for (int i = 0; i < e.nshapes; ++i) used += e.ndim[i];
+  const int ndim = std::max<int32_t>(t.ndim, 0);
+  const int take = std::min(ndim, Event::kMaxDims - used);
+  if (take < ndim) e.shapes_cut = true;
+  for (int i = 0; i < take; ++i) e.dims[used + i] = t.shape[i];
+  e.ndim[e.nshapes++] = static_cast<uint8_t>(take);
+}
+
+void start_from_env() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* path = std::getenv("BACKPLANE_TRACE");
+    if (path == nullptr || *path == '\0') return;
+    Options o;
+    o.path = path;
+    if (const char* m = std::getenv("BACKPLANE_TRACE_MAX_EVENTS")) {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long v = std::strtoull(m, &end, 10);
+      if (errno != 0 || end == m || *end != '\0' || v == 0)
+        throw Error(Errc::invalid_argument, std::string("BACKPLANE_TRACE_MAX_EVENTS='") + m +
+                                                "' is not a positive whole number of events");
+      o.max_events = v;
+    }
+    start(std::move(o));
+    static EnvSession at_exit;
+  });
+}
+
+void joined_job(int32_t rank, int32_t world, Store& store, std::string_view key_prefix) {
+  if (!active()) return;
+  {
+    std::lock_guard lock(g_state_mutex);
+    if (g_state == nullptr || g_state->joined) return;
+    g_state->joined = true;
+    g_state->world = std::max(g_state->world, world);
+  }
+  ClockOffset c;
+  try {
+    c = measure_clock_offset(rank, world, store, key_prefix);
+  } catch (const std::exception& e) {
+    // A rank that does not trace never answers: its events keep their own clock.
+    log(LogLevel::warning, std::string("trace: this rank's clock is not aligned to rank 0's (does every rank "
+                                       "trace? set BACKPLANE_TRACE for all of them): ") +
+                               e.what());
+    return;
+  }
+  std::lock_guard lock(g_state_mutex);
+  if (g_state == nullptr) return;
+  State& s = *g_state;
+  std::lock_guard wl(s.writer_mutex);
+  append_metadata(s.out, s, kMetaClock, 0,
+                  "\"offset_ns\":" + std::to_string(c.offset_ns) + ",\"error_ns\":" +
+                      std::to_string(c.error_ns) + ",\"rounds\":" + std::to_string(c.rounds));
+}
+
+}  // namespace backplane::trace::detail
+
+namespace backplane::trace {
+
+Session::Session(Options options) { detail::start(std::move(options)); }
+
+Session::~Session() {
+  try {
+    stop();
+  } catch (const std::exception& e) {
+    log(LogLevel::error, e.what());
+  }
+}
+
+void Session::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  detail::stop();
+}
+
+bool active() noexcept { return detail::active(); }
+
+Range::Range(std::string_view name) {
+  if (!detail::active()) return;
+  name_ = detail::intern(name);
+  start_ = detail::now_ns();
+}
+
+Range::~Range() {
+  if (start_ < 0) return;
+  detail::Event e;
+  e.cat = detail::kCatRange;
+  e.name_id = name_;
+  e.t0 = start_;
+  e.t1 = detail::now_ns();
+  detail::record(e);
+}
+
+}  // namespace backplane::trace

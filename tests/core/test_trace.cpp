@@ -1,0 +1,284 @@
+// Tracing (include/backplane/trace.hpp): what a session writes (ops with
+// device, dtype and shapes; copies charged to the op that needed them;
+// ranges around what they contain), per-thread order and nesting, the event
+// cap, a killed process's part, and the merge.
+#include "test_support.hpp"
+
+#include <backplane/backplane.hpp>
+#include <backplane/trace.hpp>
+
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace bp = backplane;
+namespace fs = std::filesystem;
+using namespace bptest;
+using nlohmann::json;
+
+namespace {
+
+std::string cpu_library() { return json_path(plugin_dir() / "libbackplane_cpu.so"); }
+
+bp::Registry trace_registry() {
+  const std::string text = R"({"schema_version": 1, "backends": [
+    {"name": "cpu", "library": )" +
+                           cpu_library() +
+                           R"(, "options": {"threads": 1}},
+    {"name": "opaque", "library": )" +
+                           json_path(fixture("opaque")) + R"(, "op_fallback": "host:cpu"}]})";
+  return bp::Registry::from_json(text, fixture_dir(), "trace test");
+}
+
+// A fresh folder for one test's trace files.
+fs::path scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("bp_trace_" + std::to_string(::getpid()) + "_" + name);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+json read_json(const fs::path& p) {
+  std::ifstream in(p);
+  REQUIRE(in);
+  return json::parse(in);
+}
+
+std::vector<json> events(const json& trace, const std::string& ph) {
+  std::vector<json> out;
+  for (const json& e : trace["traceEvents"])
+    if (e["ph"] == ph) out.push_back(e);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("trace: ops are recorded with device, dtype and shapes, in order per thread, inside their ranges") {
+  const bp::Registry r = trace_registry();
+  const bp::Device d = r.backend("cpu").device();
+  const fs::path dir = scratch("ops");
+  const fs::path file = dir / "t.json";
+  {
+    bp::trace::Session session({file.string()});
+    CHECK(bp::trace::active());
+    auto work = [&] {
+      const bp::trace::Range outer("outer");
+      const bp::Tensor a = bp::Tensor::from_vector<float>(d, {2, 3}, {1, 2, 3, 4, 5, 6});
+      const bp::Tensor b = bp::Tensor::from_vector<float>(d, {3, 2}, {1, 0, 0, 1, 1, 1});
+      for (int i = 0; i < 50; ++i) {
+        const bp::trace::Range inner("inner");
+        (void)bp::matmul(a, b);
+      }
+    };
+    std::thread other(work);
+    work();
+    other.join();
+  }
+  CHECK_FALSE(bp::trace::active());
+  CHECK(fs::exists(file));
+  CHECK(bp::trace::parts_of(file.string()).empty());  // merged and removed
+  const json t = read_json(file);
+  std::map<int64_t, std::vector<json>> by_thread;
+  for (const json& e : events(t, "X")) by_thread[e["tid"].get<int64_t>()].push_back(e);
+  REQUIRE(by_thread.size() == 2);
+  for (auto& [tid, evs] : by_thread) {
+    std::vector<json> matmuls, inners, outers;
+    for (const json& e : evs) {
+      if (e["name"] == "matmul") matmuls.push_back(e);
+      if (e["name"] == "inner") inners.push_back(e);
+      if (e["name"] == "outer") outers.push_back(e);
+    }
+    REQUIRE(matmuls.size() == 50);
+    REQUIRE(inners.size() == 50);
+    REQUIRE(outers.size() == 1);
+    const json& m0 = matmuls[0];
+    CHECK(m0["cat"] == "op");
+    CHECK(m0["args"]["device"] == "cpu:0");
+    CHECK(m0["args"]["dtype"] == "f32");
+    CHECK(m0["args"]["shapes"] == json::array({{2, 3}, {3, 2}, {2, 2}}));
+    const double o0 = outers[0]["ts"], o1 = o0 + outers[0]["dur"].get<double>();
+    for (std::size_t i = 0; i < 50; ++i) {
+      // Each matmul lies inside its own inner range, and inner ranges follow one another.
+      const double i0 = inners[i]["ts"], i1 = i0 + inners[i]["dur"].get<double>();
+      const double m_0 = matmuls[i]["ts"], m_1 = m_0 + matmuls[i]["dur"].get<double>();
+      CHECK(m_0 >= i0);
+      CHECK(m_1 <= i1 + 0.001);
+      CHECK(i0 >= o0);
+      CHECK(i1 <= o1 + 0.001);
+      if (i > 0) CHECK(i0 >= inners[i - 1]["ts"].get<double>() + inners[i - 1]["dur"].get<double>() - 0.001);
+    }
+  }
+  // Metadata: a name for each thread and for the process ("rank 0 · cpu:0").
+  bool named = false;
+  for (const json& m : events(t, "M"))
+    if (m["name"] == "process_name") named = m["args"]["name"].get<std::string>().rfind("rank 0", 0) == 0;
+  CHECK(named);
+  const json& rank = t["otherData"]["backplane_trace"]["ranks"][0];
+  CHECK(rank["complete"] == true);
+  CHECK(rank["dropped"] == 0);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("trace: a copy is charged to the op that needed the bytes, not the one that made them") {
+  const bp::Registry r = trace_registry();
+  const bp::Device op = r.backend("opaque").device();
+  const fs::path dir = scratch("copies");
+  const fs::path file = dir / "t.json";
+  {
+    bp::trace::Session session({file.string()});
+    const bp::Tensor x = bp::Tensor::from_vector<float>(op, {4}, {1, 2, 3, 4});  // 16 bytes on opaque:0
+    const bp::Tensor y = bp::exp(bp::neg(x));  // opaque lacks both: x goes to cpu for neg
+    (void)bp::add(y, x);                       // opaque runs add: y comes back, for add
+  }
+  const json t = read_json(file);
+  std::vector<json> copies, fallbacks;
+  for (const json& e : events(t, "X")) {
+    if (e["cat"] == "copy") copies.push_back(e);
+    if (e["cat"] == "fallback") fallbacks.push_back(e);
+  }
+  REQUIRE(copies.size() == 2);
+  CHECK(copies[0]["args"]["device"] == "opaque:0");
+  CHECK(copies[0]["args"]["to"] == "cpu:0");
+  CHECK(copies[0]["args"]["needed_by"] == "neg");
+  CHECK(copies[0]["args"]["bytes"] == 16);
+  CHECK(copies[1]["args"]["device"] == "cpu:0");
+  CHECK(copies[1]["args"]["to"] == "opaque:0");
+  CHECK(copies[1]["args"]["needed_by"] == "add");
+  // neg and exp ran on cpu:0 for opaque:0.
+  REQUIRE(fallbacks.size() == 2);
+  CHECK(fallbacks[0]["name"] == "neg");
+  CHECK(fallbacks[0]["args"]["device"] == "cpu:0");
+  CHECK(fallbacks[0]["args"]["for"] == "opaque:0");
+  CHECK(fallbacks[1]["name"] == "exp");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("trace: max_events keeps the first events and counts the rest") {
+  const bp::Registry r = trace_registry();
+  const bp::Device d = r.backend("cpu").device();
+  const fs::path dir = scratch("cap");
+  const fs::path file = dir / "t.json";
+  {
+    bp::trace::Session session({file.string(), 10});
+    const bp::Tensor a = bp::Tensor::from_vector<float>(d, {4}, {1, 2, 3, 4});
+    for (int i = 0; i < 100; ++i) (void)bp::neg(a);
+  }
+  const json t = read_json(file);
+  CHECK(events(t, "X").size() == 10);
+  const json& rank = t["otherData"]["backplane_trace"]["ranks"][0];
+  CHECK(rank["dropped"].get<uint64_t>() >= 100 - 10);  // 100 negs, and whatever from_vector ran
+  fs::remove_all(dir);
+}
+
+TEST_CASE("trace: one session at a time, and none unless asked") {
+  const bp::Registry r = trace_registry();
+  const fs::path dir = scratch("one");
+  {
+    bp::trace::Session session({(dir / "a.json").string()});
+    try {
+      bp::trace::Session second({(dir / "b.json").string()});
+      FAIL("a second session started");
+    } catch (const bp::Error& e) {
+      CHECK(e.code() == bp::Errc::invalid_argument);
+      CHECK(std::string(e.what()).find("already records into") != std::string::npos);
+    }
+  }
+  CHECK_THROWS_AS(bp::trace::Session({(dir / "c.json").string(), 0}), bp::Error);
+  // Without a session, ops record nothing and no file appears.
+  const bp::Tensor a = bp::Tensor::from_vector<float>(r.backend("cpu").device(), {2}, {1, 2});
+  (void)bp::neg(a);
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(dir)) files.push_back(e.path().filename().string());
+  CHECK(files == std::vector<std::string>{"a.json"});
+  fs::remove_all(dir);
+}
+
+TEST_CASE("trace: a part file that is a symbolic link is refused, naming it") {
+  const fs::path dir = scratch("link");
+  const fs::path file = dir / "t.json";
+  fs::create_symlink(dir / "elsewhere", fs::path(file.string() + ".rank0.part"));
+  try {
+    bp::trace::Session session({file.string()});
+    FAIL("the session followed a link");
+  } catch (const bp::Error& e) {
+    CHECK(e.code() == bp::Errc::io_error);
+    CHECK(std::string(e.what()).find("symbolic link") != std::string::npos);
+  }
+  CHECK_FALSE(fs::exists(dir / "elsewhere"));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("trace: a process killed while recording leaves a part that merges, marked incomplete") {
+  const fs::path dir = scratch("killed");
+  const fs::path file = dir / "t.json";
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    try {
+      const bp::Registry r = trace_registry();
+      const bp::Device d = r.backend("cpu").device();
+      static bp::trace::Session* session = new bp::trace::Session({file.string()});  // never stopped
+      (void)session;
+      const bp::Tensor a = bp::Tensor::from_vector<float>(d, {4}, {1, 2, 3, 4});
+      for (int i = 0; i < 20; ++i) (void)bp::neg(a);
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the writer flushes every 100 ms
+      ::kill(::getpid(), SIGKILL);
+    } catch (...) {
+    }
+    ::_exit(3);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  REQUIRE(WIFSIGNALED(status));
+  const std::vector<std::string> parts = bp::trace::parts_of(file.string());
+  REQUIRE(parts.size() == 1);
+  const bp::trace::MergeResult m = bp::trace::merge(parts, file.string());
+  CHECK(m.ranks == 1);
+  CHECK(m.incomplete == 1);
+  const json t = read_json(file);
+  int negs = 0;
+  for (const json& e : events(t, "X")) negs += e["name"] == "neg";
+  CHECK(negs == 20);
+  CHECK(t["otherData"]["backplane_trace"]["ranks"][0]["complete"] == false);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("trace: merge refuses a file that is not a part and a torn last line is skipped") {
+  const fs::path dir = scratch("merge");
+  const fs::path bad = dir / "x.rank0.part";
+  std::ofstream(bad) << "{\"not\": \"a part\"}\n";
+  CHECK_THROWS_WITH_AS(bp::trace::merge({bad.string()}, (dir / "out.json").string()),
+                       doctest::Contains("is not a backplane trace part"), bp::Error);
+  const fs::path torn = dir / "y.rank1.part";
+  std::ofstream(torn)
+      << "[\n"
+      << R"({"ph":"M","name":"backplane_part","pid":1,"tid":0,"args":{"format":1,"rank":1,"world":2,"pid":7}},)"
+      << "\n"
+      << R"({"ph":"X","cat":"op","name":"add","pid":1,"tid":5,"ts":10.000,"dur":1.000,"args":{}},)"
+      << "\n"
+      << R"({"ph":"M","name":"backplane_clock","pid":1,"tid":0,"args":{"offset_ns":5000,"error_ns":100,"rounds":8}},)"
+      << "\n"
+      << R"({"ph":"X","cat":"op","name":"mul","pid":1,"tid":5,"ts":12.0)";
+  const bp::trace::MergeResult m = bp::trace::merge({torn.string()}, (dir / "out.json").string());
+  CHECK(m.events == 1);
+  CHECK(m.incomplete == 1);
+  const json t = read_json(dir / "out.json");
+  const auto xs = events(t, "X");
+  REQUIRE(xs.size() == 1);
+  CHECK(xs[0]["ts"].get<double>() == doctest::Approx(15.0));  // shifted by the rank's 5 us offset
+  CHECK(t["otherData"]["backplane_trace"]["ranks"][0]["torn_lines"] == 1);
+  CHECK(t["otherData"]["backplane_trace"]["ranks"][0]["clock_error_us"].get<double>() ==
+        doctest::Approx(0.1));
+  fs::remove_all(dir);
+}
