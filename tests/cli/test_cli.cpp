@@ -954,3 +954,75 @@ TEST_CASE("usage: no subcommand exits 64 and prints the help to stderr") {
   BP_CHECK_CONTAINS(r.err, "Usage: backplane");
   CHECK(r.out.empty());
 }
+
+TEST_CASE("train --trace: one timeline of every rank, clocks aligned within their error, and its summary") {
+  TempDir tmp;
+  const fs::path config = tmp.write("backends.json", partial_cpu_config());
+  const fs::path trace = tmp / "job.json";
+  const Result r = cli(tmp, {"train", "--backend", "partial", "--nproc", "2", "--epochs", "1", "--config",
+                             config.string(), "--data", kDigits, "--trace", trace.string()});
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.err, "trace of 2 rank(s)");
+  for (const auto& e : fs::directory_iterator(tmp.path()))
+    CHECK(e.path().extension() != ".part");  // merged and removed
+  const nlohmann::json t = nlohmann::json::parse(bpcli::slurp(trace));
+  std::map<int64_t, int> ops, fallbacks, steps;
+  std::map<int64_t, std::string> names;
+  for (const auto& e : t["traceEvents"]) {
+    const int64_t pid = e["pid"];
+    if (e["ph"] == "M" && e["name"] == "process_name") names[pid] = e["args"]["name"];
+    if (e["ph"] != "X") continue;
+    if (e["cat"] == "op") ++ops[pid];
+    if (e["cat"] == "range" && e["name"] == "step") ++steps[pid];
+    if (e["cat"] == "fallback") {
+      ++fallbacks[pid];
+      CHECK(e["args"]["for"] == "partial:0");
+      CHECK(e["args"]["device"] == "cpu:0");
+    }
+  }
+  for (int64_t rank : {0, 1}) {
+    CAPTURE(rank);
+    CHECK(ops[rank] > 0);
+    CHECK(fallbacks[rank] > 0);
+    CHECK(steps[rank] > 0);
+    CHECK(names[rank].rfind("rank " + std::to_string(rank) + " \xC2\xB7 ", 0) == 0);
+  }
+  // Both ranks read one clock here: the measured offset is within its error.
+  const auto& ranks = t["otherData"]["backplane_trace"]["ranks"];
+  REQUIRE(ranks.size() == 2);
+  CHECK(ranks[1]["complete"] == true);
+  REQUIRE(ranks[1]["clock_error_us"].is_number());
+  const double offset = ranks[1]["clock_offset_us"], error = ranks[1]["clock_error_us"];
+  CHECK(std::abs(offset) <= error + 1.0);
+
+  const Result text = cli(tmp, {"trace", "summary", trace.string()});
+  INFO(text.describe());
+  REQUIRE(text.code == kExitOk);
+  BP_CHECK_CONTAINS(text.out, "top ops by total time");
+  BP_CHECK_CONTAINS(text.out, "op fallbacks");
+  BP_CHECK_CONTAINS(text.out, "for partial:0 ran on cpu:0");
+  const Result js = cli(tmp, {"trace", "summary", "--json", trace.string()});
+  REQUIRE(js.code == kExitOk);
+  const nlohmann::json s = nlohmann::json::parse(js.out);
+  REQUIRE(s["ranks"].size() == 2);
+  CHECK(s["ranks"][0]["steps"].get<int>() == steps[0]);
+  CHECK(s["ranks"][0]["fallback_calls"].get<int>() == fallbacks[0]);
+
+  // Not a trace: a usage error that says what to give.
+  const Result bad = cli(tmp, {"trace", "summary", config.string()});
+  CHECK(bad.code == kExitUsage);
+  BP_CHECK_CONTAINS(bad.err, "not a trace");
+}
+
+TEST_CASE("train: without --trace nothing is recorded and no file appears") {
+  TempDir tmp;
+  const fs::path empty = tmp / "cwd";
+  fs::create_directories(empty);
+  bpcli::Options o;
+  o.cwd = empty;
+  const Result r = cli(tmp, {"train", "--nproc", "1", "--epochs", "1", "--data", kDigits}, o);
+  INFO(r.describe());
+  REQUIRE(r.code == kExitOk);
+  CHECK(fs::is_empty(empty));
+}

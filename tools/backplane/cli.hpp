@@ -54,6 +54,7 @@ Command add_conformance_command(CLI::App& parent);
 Command add_launch_command(CLI::App& parent);
 Command add_train_command(CLI::App& parent);
 Command add_serve_command(CLI::App& parent);
+Command add_trace_command(CLI::App& parent);
 
 // The config a subcommand reads: `flag` (--config) when not empty, else
 // BACKPLANE_CONFIG, else the default found relative to this executable

@@ -27,6 +27,8 @@ struct LaunchOptions {
   bool rank0_passthrough = false;
   int32_t max_restarts = 0;
   double restart_delay = 1.0;
+  std::string trace;
+  uint64_t trace_max_events = 0;
   std::vector<std::string> command;
 };
 
@@ -82,6 +84,8 @@ int run_launch(const LaunchOptions& options) {
   spec.rank0_passthrough = options.rank0_passthrough;
   spec.max_restarts = options.max_restarts;
   spec.restart_delay = std::chrono::milliseconds(std::llround(options.restart_delay * 1000.0));
+  set_trace_environment(options.trace, options.trace_max_events);
+  spec.trace = take_trace_from_env();
   return run_ranks(spec);
 }
 
@@ -114,6 +118,7 @@ Command add_launch_command(CLI::App& parent) {
   sub->add_flag("--rank0-passthrough", options->rank0_passthrough,
                 "Rank 0 writes straight to the launcher's stdout and stderr (a terminal stays a terminal, "
                 "no prefix); the other ranks are relayed");
+  add_trace_options(*sub, options->trace, options->trace_max_events);
   sub->add_option("--max-restarts", options->max_restarts,
                   "When a rank fails, stop every rank and start them all again, at most K times (default 0)")
       ->type_name("K")

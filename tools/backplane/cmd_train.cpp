@@ -16,6 +16,7 @@
 
 #include <backplane/backplane.hpp>
 #include <backplane/safetensors.hpp>
+#include <backplane/trace.hpp>
 #include <backplane_common/atomic_file.hpp>
 #include <backplane_common/crypto.hpp>
 #include <backplane_common/hex.hpp>
@@ -67,7 +68,9 @@ struct TrainOptions {
   int keep = 2;
   std::string save_model;
   int max_restarts = 0;
-  double restart_delay = 1.0;  // seconds before the first restart, doubling after each
+  double restart_delay = 1.0;     // seconds before the first restart, doubling after each
+  std::string trace;              // --trace: the job's trace file
+  uint64_t trace_max_events = 0;  // 0: the default
   bool keep_given = false;
   bool nproc_given = false;
   std::vector<std::string> raw_args;  // as given, to start the ranks with
@@ -605,6 +608,7 @@ class TrainRun {
   // Rank 0 writes a checkpoint of where the run stands; the other ranks send
   // it their partial loss sums first when it is taken mid-epoch.
   void checkpoint(int32_t completed_epochs, int64_t epoch_step, double loss_sum) {
+    const trace::Range span("checkpoint");
     const auto t0 = Clock::now();
     TrainPosition at;
     at.step = steps_;
@@ -687,6 +691,7 @@ void TrainRun::train_epoch(int epoch) {
       resuming && !start_.loss_sums.empty() ? start_.loss_sums[static_cast<std::size_t>(rank_)] : 0;
   const auto t_epoch = Clock::now();
   for (std::size_t s = first; s < n_steps; ++s) {
+    const trace::Range step_span("step");  // what `backplane trace summary` times steps by
     const std::size_t b = s * static_cast<std::size_t>(o_.batch_size);
     const auto t0 = Clock::now();
     Batch batch = make_batch(device_, train_data(), rows, b, std::min(rows.size(), b + o_.batch_size));
@@ -854,6 +859,9 @@ int run_train(TrainOptions o) {
   if (o.checkpoint_dir.empty() && (o.checkpoint_every > 0 || o.keep_given))
     throw CommandError(kExitUsage, std::string(o.checkpoint_every > 0 ? "--checkpoint-every" : "--keep") +
                                        " needs --checkpoint-dir, the folder the checkpoints go to");
+  // --trace is BACKPLANE_TRACE for this process, its ranks, and the core
+  // (which starts recording with the first registry).
+  set_trace_environment(o.trace, o.trace_max_events);
   // Under a launcher (or Slurm), each rank is one process: restarts are the
   // launcher's (or the scheduler's) to make.
   if (in_a_job() && o.max_restarts > 0 && is_lead_rank())
@@ -865,6 +873,8 @@ int run_train(TrainOptions o) {
     return train_rank(o);
   }
 
+  // The ranks record; this process merges their parts when they have ended.
+  const std::string trace = take_trace_from_env();
   // Everything that can be checked once is checked here, before any rank
   // starts: a bad config, backend, data file or output path fails once.
   {
@@ -900,6 +910,7 @@ int run_train(TrainOptions o) {
   spec.rank0_passthrough = true;
   spec.max_restarts = o.max_restarts;
   spec.restart_delay = std::chrono::milliseconds(std::llround(o.restart_delay * 1000.0));
+  spec.trace = trace;
   return run_ranks(spec);
 }
 
@@ -946,6 +957,7 @@ Command add_train_command(CLI::App& parent) {
   app->add_option("--keep", o->keep, "Checkpoints kept, the newest (default 2)")
       ->check(CLI::Range(1, 1000000));
   app->add_option("--save-model", o->save_model, "Write the trained model's weights here (safetensors)");
+  add_trace_options(*app, o->trace, o->trace_max_events);
   app->add_option("--max-restarts", o->max_restarts,
                   "With --nproc: when a rank fails, start every rank again, at most K times (default 0)")
       ->check(CLI::Range(0, 1000));

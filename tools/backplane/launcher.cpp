@@ -8,6 +8,8 @@
 #include "cli.hpp"
 #include "progress.hpp"
 
+#include <backplane/error.hpp>
+#include <backplane/trace.hpp>
 #include <backplane_common/hex.hpp>
 #include <backplane_common/unique_fd.hpp>
 
@@ -18,7 +20,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -364,6 +369,10 @@ class Launcher {
     base_env_.push_back("MASTER_ADDR=" + spec_.master_addr);
     const uint16_t port = spec_.master_port != 0 ? spec_.master_port : choose_free_port();
     base_env_.push_back("MASTER_PORT=" + std::to_string(port));
+    if (!spec_.trace.empty()) {
+      base_env_.push_back("BACKPLANE_TRACE=" + spec_.trace);
+      base_env_.push_back("BACKPLANE_TRACE_MERGE=launcher");
+    }
     if (spec_.timeout)
       base_env_.push_back(std::string(kTimeoutVariable) + "=" + std::to_string(*spec_.timeout));
     // Each job gets its own secret for the rendezvous store, unless the
@@ -886,11 +895,67 @@ uint16_t choose_free_port() {
   return ntohs(addr.sin_port);
 }
 
-int run_ranks(const LaunchSpec& spec) {
+namespace {
+
+// The parts the ranks left, merged into the trace file; a failure to merge
+// is reported, not fatal (the job's own result stands).
+void merge_trace(const std::string& path) {
+  const std::vector<std::string> parts = trace::parts_of(path);
+  if (parts.empty()) {
+    std::fprintf(stderr, "backplane launch: warning: --trace %s: no rank wrote a trace part\n", path.c_str());
+    return;
+  }
+  try {
+    const trace::MergeResult m = trace::merge(parts, path);
+    for (const std::string& p : parts) ::unlink(p.c_str());
+    std::fprintf(stderr, "backplane launch: trace of %zu rank(s), %llu events%s written to %s\n", m.ranks,
+                 static_cast<unsigned long long>(m.events),
+                 m.incomplete > 0 ? " (some ranks ended early: their parts stop where they died)" : "",
+                 path.c_str());
+  } catch (const Error& e) {
+    std::fprintf(stderr, "backplane launch: warning: the ranks' trace parts were left as they are: %s\n",
+                 e.message().c_str());
+  }
+}
+
+}  // namespace
+
+int run_ranks(const LaunchSpec& given) {
   ensure_standard_fds_open();
+  LaunchSpec spec = given;
+  if (spec.trace.empty()) spec.trace = take_trace_from_env();
   reserve_descriptors(spec.nproc);
   Launcher launcher(spec);
-  return launcher.run();
+  const int code = launcher.run();
+  if (!spec.trace.empty()) merge_trace(spec.trace);
+  return code;
+}
+
+void add_trace_options(CLI::App& app, std::string& trace, uint64_t& max_events) {
+  app.add_option(
+         "--trace", trace,
+         "Record a timeline of every rank (ops, op fallbacks and copies, collectives) into FILE, in the "
+         "Trace Event Format that Perfetto and chrome://tracing open (docs/tracing.md)")
+      ->type_name("FILE");
+  app.add_option("--trace-max-events", max_events,
+                 "With --trace: events each rank keeps; later ones are counted in the file, not kept "
+                 "(default " +
+                     std::to_string(trace::kDefaultMaxEvents) + ")")
+      ->type_name("N")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+}
+
+void set_trace_environment(const std::string& trace, uint64_t max_events) {
+  if (!trace.empty()) ::setenv("BACKPLANE_TRACE", std::filesystem::absolute(trace).c_str(), 1);
+  if (max_events > 0) ::setenv("BACKPLANE_TRACE_MAX_EVENTS", std::to_string(max_events).c_str(), 1);
+}
+
+std::string take_trace_from_env() {
+  const char* path = std::getenv("BACKPLANE_TRACE");
+  std::string out =
+      path != nullptr && *path != '\0' ? std::filesystem::absolute(path).string() : std::string();
+  ::unsetenv("BACKPLANE_TRACE");  // the launching process itself records nothing
+  return out;
 }
 
 }  // namespace backplane::cli

@@ -5,6 +5,8 @@
 #ifndef BACKPLANE_TOOLS_LAUNCHER_HPP_
 #define BACKPLANE_TOOLS_LAUNCHER_HPP_
 
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -41,6 +43,11 @@ struct LaunchSpec {
   // stop signal during the pause ends the job without restarting.
   std::chrono::milliseconds restart_delay{1000};
   std::chrono::milliseconds restart_delay_max{60'000};
+  // The job's trace file (--trace; else BACKPLANE_TRACE as the launcher
+  // found it): every rank records its part (BACKPLANE_TRACE) and the
+  // launcher, not rank 0, merges the parts when the job has ended, so a
+  // rank that died is in the file with what it recorded. Empty: no trace.
+  std::string trace;
 };
 
 // Runs the job to its end and returns the launcher's exit code: 0 when every
@@ -62,6 +69,17 @@ std::string resolve_program(const std::string& command);
 // Another process may still take it before rank 0 binds it; pass
 // --master-port for a fixed port.
 uint16_t choose_free_port();
+
+// BACKPLANE_TRACE made absolute (empty when unset), removed from this
+// process's environment: a process that launches ranks hands the variable to
+// them and must not record a part of its own (its registry would).
+std::string take_trace_from_env();
+
+// --trace FILE and --trace-max-events N, as train and launch take them.
+void add_trace_options(CLI::App& app, std::string& trace, uint64_t& max_events);
+// Sets BACKPLANE_TRACE (absolute) and BACKPLANE_TRACE_MAX_EVENTS from them;
+// nothing for an empty trace / 0 events.
+void set_trace_environment(const std::string& trace, uint64_t max_events);
 
 // Splits one rank stream into lines and prefixes each one. A line longer than
 // kMaxLine bytes is emitted in pieces of at most kMaxLine bytes, cut before a

@@ -50,6 +50,7 @@ int run(int argc, char** argv) {
   const std::vector<Command> commands = {
       add_list_command(app),         add_check_command(app), add_conformance_command(app),
       add_launch_command(app),       add_train_command(app), add_serve_command(app),
+      add_trace_command(app),
       add_load_backend_command(app),  // hidden: the child process of an isolated check
   };
 
