@@ -112,6 +112,7 @@ void bind_dlpack(py::module_& m);
 void bind_safetensors(py::module_& m);
 void bind_distributed(py::module_& m);
 void bind_nn(py::module_& m);
+void bind_trace(py::module_& m);
 
 }  // namespace backplane::python
 

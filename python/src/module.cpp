@@ -429,4 +429,5 @@ PYBIND11_MODULE(_backplane, m) {
   bpy::bind_safetensors(m);
   bpy::bind_distributed(m);
   bpy::bind_nn(m);
+  bpy::bind_trace(m);
 }

@@ -45,11 +45,12 @@ def rank_env(rank, world, port):
 class Ranks:
     """The outcome of one scenario: per rank, its exit code, output and when it ended."""
 
-    def __init__(self, scenario, world, args=(), expect_killed=()):
+    def __init__(self, scenario, world, args=(), expect_killed=(), env=None):
         self.scenario, self.world = scenario, world
         port = free_port()
         self.logs = [tempfile.TemporaryFile(mode="w+") for _ in range(world)]
-        procs = [subprocess.Popen([sys.executable, WORKER, scenario, *map(str, args)], env=rank_env(r, world, port),
+        envs = [dict(rank_env(r, world, port), **(env or {})) for r in range(world)]
+        procs = [subprocess.Popen([sys.executable, WORKER, scenario, *map(str, args)], env=envs[r],
                                   stdout=self.logs[r], stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
                  for r in range(world)]
         self.pids = [p.pid for p in procs]
@@ -136,6 +137,25 @@ def test_killed_peer_raises_on_the_survivor():
 
 def test_rejected_calls_leave_the_group_usable():
     run("errors", 2)
+
+
+def test_trace_of_a_torch_job(tmp_path):
+    # BACKPLANE_TRACE on every rank of a torch job: rank 0 merges both ranks' parts
+    # into one file, with the bridge's collectives on each rank's track.
+    path = tmp_path / "torch.json"
+    run("collectives", 2, env={"BACKPLANE_TRACE": str(path)})
+    assert not list(tmp_path.glob("*.part")), list(tmp_path.iterdir())
+    trace = json.loads(path.read_text())
+    collectives = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["cat"] == "collective":
+            collectives.setdefault(e["pid"], set()).add(e["name"])
+    assert set(collectives) == {0, 1}, collectives
+    assert {"all_reduce", "broadcast", "all_gather"} <= collectives[0], collectives
+    ranks = trace["otherData"]["backplane_trace"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["complete"] for r in ranks), ranks
+    # One machine, one clock: the measured offset is within its error.
+    assert abs(ranks[1]["clock_offset_us"]) <= ranks[1]["clock_error_us"] + 1.0, ranks
 
 
 def test_exit_without_destroy_is_prompt():
