@@ -52,6 +52,16 @@ inline double torch_measure(const std::string& python_code) {
   return -1;
 }
 
+// Runs a shell command; returns what it printed on stdout and stderr.
+inline std::string run_command(const std::string& cmd) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), &pclose);
+  std::string out;
+  if (!pipe) return out;
+  char buf[4096];
+  while (std::fgets(buf, sizeof buf, pipe.get()) != nullptr) out += buf;
+  return out;
+}
+
 }  // namespace bench
 
 #endif  // BACKPLANE_BENCH_UTIL_HPP_

@@ -24,11 +24,13 @@
 #include <backplane/backplane.hpp>
 
 #include <dlfcn.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -180,6 +182,24 @@ int main(int argc, char** argv) {
         nt - nd, nt / nd);
     std::printf("  added by backplane vs direct + alloc       %8.1f ns/op  (ratio %.2fx)\n", nt - nda,
                 nt / nda);
+    {
+      // The same op with a trace recording (each op an event; the file is
+      // written by the session's thread): what --trace adds per op.
+      const std::string path = (std::filesystem::temp_directory_path() /
+                                ("bench_dispatch_" + std::to_string(::getpid()) + ".json"))
+                                   .string();
+      constexpr int kTracedIters = 20000;
+      std::vector<double> traced, plain;
+      {
+        bp::trace::Session session({path, uint64_t{1} << 30});
+        for (int i = 0; i < 7; ++i) traced.push_back(bench::ns_per_call(through, kTracedIters, 1));
+      }
+      for (int i = 0; i < 7; ++i) plain.push_back(bench::ns_per_call(through, kTracedIters, 1));
+      std::filesystem::remove(path);
+      const double ntr = bench::median(traced), npl = bench::median(plain);
+      std::printf("  through backplane with a trace recording   %8.1f ns/op  (+%.1f ns per op recorded)\n",
+                  ntr, ntr - npl);
+    }
     const double torch = torch_ns_per_op();
     if (torch > 0) {
       std::printf(

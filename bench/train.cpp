@@ -82,14 +82,7 @@ if rank == 0:
 dist.destroy_process_group()
 )";
 
-std::string run(const std::string& cmd) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen((cmd + " 2>&1").c_str(), "r"), &pclose);
-  std::string out;
-  if (!pipe) return out;
-  char buf[4096];
-  while (std::fgets(buf, sizeof buf, pipe.get()) != nullptr) out += buf;
-  return out;
-}
+using bench::run_command;
 
 struct Figures {
   bool ok = false;
@@ -114,7 +107,7 @@ std::string train_command(const fs::path& config, int nproc, int epochs, const f
 Figures backplane_train(const fs::path& config, int nproc, int epochs, const fs::path& dir) {
   const fs::path metrics = dir / ("metrics_" + std::to_string(nproc) + ".json");
   fs::remove(metrics);
-  const std::string out = run(train_command(config, nproc, epochs, metrics));
+  const std::string out = run_command(train_command(config, nproc, epochs, metrics));
   Figures f;
   std::ifstream in(metrics);
   if (!in) {
@@ -139,8 +132,8 @@ Figures torch_ddp(int epochs, const fs::path& dir) {
   const fs::path script = dir / "ddp.py";
   { std::ofstream(script) << kTorchScript; }
   const std::string out =
-      run(std::string("OMP_NUM_THREADS=1 ") + BP_BENCH_CLI + " launch -n 2 -- /usr/bin/python3 " +
-          script.string() + " " + BP_BENCH_DATA + " " + std::to_string(epochs));
+      run_command(std::string("OMP_NUM_THREADS=1 ") + BP_BENCH_CLI + " launch -n 2 -- /usr/bin/python3 " +
+                  script.string() + " " + BP_BENCH_DATA + " " + std::to_string(epochs));
   Figures f;
   const auto at = out.find("RESULT ");
   if (at == std::string::npos) {

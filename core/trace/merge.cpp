@@ -214,13 +214,13 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
     common::AtomicFileWriter out(output);
     out.write("{\"traceEvents\":[\n");
     bool first_event = true;
+    std::string pending;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       detail::PartInfo& info = infos[i];
       std::ifstream in(parts[i]);
       if (!in) detail::unreadable(parts[i], std::strerror(errno));
       const double offset_us = static_cast<double>(info.offset_ns) / 1000.0;
       std::string line;
-      std::vector<std::string> lines_pending;
       while (std::getline(in, line)) {
         const std::string_view body = detail::body_of(line);
         if (body.empty() || body == "[" || body == "]") continue;
@@ -235,15 +235,20 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
           ++info.torn;
           continue;
         }
-        if (!first_event) out.write(",\n");
+        if (!first_event) pending += ",\n";
         first_event = false;
-        out.write(event);
+        pending += event;
         ++info.events;
+        if (pending.size() >= (1u << 20)) {  // one write per MiB, not per event
+          out.write(pending);
+          pending.clear();
+        }
       }
       result.events += info.events;
       result.dropped += info.dropped;
       if (!info.ended) ++result.incomplete;
     }
+    out.write(pending);
     nlohmann::json ranks = nlohmann::json::array();
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const detail::PartInfo& info = infos[i];

@@ -19,12 +19,14 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -43,6 +45,7 @@ std::atomic<bool> g_active{false};
 namespace {
 
 constexpr std::size_t kChunkEvents = 512;
+constexpr uint64_t kGrant = 256;
 constexpr std::size_t kMaxNames = 65536;  // interned strings; later ones share one id
 
 struct Chunk {
@@ -59,6 +62,11 @@ struct ThreadBuffer {
   Chunk* head = nullptr;  // the writer's
   uint32_t written = 0;   // events of head already written
   bool named = false;     // thread_name written
+  // The recording thread's: events it may still keep before it asks the
+  // session for more (one atomic add per kGrant events, not per event), and
+  // events kept.
+  uint64_t quota = 0;
+  uint64_t kept = 0;
 };
 
 // The string table: process-wide, never cleared (ids stay valid for every
@@ -85,11 +93,22 @@ struct State {
   bool merge_here = true;
   uint64_t generation = 0;
 
-  std::atomic<uint64_t> recorded{0};
-  std::atomic<uint64_t> dropped{0};
+  // Events granted to the recording threads (kGrant at a time, up to
+  // max_events) and events not kept; on cache lines of their own, away from
+  // the writer's fields.
+  alignas(64) std::atomic<uint64_t> granted{0};
+  alignas(64) std::atomic<uint64_t> dropped{0};
 
   std::mutex buffers_mutex;
   std::vector<std::unique_ptr<ThreadBuffer>> buffers;
+
+  // Chunks the writer has written, for the recording threads to fill again:
+  // a fresh chunk's pages would fault in on the recording thread.
+  std::mutex spare_mutex;
+  std::vector<Chunk*> spare;
+  ~State() {
+    for (Chunk* c : spare) delete c;
+  }
 
   // The writer.
   int fd = -1;
@@ -153,20 +172,36 @@ ThreadBuffer* register_thread(State& s) noexcept {
 
 // ---- the part file's text ---------------------------------------------------
 
-void append_ts(std::string& out, int64_t ns) {
-  char buf[32];
-  const int64_t us = ns / 1000;
-  const int64_t frac = ns % 1000;
-  const int n = std::snprintf(buf, sizeof buf, "%lld.%03lld", static_cast<long long>(us),
-                              static_cast<long long>(frac < 0 ? -frac : frac));
-  out.append(buf, static_cast<std::size_t>(n));
+// Numbers without snprintf's format parsing or to_string's temporary: the
+// writer formats every event, on a core the job may need.
+void append_int(std::string& out, int64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, static_cast<std::size_t>(r.ptr - buf));
 }
 
-void append_int(std::string& out, int64_t v) { out += std::to_string(v); }
+// Nanoseconds as microseconds with three decimals ("1234.567").
+void append_ts(std::string& out, int64_t ns) {
+  if (ns < 0) {
+    out += '-';
+    ns = -ns;
+  }
+  append_int(out, ns / 1000);
+  const auto frac = static_cast<int>(ns % 1000);
+  const char digits[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
+                          static_cast<char>('0' + frac % 10)};
+  out.append(digits, 4);
+}
 
 const std::string& name_of(uint32_t id) {  // names().mutex held
   const auto& e = names().escaped;
   return id < e.size() ? e[id] : e[0];
+}
+
+void append_quoted(std::string& out, std::string_view text) {
+  out += '"';
+  out += text;
+  out += '"';
 }
 
 void append_event(std::string& out, const State& s, int64_t tid, const Event& e) {
@@ -216,11 +251,11 @@ void append_event(std::string& out, const State& s, int64_t tid, const Event& e)
   };
   if (e.device != 0) {
     key("device");
-    out += '"' + name_of(e.device) + '"';
+    append_quoted(out, name_of(e.device));
   }
   if (e.peer != 0) {
     key(e.cat == std::string_view(kCatCopy) ? "to" : "for");
-    out += '"' + name_of(e.peer) + '"';
+    append_quoted(out, name_of(e.peer));
   }
   if (e.dtype >= 0) {
     key("dtype");
@@ -258,7 +293,7 @@ void append_event(std::string& out, const State& s, int64_t tid, const Event& e)
   }
   if (e.text_key != nullptr) {
     key(e.text_key);
-    out += '"' + name_of(e.text) + '"';
+    append_quoted(out, name_of(e.text));
   }
   if (e.needed_by != nullptr) {
     key("needed_by");
@@ -280,6 +315,13 @@ void append_metadata(std::string& out, const State& s, const char* name, int64_t
   out += ",\"args\":{";
   out += args;
   out += "}},\n";
+}
+
+uint64_t kept_events(State& s) {  // recording has stopped
+  uint64_t n = 0;
+  std::lock_guard lock(s.buffers_mutex);
+  for (const auto& b : s.buffers) n += b->kept;
+  return n;
 }
 
 void write_out(State& s) {  // writer_mutex held
@@ -325,7 +367,14 @@ void drain(State& s) {
       if (n < kChunkEvents || next == nullptr) break;
       b->head = next;
       b->written = 0;
-      delete c;
+      c->count.store(0, std::memory_order_relaxed);
+      c->next.store(nullptr, std::memory_order_relaxed);
+      std::lock_guard spare_lock(s.spare_mutex);
+      if (s.spare.size() < 64) {
+        s.spare.push_back(c);
+      } else {
+        delete c;
+      }
     }
     if (s.out.size() > (1u << 20)) write_out(s);
   }
@@ -344,6 +393,11 @@ void drain(State& s) {
 }
 
 void writer_loop(State& s) {
+  // The job's threads come first: on a busy core (OpenMP's workers spin
+  // between parallel regions) the writer takes the leftovers, and the events
+  // wait in their buffers meanwhile.
+  ::pthread_setname_np(::pthread_self(), "bp-trace");
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(gettid_now()), 19);
   std::unique_lock lock(s.writer_mutex);
   while (!s.stopping) {
     s.wake.wait_for(lock, std::chrono::milliseconds(100));
@@ -440,7 +494,7 @@ void stop() {
     s->out += "{\"ph\":\"M\",\"name\":\"";
     s->out += kMetaEnd;
     s->out += "\",\"pid\":" + std::to_string(s->rank) +
-              ",\"tid\":0,\"args\":{\"events\":" + std::to_string(s->recorded.load()) +
+              ",\"tid\":0,\"args\":{\"events\":" + std::to_string(kept_events(*s)) +
               ",\"dropped\":" + std::to_string(s->dropped.load()) + "}}\n]\n";
     write_out(*s);
     for (auto& b : s->buffers) {
@@ -508,7 +562,11 @@ void record(const Event& e) noexcept {
     slot.generation = s.generation;
   }
   ThreadBuffer* b = slot.buffer;
-  if (b == nullptr || s.recorded.fetch_add(1, std::memory_order_relaxed) >= s.max_events) [[unlikely]] {
+  if (b != nullptr && b->quota == 0) [[unlikely]] {
+    const uint64_t before = s.granted.fetch_add(kGrant, std::memory_order_relaxed);
+    b->quota = before < s.max_events ? std::min(kGrant, s.max_events - before) : 0;
+  }
+  if (b == nullptr || b->quota == 0) [[unlikely]] {
     s.dropped.fetch_add(1, std::memory_order_relaxed);
     slot.writing.store(false, std::memory_order_release);
     return;
@@ -516,7 +574,15 @@ void record(const Event& e) noexcept {
   Chunk* c = b->tail;
   uint32_t n = c->count.load(std::memory_order_relaxed);
   if (n == kChunkEvents) [[unlikely]] {
-    Chunk* fresh = new (std::nothrow) Chunk;
+    Chunk* fresh = nullptr;
+    {
+      std::lock_guard spare_lock(s.spare_mutex);  // once per chunk, not per event
+      if (!s.spare.empty()) {
+        fresh = s.spare.back();
+        s.spare.pop_back();
+      }
+    }
+    if (fresh == nullptr) fresh = new (std::nothrow) Chunk;
     if (fresh == nullptr) {
       s.dropped.fetch_add(1, std::memory_order_relaxed);
       slot.writing.store(false, std::memory_order_release);
@@ -525,7 +591,12 @@ void record(const Event& e) noexcept {
     c->next.store(fresh, std::memory_order_release);
     b->tail = c = fresh;
     n = 0;
+    // A full chunk: the writer drains it now rather than at its next tick, so
+    // the chunks in use stay few and come back warm (once per 512 events).
+    s.wake.notify_one();
   }
+  --b->quota;
+  ++b->kept;
   c->events[n] = e;
   c->count.store(n + 1, std::memory_order_release);
   slot.writing.store(false, std::memory_order_release);
