@@ -1,6 +1,8 @@
 // The autodiff engine: grad mode, leaves, Gradients, and the backward sweep
 // (dependency counting over the recorded graph, run in a deterministic order).
 #include "autograd/autograd.hpp"
+#include "trace/recorder.hpp"
+#include "trace/trace_format.hpp"
 
 #include "tensor/op_common.hpp"
 
@@ -343,6 +345,7 @@ Gradients Tensor::backward(const BackwardOptions& options) const {
   if (!impl_)
     throw Error(Errc::invalid_argument,
                 "Tensor::backward: undefined Tensor (default-constructed or moved-from)");
+  const trace::detail::Span span(trace::detail::kCatAutograd, "backward");
   return detail::run_backward(*this, options);
 }
 

@@ -3,6 +3,8 @@
 // parameters (see <backplane/distributed.hpp>), installed as backward hooks
 // (add_backward_hooks in <backplane/autograd.hpp>).
 #include "distributed/grad_sync.hpp"
+#include "trace/recorder.hpp"
+#include "trace/trace_format.hpp"
 
 #include "distributed/collective_route.hpp"
 #include "tensor/tensor_impl.hpp"
@@ -147,6 +149,14 @@ void GradSync::add(const Tensor& param, const Tensor& gradient) {
 void GradSync::flush(Bucket& bucket) {
   if (bucket.items.empty()) return;
   NoGradGuard no_grad;
+  // A bucket's span: flattening, the all-reduce and the copy back, inside
+  // backward's span (the bucket is full when the span starts).
+  trace::detail::Span span(trace::detail::kCatDdp, "bucket");
+  if (span.on()) [[unlikely]] {
+    span.event().bytes = static_cast<int64_t>(bucket.bytes);
+    span.event().count_key = "gradients";
+    span.event().count = static_cast<int64_t>(bucket.items.size());
+  }
   const auto t0 = std::chrono::steady_clock::now();
   // A fresh flat buffer: gradients may share storage with each other (add
   // hands one tensor to both operands), so none is reduced in place.

@@ -3,6 +3,8 @@
 // the job's store, made once and shared by every copy.
 #include "distributed/slurm_hostlist.hpp"
 #include "distributed/store_wire.hpp"
+#include "trace/recorder.hpp"
+#include "trace/trace_format.hpp"
 
 #include <backplane/error.hpp>
 #include <backplane/rendezvous.hpp>
@@ -340,6 +342,8 @@ std::shared_ptr<Store> Rendezvous::store() const {
     options.world_size = world_size_;
     options.timeout = timeout_;
     options.job_token = shared_->job_token;
+    // Every rank connected and proved the job secret: the rendezvous proper.
+    const trace::detail::Span span(trace::detail::kCatJob, "rendezvous");
     shared_->store = make_tcp_store(options);
   }
   return shared_->store;

@@ -12,6 +12,8 @@
 #include <mutex>
 
 #include "distributed/store.hpp"
+#include "trace/recorder.hpp"
+#include "trace/trace_format.hpp"
 
 namespace backplane {
 
@@ -116,6 +118,7 @@ class TcpStore final : public Store {
     out.u64(wire_timeout(timeout));
     out.key(key);
     const Clock::time_point started = Clock::now();
+    const trace::detail::Span span(trace::detail::kCatJob, "store get");  // a wait for another rank's value
     Client::Response r = call(Op::get, out.take(), parked_deadline(timeout), what);
     if (r.kind == Reply::timed_out) {
       throw Error(Errc::timeout, what + " timed out after " + waited_text(started, timeout) +
@@ -131,6 +134,7 @@ class TcpStore final : public Store {
     check_timeout(timeout, what);
     std::vector<uint8_t> payload = key_list(keys, what, /*prefix=*/wire_timeout(timeout));
     const Clock::time_point started = Clock::now();
+    const trace::detail::Span span(trace::detail::kCatJob, "store wait");
     Client::Response r = call(Op::wait, std::move(payload), parked_deadline(timeout), what);
     if (r.kind == Reply::timed_out) {
       const std::string missing(r.payload.begin(), r.payload.end());

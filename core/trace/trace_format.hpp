@@ -25,8 +25,9 @@ inline constexpr const char* kCatOp = "op";              // an op run natively
 inline constexpr const char* kCatFallback = "fallback";  // an op run on its backend's op_fallback device
 inline constexpr const char* kCatCopy = "copy";          // bytes moved for placement
 inline constexpr const char* kCatCollective = "collective";
-inline constexpr const char* kCatDdp = "ddp";
-inline constexpr const char* kCatJob = "job";  // rendezvous, checkpoints, restarts, store waits
+inline constexpr const char* kCatDdp = "ddp";            // a gradient bucket's all-reduce
+inline constexpr const char* kCatAutograd = "autograd";  // backward()
+inline constexpr const char* kCatJob = "job";            // rendezvous, checkpoints, restarts, store waits
 inline constexpr const char* kCatRemote = "remote";
 inline constexpr const char* kCatRange = "range";  // trace::Range, bp.trace regions
 

@@ -967,7 +967,7 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
   for (const auto& e : fs::directory_iterator(tmp.path()))
     CHECK(e.path().extension() != ".part");  // merged and removed
   const nlohmann::json t = nlohmann::json::parse(bpcli::slurp(trace));
-  std::map<int64_t, int> ops, fallbacks, steps;
+  std::map<int64_t, int> ops, fallbacks, steps, buckets, backwards, rendezvous;
   std::map<int64_t, std::string> names;
   for (const auto& e : t["traceEvents"]) {
     const int64_t pid = e["pid"];
@@ -975,6 +975,9 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
     if (e["ph"] != "X") continue;
     if (e["cat"] == "op") ++ops[pid];
     if (e["cat"] == "range" && e["name"] == "step") ++steps[pid];
+    if (e["cat"] == "ddp" && e["name"] == "bucket") ++buckets[pid];
+    if (e["cat"] == "autograd" && e["name"] == "backward") ++backwards[pid];
+    if (e["cat"] == "job" && e["name"] == "rendezvous") ++rendezvous[pid];
     if (e["cat"] == "fallback") {
       ++fallbacks[pid];
       CHECK(e["args"]["for"] == "partial:0");
@@ -986,6 +989,9 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
     CHECK(ops[rank] > 0);
     CHECK(fallbacks[rank] > 0);
     CHECK(steps[rank] > 0);
+    CHECK(backwards[rank] == steps[rank]);  // one backward per step
+    CHECK(buckets[rank] >= steps[rank]);    // each backward all-reduces at least one bucket
+    CHECK(rendezvous[rank] == 1);
     CHECK(names[rank].rfind("rank " + std::to_string(rank) + " \xC2\xB7 ", 0) == 0);
   }
   // Both ranks read one clock here: the measured offset is within its error.
