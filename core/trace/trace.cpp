@@ -428,6 +428,13 @@ std::string open_error(const std::string& path, int err) {
          (err == ELOOP ? " (it is a symbolic link; remove it or choose another trace file)" : "");
 }
 
+// A forked child has no writer thread: it records nothing (its parent's
+// session stays the parent's; the child's copy of it is left as it is).
+void forget_in_child() {
+  g_active.store(false, std::memory_order_seq_cst);
+  g_state = nullptr;
+}
+
 void start(Options options) {
   if (options.path.empty()) throw Error(Errc::invalid_argument, "trace: the trace file's path is empty");
   if (options.max_events == 0)
@@ -456,6 +463,8 @@ void start(Options options) {
                       ",\"max_events\":" + std::to_string(s->max_events));
   append_metadata(s->out, *s, "process_sort_index", 0, "\"sort_index\":" + std::to_string(s->rank));
   write_out(*s);
+  static std::once_flag at_fork;
+  std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, &forget_in_child); });
   State* raw = s.get();
   s->writer = std::thread([raw] { writer_loop(*raw); });
   g_state = s.release();
@@ -518,9 +527,12 @@ void stop() {
   }();
   std::vector<std::string> parts;
   for (int32_t r = 0; r < s->world; ++r) parts.push_back(part_path(s->path, r));
+  // Only for parts that exist: every rank began its part long before now, so
+  // one that is missing was written on another host (or its rank does not
+  // trace), and waiting would only delay the exit.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
   for (const std::string& p : parts) {
-    while (!part_ended(p) && std::chrono::steady_clock::now() < deadline)
+    while (::access(p.c_str(), F_OK) == 0 && !part_ended(p) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   std::vector<std::string> present;

@@ -282,3 +282,35 @@ TEST_CASE("trace: merge refuses a file that is not a part and a torn last line i
         doctest::Approx(0.1));
   fs::remove_all(dir);
 }
+
+TEST_CASE("trace: a child forked while recording records nothing and exits cleanly") {
+  const bp::Registry r = trace_registry();
+  const bp::Device d = r.backend("cpu").device();
+  const fs::path dir = scratch("fork");
+  const fs::path file = dir / "t.json";
+  const bp::Tensor a = bp::Tensor::from_vector<float>(d, {4}, {1, 2, 3, 4});
+  {
+    bp::trace::Session session({file.string()});
+    (void)bp::neg(a);
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      const bool active = bp::trace::active();
+      for (int i = 0; i < 10; ++i) (void)bp::exp(a);
+      ::_exit(active ? 1 : 0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);  // the child saw no session
+  }
+  const json t = read_json(file);
+  int negs = 0, exps = 0;
+  for (const json& e : events(t, "X")) {
+    negs += e["name"] == "neg";
+    exps += e["name"] == "exp";
+  }
+  CHECK(negs == 1);
+  CHECK(exps == 0);
+  fs::remove_all(dir);
+}
