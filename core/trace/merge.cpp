@@ -20,6 +20,7 @@
 #include <limits>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace backplane::trace::detail {
@@ -53,6 +54,7 @@ bool is_meta(std::string_view line, const char* name) {
 
 struct PartInfo {
   int32_t rank = -1;
+  int32_t start = 0;  // which start of a restarted job
   int64_t pid = 0;
   int64_t offset_ns = 0;
   int64_t error_ns = -1;  // -1: not measured
@@ -92,6 +94,7 @@ PartInfo read_info(const std::string& path) {
     if (name == kMetaPart) {
       info.rank = a.value("rank", -1);
       info.pid = a.value("pid", int64_t{0});
+      info.start = a.value("start", 0);
     } else if (name == kMetaClock) {
       info.offset_ns = a.value("offset_ns", int64_t{0});
       info.error_ns = a.value("error_ns", int64_t{-1});
@@ -186,20 +189,27 @@ std::vector<std::string> parts_of(const std::string& path) {
   const fs::path p(path);
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   const std::string prefix = p.filename().string() + ".rank";
-  std::map<long, std::string> found;
+  std::map<std::pair<long, long>, std::string> found;  // (rank, start)
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     if (name.size() <= prefix.size() + 5 || name.compare(0, prefix.size(), prefix) != 0 ||
         name.compare(name.size() - 5, 5, ".part") != 0)
       continue;
-    const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - 5);
-    if (digits.empty() || digits.size() > 8 || !std::all_of(digits.begin(), digits.end(), ::isdigit))
-      continue;
-    found.emplace(std::stol(digits), (p.has_parent_path() ? (dir / name).string() : name));
+    // "<R>" or "<R>.start<K>"
+    const std::string middle = name.substr(prefix.size(), name.size() - prefix.size() - 5);
+    const std::size_t dot = middle.find(".start");
+    const std::string rank = middle.substr(0, dot);
+    const std::string start = dot == std::string::npos ? "0" : middle.substr(dot + 6);
+    auto number = [](const std::string& d) {
+      return !d.empty() && d.size() <= 8 && std::all_of(d.begin(), d.end(), ::isdigit);
+    };
+    if (!number(rank) || !number(start)) continue;
+    found.emplace(std::make_pair(std::stol(rank), std::stol(start)),
+                  p.has_parent_path() ? (dir / name).string() : name);
   }
   std::vector<std::string> out;
-  for (auto& [rank, file] : found) out.push_back(file);
+  for (auto& [key, file] : found) out.push_back(file);
   return out;
 }
 
@@ -253,6 +263,7 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const detail::PartInfo& info = infos[i];
       ranks.push_back({{"rank", info.rank},
+                       {"start", info.start},
                        {"pid", info.pid},
                        {"clock_offset_us", static_cast<double>(info.offset_ns) / 1000.0},
                        {"clock_error_us", info.error_ns < 0

@@ -89,6 +89,7 @@ struct State {
   uint64_t max_events = 0;
   int32_t rank = 0;
   int32_t world = 1;
+  int32_t start = 0;  // BACKPLANE_RESTART_COUNT: which start of a restarted job
   bool joined = false;
   bool merge_here = true;
   uint64_t generation = 0;
@@ -452,7 +453,8 @@ void start(Options options) {
   s->world = std::max(env_world(), s->rank + 1);
   const char* merge = std::getenv("BACKPLANE_TRACE_MERGE");
   s->merge_here = merge == nullptr || std::string_view(merge) != "launcher";
-  s->part_path = part_path(s->path, s->rank);
+  s->start = parse_int_or(std::getenv("BACKPLANE_RESTART_COUNT"), 0);
+  s->part_path = part_path(s->path, s->rank, s->start);
   s->fd = ::open(s->part_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (s->fd < 0) throw Error(Errc::io_error, open_error(s->part_path, errno));
   s->generation = g_generation.fetch_add(1) + 1;
@@ -460,15 +462,27 @@ void start(Options options) {
   append_metadata(s->out, *s, kMetaPart, 0,
                   "\"format\":1,\"rank\":" + std::to_string(s->rank) +
                       ",\"world\":" + std::to_string(s->world) + ",\"pid\":" + std::to_string(::getpid()) +
-                      ",\"max_events\":" + std::to_string(s->max_events));
+                      ",\"max_events\":" + std::to_string(s->max_events) +
+                      ",\"start\":" + std::to_string(s->start));
   append_metadata(s->out, *s, "process_sort_index", 0, "\"sort_index\":" + std::to_string(s->rank));
   write_out(*s);
   static std::once_flag at_fork;
   std::call_once(at_fork, [] { ::pthread_atfork(nullptr, nullptr, &forget_in_child); });
   State* raw = s.get();
   s->writer = std::thread([raw] { writer_loop(*raw); });
+  const int32_t start_count = s->start;
   g_state = s.release();
   g_active.store(true, std::memory_order_seq_cst);
+  if (start_count > 0) {  // this process is a restart: mark where the start begins
+    Event e;
+    e.kind = Kind::instant;
+    e.cat = kCatJob;
+    e.name = "restart";
+    e.t0 = now_ns();
+    e.count_key = "start";
+    e.count = start_count;
+    record(e);
+  }
 }
 
 // Stops recording; writes the part's end; rank 0 merges. Throws what merging throws.
@@ -526,7 +540,7 @@ void stop() {
     return static_cast<double>(v);
   }();
   std::vector<std::string> parts;
-  for (int32_t r = 0; r < s->world; ++r) parts.push_back(part_path(s->path, r));
+  for (int32_t r = 0; r < s->world; ++r) parts.push_back(part_path(s->path, r, s->start));
   // Only for parts that exist: every rank began its part long before now, so
   // one that is missing was written on another host (or its rank does not
   // trace), and waiting would only delay the exit.

@@ -37,9 +37,12 @@ inline constexpr const char* kMetaClock = "backplane_clock";
 inline constexpr const char* kMetaDropped = "backplane_dropped";
 inline constexpr const char* kMetaEnd = "backplane_end";
 
-// "<path>.rank<R>.part"
-inline std::string part_path(const std::string& path, int32_t rank) {
-  return path + ".rank" + std::to_string(rank) + ".part";
+// "<path>.rank<R>.part"; "<path>.rank<R>.start<K>.part" for restart K of a
+// job under `backplane launch --max-restarts` (BACKPLANE_RESTART_COUNT), so
+// that each start's parts stay beside the others.
+inline std::string part_path(const std::string& path, int32_t rank, int32_t start = 0) {
+  return path + ".rank" + std::to_string(rank) +
+         (start > 0 ? ".start" + std::to_string(start) : std::string()) + ".part";
 }
 
 // True when the part at `path` exists and ends with its end record.

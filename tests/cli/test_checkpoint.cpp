@@ -482,3 +482,39 @@ TEST_CASE(
   CHECK(r.err.find("restart 3/3") == std::string::npos);
   expect_identical(outcome(tmp, "restarted"), full);
 }
+
+TEST_CASE("train --max-restarts --trace: each start's parts are kept and merged, the restart marked") {
+  TempDir tmp;
+  const fs::path trace = tmp / "job.json";
+  const pid_t launcher = bpcli::spawn(
+      train_args(tmp, "2", "20", {"--max-restarts", "1", "--restart-delay", "0.1", "--trace", trace.string()}),
+      tmp.path());
+  // Kill a rank of the first start once its part holds events.
+  const fs::path part = trace.string() + ".rank1.part";
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  std::set<pid_t> ranks;
+  while (!(fs::exists(part) && fs::file_size(part) > 20000 && (ranks = children_of(launcher)).size() == 2)) {
+    REQUIRE_MESSAGE(Clock::now() < deadline, "the first start recorded nothing within 60 s");
+    REQUIRE_MESSAGE(::kill(launcher, 0) == 0, "the job ended before a rank could be killed");
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE(::kill(*ranks.rbegin(), SIGKILL) == 0);
+  const Result r = bpcli::wait_for(launcher, tmp.path());
+  INFO(r.describe());
+  REQUIRE(r.exited);
+  CHECK(r.code == kExitOk);
+  BP_CHECK_CONTAINS(r.err, "restart 1/1: rank ");
+  for (const auto& e : fs::directory_iterator(tmp.path())) CHECK(e.path().extension() != ".part");
+  const nlohmann::json t = nlohmann::json::parse(bpcli::slurp(trace));
+  std::map<std::pair<int, int>, bool> complete;  // (rank, start) -> ended with its end record
+  for (const auto& rank : t["otherData"]["backplane_trace"]["ranks"])
+    complete[{rank["rank"].get<int>(), rank["start"].get<int>()}] = rank["complete"].get<bool>();
+  REQUIRE(complete.size() == 4);
+  CHECK_FALSE(complete[{1, 0}]);  // killed
+  CHECK(complete[{0, 1}]);
+  CHECK(complete[{1, 1}]);
+  int restarts = 0;
+  for (const auto& e : t["traceEvents"])
+    if (e["ph"] == "i" && e["name"] == "restart") restarts += e["args"]["start"] == 1;
+  CHECK(restarts == 2);  // one per rank of the second start
+}
