@@ -486,9 +486,10 @@ TEST_CASE(
 TEST_CASE("train --max-restarts --trace: each start's parts are kept and merged, the restart marked") {
   TempDir tmp;
   const fs::path trace = tmp / "job.json";
-  const pid_t launcher = bpcli::spawn(
-      train_args(tmp, "2", "20", {"--max-restarts", "1", "--restart-delay", "0.1", "--trace", trace.string()}),
-      tmp.path());
+  const pid_t launcher =
+      bpcli::spawn(train_args(tmp, "2", "20",
+                              {"--max-restarts", "1", "--restart-delay", "0.1", "--trace", trace.string()}),
+                   tmp.path());
   // Kill a rank of the first start once its part holds events.
   const fs::path part = trace.string() + ".rank1.part";
   const auto deadline = Clock::now() + std::chrono::seconds(60);
