@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages backplane needs to build and test.
+# Installs the Debian 12 packages backplane needs to build and test, then the
+# trace viewer test's npm packages (tests/trace_viewer, pinned by its
+# package-lock.json).
 # Idempotent: when every package is already installed it does nothing (fast).
 set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 packages=(
   build-essential cmake ninja-build g++ pkg-config python3 git
@@ -12,7 +15,24 @@ packages=(
   libflatbuffers-dev flatbuffers-compiler clang libclang-rt-14-dev
   pybind11-dev python3-dev python3-numpy python3-torch libtorch-dev python3-pytest
   munge slurmctld slurmd slurm-client
+  chromium nodejs
 )
+# npm: Debian's package, unless the nodejs installed already carries npm
+# (NodeSource's does, and conflicts with Debian's npm package).
+command -v npm >/dev/null 2>&1 || packages+=(npm)
+
+# The trace viewer test's speedscope and playwright-core, as its lock file
+# pins them; run again only when the lock file changed.
+viewer=tests/trace_viewer
+install_viewer_packages() {
+  if cmp -s "$viewer/package-lock.json" "$viewer/node_modules/.installed-package-lock.json"; then
+    echo "install-deps: $viewer/node_modules is up to date"
+    return
+  fi
+  echo "install-deps: npm ci in $viewer"
+  (cd "$viewer" && npm ci --prefer-offline --no-audit --no-fund)
+  cp "$viewer/package-lock.json" "$viewer/node_modules/.installed-package-lock.json"
+}
 
 missing=()
 for pkg in "${packages[@]}"; do
@@ -22,6 +42,7 @@ done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "install-deps: all ${#packages[@]} packages are installed"
+  install_viewer_packages
   exit 0
 fi
 
@@ -48,3 +69,4 @@ if [[ ! -e "$policy" ]]; then
 fi
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+install_viewer_packages
