@@ -56,8 +56,13 @@ struct DirectPlugin {
     void* lib = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (lib == nullptr) return;
     auto entry = reinterpret_cast<bp_plugin_entry_fn>(dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
-    static const bp_host_api host = {BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
-                                     [](void*, int32_t, const char*) {}};
+    static const bp_host_api host = {BP_HOST_API_STRUCT_SIZE,
+                                     BP_ABI_MAJOR,
+                                     BP_ABI_MINOR,
+                                     nullptr,
+                                     [](void*, int32_t, const char*) {},
+                                     nullptr,
+                                     nullptr};
     api = entry != nullptr ? entry(&host) : nullptr;
     // buffer_pointer is optional in the ABI; the cpu plugin (host_visible) has it.
     if (api == nullptr || !BP_HAS_FIELD(bp_plugin_api, buffer_pointer, api->struct_size) ||

@@ -3,6 +3,8 @@
 // the instance and enumerate devices. Each failure names what and where.
 #include "registry/loader.hpp"
 #include "common/suggest.hpp"
+#include "trace/recorder.hpp"
+#include "trace/trace_format.hpp"
 
 #include <backplane/log.hpp>
 #include <backplane/version.hpp>
@@ -119,7 +121,13 @@ std::string demangled_current_type() {
 // The "tried:" list of a library not found shows this many locations.
 constexpr std::size_t kMaxTriedShown = 20;
 
-const bp_host_api kHostApi = {BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
+int32_t host_trace_active(void*) noexcept { return trace::detail::active() ? 1 : 0; }
+void host_trace_event(void*, const bp_trace_event* event) noexcept {
+  trace::detail::record_plugin_event(event);
+}
+
+const bp_host_api kHostApi = {BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR,     BP_ABI_MINOR, nullptr, &host_log,
+                              &host_trace_active,      &host_trace_event};
 
 }  // namespace
 

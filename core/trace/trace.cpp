@@ -33,6 +33,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -73,6 +74,7 @@ struct ThreadBuffer {
 // session and every per-thread cache); held in its JSON-escaped form.
 struct Names {
   std::mutex mutex;
+  std::set<std::string, std::less<>> keys;  // argument names from plugins: node-based, so pointers stay valid
   std::unordered_map<std::string, uint32_t> ids;
   std::vector<std::string> escaped{"", "(more names than the trace keeps)"};
 };
@@ -677,6 +679,56 @@ void add_shape(Event& e, const bp_tensor& t) noexcept {
   if (take < ndim) e.shapes_cut = true;
   for (int i = 0; i < take; ++i) e.dims[used + i] = t.shape[i];
   e.ndim[e.nshapes++] = static_cast<uint8_t>(take);
+}
+
+const char* stable_key(std::string_view key) noexcept {
+  try {
+    Names& n = names();
+    std::lock_guard lock(n.mutex);
+    auto it = n.keys.find(key);
+    if (it == n.keys.end()) {
+      if (n.keys.size() >= 1024) return nullptr;
+      it = n.keys.insert(json_escape(key)).first;
+    }
+    return it->c_str();
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+void record_plugin_event(const bp_trace_event* p) noexcept {
+  if (!active() || p == nullptr || !BP_HAS_FIELD(bp_trace_event, flow_id, p->struct_size) ||
+      p->name == nullptr || p->end_ns < p->start_ns)
+    return;
+  Event e;
+  const std::string_view cat = p->category != nullptr ? p->category : "";
+  e.cat = cat == std::string_view(kCatTransport) ? kCatTransport
+          : cat == std::string_view(kCatRemote)  ? kCatRemote
+                                                 : kCatPlugin;
+  e.name_id = intern(p->name);
+  e.t0 = p->start_ns;
+  e.t1 = p->end_ns;
+  e.bytes = p->bytes >= 0 ? p->bytes : -1;
+  if (p->number_key != nullptr) {
+    e.count_key = stable_key(p->number_key);
+    e.count = p->number;
+  }
+  if (p->text_key != nullptr && p->text != nullptr) {
+    e.text_key = stable_key(p->text_key);
+    e.text = intern(p->text);
+  }
+  if (p->flow == BP_TRACE_FLOW_OUT || p->flow == BP_TRACE_FLOW_IN) {
+    // The flow's own event, at the span's start, beside the span itself.
+    Event f = e;
+    f.kind = p->flow == BP_TRACE_FLOW_OUT ? Kind::flow_out : Kind::flow_in;
+    f.flow = p->flow_id;
+    f.bytes = -1;
+    f.count_key = nullptr;
+    f.text_key = nullptr;
+    record(f);
+  }
+  e.kind = p->end_ns > p->start_ns ? Kind::span : Kind::instant;
+  record(e);
 }
 
 void start_from_env() {

@@ -10,6 +10,8 @@
 #ifndef BACKPLANE_CORE_TRACE_TRACE_FORMAT_HPP_
 #define BACKPLANE_CORE_TRACE_TRACE_FORMAT_HPP_
 
+#include <backplane/abi.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -25,11 +27,13 @@ inline constexpr const char* kCatOp = "op";              // an op run natively
 inline constexpr const char* kCatFallback = "fallback";  // an op run on its backend's op_fallback device
 inline constexpr const char* kCatCopy = "copy";          // bytes moved for placement
 inline constexpr const char* kCatCollective = "collective";
-inline constexpr const char* kCatDdp = "ddp";            // a gradient bucket's all-reduce
-inline constexpr const char* kCatAutograd = "autograd";  // backward()
-inline constexpr const char* kCatJob = "job";            // rendezvous, checkpoints, restarts, store waits
-inline constexpr const char* kCatRemote = "remote";
-inline constexpr const char* kCatRange = "range";  // trace::Range, bp.trace regions
+inline constexpr const char* kCatDdp = "ddp";              // a gradient bucket's all-reduce
+inline constexpr const char* kCatAutograd = "autograd";    // backward()
+inline constexpr const char* kCatJob = "job";              // rendezvous, checkpoints, restarts, store waits
+inline constexpr const char* kCatRemote = "remote";        // a request to a server and its execution there
+inline constexpr const char* kCatRange = "range";          // trace::Range, bp.trace regions
+inline constexpr const char* kCatTransport = "transport";  // a plugin's collective on its transport
+inline constexpr const char* kCatPlugin = "plugin";        // a plugin's event of another category
 
 // Metadata records ("ph":"M") of a part.
 inline constexpr const char* kMetaPart = "backplane_part";
@@ -61,6 +65,9 @@ struct ClockOffset {
 // Every rank of the group calls it together (a collective over the store):
 // rank 0 answers each other rank's pings in turn.
 ClockOffset measure_clock_offset(int32_t rank, int32_t world, Store& store, std::string_view key_prefix);
+
+// bp_host_api.trace_event: a plugin's event, checked and copied.
+void record_plugin_event(const bp_trace_event* event) noexcept;
 
 // Starts the BACKPLANE_TRACE session once per process (when the variable is
 // set); stopped at exit. Throws Errc::invalid_argument for a malformed

@@ -28,6 +28,9 @@
  *       the string.
  *  2.3  BP_OP_ERF (43), the Gauss error function. A host of 2.2 never asks
  *       for it; a plugin of 2.2 answers supports_op false.
+ *  2.4  bp_host_api.trace_active and trace_event: a plugin adds events of
+ *       its own (a collective's transport and its waits, a remote round
+ *       trip) to the host's trace. NULL from a host of 2.3.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -231,7 +234,7 @@ extern "C" {
 #endif
 
 #define BP_ABI_MAJOR 2
-#define BP_ABI_MINOR 3
+#define BP_ABI_MINOR 4
 
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_plugin_entry"
 
@@ -617,6 +620,31 @@ typedef enum bp_log_level {
   BP_LOG_ERROR = 3
 } bp_log_level;
 
+/* 2.4: one event of a plugin's for the host's trace (trace_event below).
+ * The host copies what it keeps before trace_event returns. */
+typedef struct bp_trace_event {
+  size_t struct_size;
+  const char* category;   /* what the host groups it by: "transport", "remote"  */
+  const char* name;       /* "shared_memory", "execute", ...                     */
+  int64_t start_ns;       /* CLOCK_MONOTONIC                                     */
+  int64_t end_ns;         /* >= start_ns; == start_ns for an instant             */
+  int64_t bytes;          /* < 0: none                                           */
+  const char* number_key; /* NULL: none; else a count of the plugin's ("wait_ns") */
+  int64_t number;
+  const char* text_key; /* NULL: none; else a short text ("peer")              */
+  const char* text;
+  /* A flow joins events of two threads or processes (a request and its
+   * execution on a server): BP_TRACE_FLOW_OUT where it leaves,
+   * BP_TRACE_FLOW_IN where it arrives, both with the same flow_id. */
+  int32_t flow;
+  int32_t reserved_;
+  uint64_t flow_id;
+} bp_trace_event;
+#define BP_TRACE_EVENT_STRUCT_SIZE BP_STRUCT_SIZE(bp_trace_event, flow_id)
+#define BP_TRACE_FLOW_NONE         0
+#define BP_TRACE_FLOW_OUT          1
+#define BP_TRACE_FLOW_IN           2
+
 typedef struct bp_host_api {
   size_t struct_size;
   uint32_t abi_major;
@@ -624,8 +652,14 @@ typedef struct bp_host_api {
   void* ctx;
   /* (required) Log a NUL-terminated message; any thread; never fails. */
   void (*log)(void* ctx, int32_t level, const char* message);
+  /* 2.4 (NULL from an older host): non-zero while the host records a trace.
+   * Cheap; ask before measuring anything for trace_event. Any thread. */
+  int32_t (*trace_active)(void* ctx);
+  /* 2.4: adds one event to the trace, on the calling thread's track; a no-op
+   * when no trace records or the event is malformed. Any thread; never fails. */
+  void (*trace_event)(void* ctx, const bp_trace_event* event);
 } bp_host_api;
-#define BP_HOST_API_STRUCT_SIZE BP_STRUCT_SIZE(bp_host_api, log)
+#define BP_HOST_API_STRUCT_SIZE BP_STRUCT_SIZE(bp_host_api, trace_event)
 
 /* A key-value store shared by all ranks of a group, backed by the host's
  * rendezvous store. Every entry returns a status owned by the store (read

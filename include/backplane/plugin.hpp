@@ -64,6 +64,7 @@
 #include <atomic>
 #include <concepts>
 #include <cstdint>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -114,6 +115,32 @@ inline void log(bp_log_level level, const std::string& message) noexcept {
   if (host != nullptr && BP_HAS_FIELD(bp_host_api, log, host->struct_size) && host->log != nullptr) {
     host->log(host->ctx, level, message.c_str());
   }
+}
+
+// 2.4: whether the host records a trace now (false from an older host).
+// Cheap: ask before measuring anything for trace_event.
+inline bool trace_active() noexcept {
+  const bp_host_api* host = host_api().load(std::memory_order_acquire);
+  return host != nullptr && BP_HAS_FIELD(bp_host_api, trace_event, host->struct_size) &&
+         host->trace_active != nullptr && host->trace_event != nullptr && host->trace_active(host->ctx) != 0;
+}
+
+// Adds `event` to the host's trace (struct_size is set here); nothing from
+// an older host or when no trace records.
+inline void trace_event(bp_trace_event event) noexcept {
+  const bp_host_api* host = host_api().load(std::memory_order_acquire);
+  if (host == nullptr || !BP_HAS_FIELD(bp_host_api, trace_event, host->struct_size) ||
+      host->trace_event == nullptr)
+    return;
+  event.struct_size = BP_TRACE_EVENT_STRUCT_SIZE;
+  host->trace_event(host->ctx, &event);
+}
+
+// The clock of trace events: CLOCK_MONOTONIC in nanoseconds.
+inline int64_t trace_now_ns() noexcept {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
 namespace detail {

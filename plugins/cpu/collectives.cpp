@@ -57,6 +57,7 @@ class Alone final : public Transport {
 // The link of a group of one: no peers to stop or tell.
 class AloneLink final : public Link {
  public:
+  const char* name() const noexcept override { return "none"; }
   std::unique_ptr<Transport> begin(const FailureBoard&, const CallContext&) override {
     return std::make_unique<Alone>();
   }
@@ -222,14 +223,64 @@ void guarded(Communicator::Impl& c, const char* op, Fn&& body) {
   c.scratch.trim(kScratchKeepBytes);
 }
 
+// A transport that counts the time spent waiting for peers, for a trace:
+// what a collective spends apart from that waiting is moving and reducing
+// its bytes.
+class TimedTransport final : public Transport {
+ public:
+  explicit TimedTransport(Transport& inner) : inner_(inner) {}
+  int rank() const noexcept override { return inner_.rank(); }
+  int size() const noexcept override { return inner_.size(); }
+  Region& region(void* data, uint64_t bytes) override { return inner_.region(data, bytes); }
+  void send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override {
+    inner_.send(from, peer, phase, offset, bytes);
+  }
+  void recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override {
+    inner_.recv(into, peer, phase, offset, bytes);
+  }
+  int wait_recv(Region& region, int expected) override {
+    const int64_t t0 = plugin::trace_now_ns();
+    const int peer = inner_.wait_recv(region, expected);
+    waited_ns_ += plugin::trace_now_ns() - t0;
+    return peer;
+  }
+  int wait_send(Region& region, int expected) override {
+    const int64_t t0 = plugin::trace_now_ns();
+    const int peer = inner_.wait_send(region, expected);
+    waited_ns_ += plugin::trace_now_ns() - t0;
+    return peer;
+  }
+  int64_t waited_ns() const noexcept { return waited_ns_; }
+
+ private:
+  Transport& inner_;
+  int64_t waited_ns_ = 0;
+};
+
 // Runs algorithm(transport) on this collective's transport. `call` goes into
-// the tags of its messages: dtype, counts, reduce op, root.
+// the tags of its messages: dtype, counts, reduce op, root. With a trace
+// recording, the host gets a span on the transport with the time spent
+// waiting for the peers (the rest moved and reduced bytes).
 template <class Fn>
 void run_collective(Communicator::Impl& c, const char* op, std::initializer_list<uint64_t> call,
                     Fn&& algorithm) {
   const std::unique_ptr<Transport> transport =
       c.link->begin(c.board, CallContext(c.timeout, c.sequence++, call, {op, c.rank, c.size}));
-  algorithm(*transport);
+  if (!plugin::trace_active()) [[likely]] {
+    algorithm(*transport);
+    return;
+  }
+  TimedTransport timed(*transport);
+  bp_trace_event e{};
+  e.category = "transport";
+  e.name = c.link->name();
+  e.start_ns = plugin::trace_now_ns();
+  algorithm(timed);
+  e.end_ns = plugin::trace_now_ns();
+  e.bytes = -1;
+  e.number_key = "wait_ns";
+  e.number = timed.waited_ns();
+  plugin::trace_event(e);
 }
 
 // The SDK's view of a contiguous tensor of `dtype`: the one check of each

@@ -59,6 +59,7 @@ class GlooMesh final : public Link {
   std::shared_ptr<gloo::rendezvous::Context> context;
   PeerBook peers;
 
+  const char* name() const noexcept override { return "gloo"; }
   std::unique_ptr<Transport> begin(const FailureBoard& board, const CallContext& call) override;
   // Interrupts every wait of the collective in progress and makes every
   // later wait or post fail: those report BP_STATUS_COLLECTIVE "aborted".

@@ -57,6 +57,7 @@ class ShmGroup final : public Link {
   int32_t rank() const noexcept { return rank_; }
   int32_t size() const noexcept { return size_; }
 
+  const char* name() const noexcept override { return "shared_memory"; }
   std::unique_ptr<Transport> begin(const FailureBoard& board, const CallContext& call) override;
   // Ends this rank's waits (comm_abort): they report the abort. Any thread.
   void interrupt() noexcept override;

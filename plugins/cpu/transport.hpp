@@ -118,6 +118,8 @@ class Link {
  public:
   virtual ~Link() = default;
 
+  // What moves the bytes, for traces: "shared_memory", "gloo", "none".
+  virtual const char* name() const noexcept = 0;
   // The messaging of one collective; `board` and `call` outlive it. Throws
   // CommFailure (an abort already happened, say).
   virtual std::unique_ptr<Transport> begin(const FailureBoard& board, const CallContext& call) = 0;

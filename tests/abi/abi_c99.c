@@ -107,7 +107,8 @@ static void check_table_and_handshake(void) {
 typedef void (*fn_ptr)(void);
 #define STRUCTS(X)                                                                             \
   X(bp_op_attrs, BP_OP_ATTRS_STRUCT_SIZE, seed, sizeof(uint64_t))                              \
-  X(bp_host_api, BP_HOST_API_STRUCT_SIZE, log, sizeof(fn_ptr))                                 \
+  X(bp_host_api, BP_HOST_API_STRUCT_SIZE, trace_event, sizeof(fn_ptr))                         \
+  X(bp_trace_event, BP_TRACE_EVENT_STRUCT_SIZE, flow_id, sizeof(uint64_t))                     \
   X(bp_kv_set_args, BP_KV_SET_ARGS_STRUCT_SIZE, timeout_ms, sizeof(int64_t))                   \
   X(bp_kv_get_args, BP_KV_GET_ARGS_STRUCT_SIZE, size, sizeof(uint64_t))                        \
   X(bp_kv_wait_args, BP_KV_WAIT_ARGS_STRUCT_SIZE, timeout_ms, sizeof(int64_t))                 \

@@ -613,7 +613,8 @@ TEST_CASE("plugin sdk: read_args reads a shorter struct and zeroes what lies bey
   static_assert((macro) == offsetof(type, last) + sizeof(type::last), #macro); \
   static_assert(sizeof(type) - (macro) < alignof(type), #macro " names the last field")
 BP_CHECK_STRUCT_SIZE(bp_op_attrs, BP_OP_ATTRS_STRUCT_SIZE, seed);
-BP_CHECK_STRUCT_SIZE(bp_host_api, BP_HOST_API_STRUCT_SIZE, log);
+BP_CHECK_STRUCT_SIZE(bp_host_api, BP_HOST_API_STRUCT_SIZE, trace_event);
+BP_CHECK_STRUCT_SIZE(bp_trace_event, BP_TRACE_EVENT_STRUCT_SIZE, flow_id);
 BP_CHECK_STRUCT_SIZE(bp_kv_set_args, BP_KV_SET_ARGS_STRUCT_SIZE, timeout_ms);
 BP_CHECK_STRUCT_SIZE(bp_kv_get_args, BP_KV_GET_ARGS_STRUCT_SIZE, size);
 BP_CHECK_STRUCT_SIZE(bp_kv_wait_args, BP_KV_WAIT_ARGS_STRUCT_SIZE, timeout_ms);

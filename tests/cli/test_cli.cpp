@@ -967,7 +967,7 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
   for (const auto& e : fs::directory_iterator(tmp.path()))
     CHECK(e.path().extension() != ".part");  // merged and removed
   const nlohmann::json t = nlohmann::json::parse(bpcli::slurp(trace));
-  std::map<int64_t, int> ops, fallbacks, steps, buckets, backwards, rendezvous;
+  std::map<int64_t, int> ops, fallbacks, steps, buckets, backwards, rendezvous, transports;
   std::map<int64_t, std::string> names;
   for (const auto& e : t["traceEvents"]) {
     const int64_t pid = e["pid"];
@@ -978,6 +978,12 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
     if (e["cat"] == "ddp" && e["name"] == "bucket") ++buckets[pid];
     if (e["cat"] == "autograd" && e["name"] == "backward") ++backwards[pid];
     if (e["cat"] == "job" && e["name"] == "rendezvous") ++rendezvous[pid];
+    if (e["cat"] == "transport") {  // the cpu plugin's own span inside each collective
+      ++transports[pid];
+      CHECK(e["name"] == "shared_memory");
+      CHECK(e["args"]["wait_ns"].get<int64_t>() >= 0);
+      CHECK(e["args"]["wait_ns"].get<double>() <= e["dur"].get<double>() * 1000.0 + 1.0);
+    }
     if (e["cat"] == "fallback") {
       ++fallbacks[pid];
       CHECK(e["args"]["for"] == "partial:0");
@@ -992,6 +998,7 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
     CHECK(backwards[rank] == steps[rank]);  // one backward per step
     CHECK(buckets[rank] >= steps[rank]);    // each backward all-reduces at least one bucket
     CHECK(rendezvous[rank] == 1);
+    CHECK(transports[rank] >= buckets[rank]);
     CHECK(names[rank].rfind("rank " + std::to_string(rank) + " \xC2\xB7 ", 0) == 0);
   }
   // Both ranks read one clock here: the measured offset is within its error.
@@ -1008,6 +1015,8 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
   BP_CHECK_CONTAINS(text.out, "top ops by total time");
   BP_CHECK_CONTAINS(text.out, "op fallbacks");
   BP_CHECK_CONTAINS(text.out, "for partial:0 ran on cpu:0");
+  BP_CHECK_CONTAINS(text.out, "collectives over shared_memory: ");
+  BP_CHECK_CONTAINS(text.out, " ms waiting for peers, ");
   const Result js = cli(tmp, {"trace", "summary", "--json", trace.string()});
   REQUIRE(js.code == kExitOk);
   const nlohmann::json s = nlohmann::json::parse(js.out);

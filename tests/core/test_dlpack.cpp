@@ -547,7 +547,8 @@ TEST_CASE("dlpack: the cpu plugin's imported buffers share memory and release ex
   REQUIRE_MESSAGE(lib != nullptr, ::dlerror());
   auto entry = reinterpret_cast<bp_plugin_entry_fn>(::dlsym(lib, BP_PLUGIN_ENTRY_SYMBOL));
   REQUIRE((entry != nullptr));
-  static const bp_host_api host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &ignore_log};
+  static const bp_host_api host{
+      BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &ignore_log, nullptr, nullptr};
   const bp_plugin_api* api = entry(&host);
   REQUIRE(api != nullptr);
   REQUIRE((api->buffer_import != nullptr));

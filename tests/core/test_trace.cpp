@@ -314,3 +314,36 @@ TEST_CASE("trace: a child forked while recording records nothing and exits clean
   CHECK(exps == 0);
   fs::remove_all(dir);
 }
+
+TEST_CASE("trace: a plugin's events (ABI 2.4) are copied, checked, and joined by flows") {
+  // The trace_events fixture adds its events in execute (tests/fixtures/trace_events.c).
+  const bp::Registry r =
+      bp::Registry::from_json(R"({"schema_version": 1, "backends": [{"name": "tracer", "library": )" +
+                                  json_path(fixture("trace_events")) + "}]}",
+                              fixture_dir(), "trace test");
+  const bp::Device d = r.backend("tracer").device();
+  const bp::Tensor a = bp::Tensor::from_vector<float>(d, {2}, {1, 2});
+  (void)bp::add(a, a);  // no trace: the fixture adds nothing
+  const fs::path dir = scratch("plugin");
+  const fs::path file = dir / "t.json";
+  {
+    bp::trace::Session session({file.string()});
+    CHECK(bp::add(a, a).to_vector<float>() == std::vector<float>{2, 4});
+  }
+  const json t = read_json(file);
+  std::vector<json> mine;
+  for (const json& e : events(t, "X"))
+    if (e["cat"] == "remote") mine.push_back(e);
+  REQUIRE(mine.size() == 1);
+  CHECK(mine[0]["name"] == "request");
+  CHECK(mine[0]["ts"].get<double>() == doctest::Approx(1.0));
+  CHECK(mine[0]["dur"].get<double>() == doctest::Approx(2.0));
+  CHECK(mine[0]["args"]["bytes"] == 64);
+  CHECK(mine[0]["args"]["wait_ns"] == 7);
+  CHECK(mine[0]["args"]["peer"] == "server \"a\"");
+  const auto flows = events(t, "s");
+  REQUIRE(flows.size() == 1);
+  CHECK(flows[0]["id"] == 42);
+  CHECK(flows[0]["cat"] == "remote");
+  fs::remove_all(dir);
+}

@@ -28,8 +28,13 @@ constexpr uint64_t kLimit = uint64_t{256} << 20;
 constexpr uint64_t kCacheLimit = uint64_t{1} << 30;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
-                         [](void*, int32_t, const char*) {}};
+const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE,
+                         BP_ABI_MAJOR,
+                         BP_ABI_MINOR,
+                         nullptr,
+                         [](void*, int32_t, const char*) {},
+                         nullptr,
+                         nullptr};
 
 int fail(const std::string& what) {
   std::fprintf(stderr, "FAIL: %s\n", what.c_str());

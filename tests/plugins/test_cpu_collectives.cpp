@@ -51,7 +51,8 @@ void host_log(void*, int32_t level, const char* message) {
   g_log_levels.push_back(level);
 }
 
-const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log};
+const bp_host_api g_host{
+    BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr, &host_log, nullptr, nullptr};
 
 struct Status {
   int32_t code = BP_STATUS_OK;

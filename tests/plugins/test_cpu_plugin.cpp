@@ -15,8 +15,13 @@
 
 namespace {
 
-const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
-                         [](void*, int32_t, const char*) {}};
+const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE,
+                         BP_ABI_MAJOR,
+                         BP_ABI_MINOR,
+                         nullptr,
+                         [](void*, int32_t, const char*) {},
+                         nullptr,
+                         nullptr};
 
 // True when a library whose file name contains `part` is mapped in this process.
 bool loaded(const char* part) {

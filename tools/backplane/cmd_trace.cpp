@@ -69,6 +69,8 @@ struct RankSummary {
   std::vector<double> steps;
   std::map<std::string, Totals> ops_by_device;  // device -> native op time
   Totals fallback, copy, collective;
+  double collective_wait_us = 0;             // of it, waiting for the peers (the transport's wait_ns)
+  std::map<std::string, Totals> transports;  // the plugin's transport spans, by name
 };
 
 json summarize(const json& trace) {
@@ -121,6 +123,11 @@ json summarize(const json& trace) {
       c.us += dur;
       ++c.count;
       c.bytes += bytes;
+    } else if (cat == "transport") {
+      r.collective_wait_us += args.value("wait_ns", 0.0) / 1000.0;
+      Totals& t = r.transports[name];
+      t.us += dur;
+      ++t.count;
     } else if (cat == "collective") {
       r.collective.us += dur;
       ++r.collective.count;
@@ -140,6 +147,8 @@ json summarize(const json& trace) {
       ops_us += t.us;
       by_device[device] = {{"us", t.us}, {"calls", t.count}};
     }
+    json transports = json::object();
+    for (const auto& [name, t] : r.transports) transports[name] = {{"us", t.us}, {"calls", t.count}};
     const double wall = r.last > r.first ? r.last - r.first : 0;
     const double busy = ops_us + r.fallback.us + r.copy.us + r.collective.us;
     out["ranks"].push_back(
@@ -156,6 +165,8 @@ json summarize(const json& trace) {
          {"collective_us", r.collective.us},
          {"collective_calls", r.collective.count},
          {"collective_bytes", r.collective.bytes},
+         {"collective_wait_us", r.collective_wait_us},
+         {"transports", transports},
          {"idle_us", std::max(0.0, wall - busy)}});
   }
   std::vector<std::pair<std::tuple<std::string, std::string>, Totals>> ops(top.begin(), top.end());
@@ -208,6 +219,13 @@ void print_summary(const json& s) {
     for (const auto& [device, t] : r["ops_by_device"].items())
       std::printf("      ops on %s: %s ms in %llu calls\n", device.c_str(), ms(t["us"].get<double>()).c_str(),
                   static_cast<unsigned long long>(t["calls"].get<uint64_t>()));
+    if (r["collective_calls"].get<uint64_t>() > 0) {
+      const double total = r["collective_us"].get<double>(), wait = r["collective_wait_us"].get<double>();
+      std::string over;
+      for (const auto& [name, t] : r["transports"].items()) over += (over.empty() ? " over " : ", ") + name;
+      std::printf("      collectives%s: %s ms waiting for peers, %s ms moving and reducing bytes\n",
+                  over.c_str(), ms(wait).c_str(), ms(std::max(0.0, total - wait)).c_str());
+    }
   }
   std::printf("\ntop ops by total time (all ranks)\n%-16s %-6s %8s %10s %10s\n", "op", "dtype", "calls",
               "total ms", "mean us");

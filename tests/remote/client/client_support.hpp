@@ -22,8 +22,13 @@
 
 namespace backplane::remote::test {
 
-inline const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE, BP_ABI_MAJOR, BP_ABI_MINOR, nullptr,
-                                [](void*, int32_t, const char*) {}};
+inline const bp_host_api g_host{BP_HOST_API_STRUCT_SIZE,
+                                BP_ABI_MAJOR,
+                                BP_ABI_MINOR,
+                                nullptr,
+                                [](void*, int32_t, const char*) {},
+                                nullptr,
+                                nullptr};
 
 // A status taken from the plugin: its code (BP_STATUS_OK for NULL) and message.
 struct Outcome {
