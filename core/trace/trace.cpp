@@ -243,10 +243,10 @@ void append_event(std::string& out, const State& s, int64_t tid, const Event& e)
     append_int(out, static_cast<int64_t>(e.flow));
     if (e.kind == Kind::flow_in) out += ",\"bp\":\"e\"";
   }
-  out += ",\"args\":{";
+  // "args" only when there are some: viewers show an empty object beside the name.
   bool first = true;
   auto key = [&](const char* k) {
-    if (!first) out += ',';
+    out += first ? ",\"args\":{" : ",";
     first = false;
     out += '"';
     out += k;
@@ -304,7 +304,7 @@ void append_event(std::string& out, const State& s, int64_t tid, const Event& e)
     out += e.needed_by;
     out += '"';
   }
-  out += "}},\n";
+  out += first ? "},\n" : "}},\n";
 }
 
 void append_metadata(std::string& out, const State& s, const char* name, int64_t tid,
