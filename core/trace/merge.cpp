@@ -19,6 +19,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,7 +63,26 @@ struct PartInfo {
   bool ended = false;
   uint64_t events = 0;
   uint64_t torn = 0;
+  // A trace merged before (by a job or by hand: `trace merge` of a job's and
+  // a server's): its ranks as it lists them, its clocks already aligned.
+  bool merged = false;
+  nlohmann::json merged_ranks;
+  std::set<int64_t> pids;  // the process ids its events use
+  int64_t pid_shift = 0;   // added to each, so that no two inputs share one
 };
+
+constexpr std::string_view kMergedHead = "{\"traceEvents\":[";
+constexpr std::string_view kMergedTail = "],\"displayTimeUnit\":";
+
+// The number after "key": in a line of ours, or `otherwise`.
+int64_t number_after(std::string_view line, std::string_view key, int64_t otherwise) {
+  const std::size_t at = line.find(key);
+  if (at == std::string_view::npos) return otherwise;
+  const char* begin = line.data() + at + key.size();
+  char* end = nullptr;
+  const long long v = std::strtoll(begin, &end, 10);
+  return end == begin ? otherwise : static_cast<int64_t>(v);
+}
 
 [[noreturn]] void unreadable(const std::string& path, const std::string& why) {
   throw Error(Errc::io_error, "trace merge: cannot read '" + path + "': " + why);
@@ -78,14 +98,29 @@ PartInfo read_info(const std::string& path) {
   while (std::getline(in, line)) {
     if (first) {
       first = false;
-      if (line != "[")
+      info.merged = line == kMergedHead;
+      if (line != "[" && !info.merged)
         throw Error(Errc::invalid_argument,
                     "trace merge: '" + path +
-                        "' is not a backplane trace part (it does not begin with the "
-                        "\"[\" line of one; give the FILE.rank<R>.part files a job left)");
+                        "' is neither a backplane trace part nor a trace backplane wrote (it begins with "
+                        "neither \"[\" nor " +
+                        std::string(kMergedHead) + "; give the FILE.rank<R>.part files a job left, or FILE)");
       continue;
     }
     const std::string_view body = body_of(line);
+    if (info.merged) {
+      if (body.substr(0, kMergedTail.size()) == kMergedTail) {
+        const nlohmann::json j = nlohmann::json::parse("{" + line.substr(2), nullptr, false);
+        if (!j.is_discarded() && j.contains("otherData"))
+          info.merged_ranks = j["otherData"]
+                                  .value("backplane_trace", nlohmann::json::object())
+                                  .value("ranks", nlohmann::json::array());
+        info.ended = true;
+        continue;
+      }
+      info.pids.insert(number_after(body, "\"pid\":", 0));
+      continue;
+    }
     if (body.find("\"backplane_") == std::string_view::npos) continue;
     const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
     if (j.is_discarded() || !j.is_object() || !j.contains("args")) continue;
@@ -106,10 +141,30 @@ PartInfo read_info(const std::string& path) {
     }
   }
   if (first) unreadable(path, "it is empty");
+  if (info.merged) {
+    if (!info.ended)
+      throw Error(Errc::invalid_argument, "trace merge: '" + path +
+                                              "' ends before its \"otherData\" line: a "
+                                              "trace cut short; merge the parts it was made from instead");
+    info.rank = 0;
+    info.ended = true;
+    return info;
+  }
   if (info.rank < 0)
     throw Error(Errc::invalid_argument,
                 "trace merge: '" + path + "' is not a backplane trace part (no backplane_part record)");
   return info;
+}
+
+// "pid":<n> plus `shift`, in place.
+void shift_pid(std::string& line, int64_t shift) {
+  const std::size_t at = line.find("\"pid\":");
+  if (at == std::string::npos || shift == 0) return;
+  const std::size_t begin = at + 6;
+  char* end = nullptr;
+  const long long pid = std::strtoll(line.c_str() + begin, &end, 10);
+  if (end == line.c_str() + begin) return;
+  line.replace(begin, static_cast<std::size_t>(end - (line.c_str() + begin)), std::to_string(pid + shift));
 }
 
 // "ts":<number> shifted by offset_us, in place.
@@ -219,6 +274,22 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
                                             "' (a job writes FILE.rank<R>.part; were they merged already?)");
   std::vector<detail::PartInfo> infos;
   for (const std::string& p : parts) infos.push_back(detail::read_info(p));
+  // Parts are one job's: a rank's parts (one per start) share its track.
+  // Traces merged before come from other jobs (a server's) and may use the
+  // same process ids: each moves up by thousands until none collide.
+  std::set<int64_t> taken;
+  for (const detail::PartInfo& info : infos)
+    if (!info.merged) taken.insert(info.rank);
+  for (detail::PartInfo& info : infos) {
+    if (!info.merged) continue;
+    auto collides = [&](int64_t shift) {
+      for (int64_t pid : info.pids)
+        if (taken.count(pid + shift) != 0) return true;
+      return false;
+    };
+    while (collides(info.pid_shift)) info.pid_shift += 1000;
+    for (int64_t pid : info.pids) taken.insert(pid + info.pid_shift);
+  }
   MergeResult result;
   try {
     common::AtomicFileWriter out(output);
@@ -233,7 +304,9 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
       std::string line;
       while (std::getline(in, line)) {
         const std::string_view body = detail::body_of(line);
-        if (body.empty() || body == "[" || body == "]") continue;
+        if (body.empty() || body == "[" || body == "]" || body == detail::kMergedHead ||
+            body.substr(0, detail::kMergedTail.size()) == detail::kMergedTail)
+          continue;
         if (body.find("\"backplane_") != std::string_view::npos &&
             (detail::is_meta(body, detail::kMetaPart) || detail::is_meta(body, detail::kMetaClock) ||
              detail::is_meta(body, detail::kMetaDropped) || detail::is_meta(body, detail::kMetaEnd)))
@@ -245,6 +318,7 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
           ++info.torn;
           continue;
         }
+        detail::shift_pid(event, info.pid_shift);
         if (!first_event) pending += ",\n";
         first_event = false;
         pending += event;
@@ -262,8 +336,16 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
     nlohmann::json ranks = nlohmann::json::array();
     for (std::size_t i = 0; i < parts.size(); ++i) {
       const detail::PartInfo& info = infos[i];
+      if (info.merged) {  // its ranks as it listed them, each with its process id here
+        for (nlohmann::json r : info.merged_ranks) {
+          r["trace_pid"] = r.value("rank", 0) + info.pid_shift;
+          ranks.push_back(std::move(r));
+        }
+        continue;
+      }
       ranks.push_back({{"rank", info.rank},
                        {"start", info.start},
+                       {"trace_pid", info.rank + info.pid_shift},
                        {"pid", info.pid},
                        {"clock_offset_us", static_cast<double>(info.offset_ns) / 1000.0},
                        {"clock_error_us", info.error_ns < 0

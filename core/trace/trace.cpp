@@ -92,6 +92,7 @@ struct State {
   int32_t rank = 0;
   int32_t world = 1;
   int32_t start = 0;  // BACKPLANE_RESTART_COUNT: which start of a restarted job
+  std::string label;  // the process track's name; empty: "rank <R>"
   bool joined = false;
   bool merge_here = true;
   uint64_t generation = 0;
@@ -127,7 +128,8 @@ struct State {
   std::string write_error;
 };
 
-std::mutex g_state_mutex;  // starting and stopping
+std::mutex g_state_mutex;  // starting and stopping, g_process_label
+std::string g_process_label;
 State* g_state = nullptr;  // read by recording threads only while g_active
 std::atomic<uint64_t> g_generation{0};
 
@@ -327,6 +329,11 @@ uint64_t kept_events(State& s) {  // recording has stopped
   return n;
 }
 
+// The process track's name, JSON-escaped: "rank 1", or set_process_label's.
+std::string process_label(const State& s) {
+  return s.label.empty() ? "rank " + std::to_string(s.rank) : s.label;
+}
+
 void write_out(State& s) {  // writer_mutex held
   std::size_t at = 0;
   while (at < s.out.size() && s.fd >= 0) {
@@ -383,9 +390,8 @@ void drain(State& s) {
   }
   if (!s.process_named && s.process_device != 0) {
     s.process_named = true;
-    append_metadata(
-        s.out, s, "process_name", 0,
-        "\"name\":\"rank " + std::to_string(s.rank) + " \xC2\xB7 " + name_of(s.process_device) + "\"");
+    append_metadata(s.out, s, "process_name", 0,
+                    "\"name\":\"" + process_label(s) + " \xC2\xB7 " + name_of(s.process_device) + "\"");
   }
   const uint64_t dropped = s.dropped.load(std::memory_order_relaxed);
   if (dropped != s.dropped_written) {
@@ -456,6 +462,7 @@ void start(Options options) {
   const char* merge = std::getenv("BACKPLANE_TRACE_MERGE");
   s->merge_here = merge == nullptr || std::string_view(merge) != "launcher";
   s->start = parse_int_or(std::getenv("BACKPLANE_RESTART_COUNT"), 0);
+  s->label = json_escape(g_process_label);
   s->part_path = part_path(s->path, s->rank, s->start);
   s->fd = ::open(s->part_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (s->fd < 0) throw Error(Errc::io_error, open_error(s->part_path, errno));
@@ -514,7 +521,7 @@ void stop() {
     drain(*s);
     if (!s->process_named) {
       s->process_named = true;
-      append_metadata(s->out, *s, "process_name", 0, "\"name\":\"rank " + std::to_string(s->rank) + "\"");
+      append_metadata(s->out, *s, "process_name", 0, "\"name\":\"" + process_label(*s) + "\"");
     }
     s->out += "{\"ph\":\"M\",\"name\":\"";
     s->out += kMetaEnd;
@@ -800,6 +807,33 @@ void Session::stop() {
 }
 
 bool active() noexcept { return detail::active(); }
+
+int64_t now_ns() noexcept { return detail::now_ns(); }
+
+void record(const Event& event) noexcept {
+  if (!detail::active()) return;
+  bp_trace_event e{};
+  e.struct_size = BP_TRACE_EVENT_STRUCT_SIZE;
+  e.category = event.category;
+  e.name = event.name;
+  e.start_ns = event.start_ns;
+  e.end_ns = event.end_ns;
+  e.bytes = event.bytes;
+  e.number_key = event.number_key;
+  e.number = event.number;
+  e.text_key = event.text_key;
+  e.text = event.text;
+  e.flow = event.flow == Event::Flow::out  ? BP_TRACE_FLOW_OUT
+           : event.flow == Event::Flow::in ? BP_TRACE_FLOW_IN
+                                           : BP_TRACE_FLOW_NONE;
+  e.flow_id = event.flow_id;
+  detail::record_plugin_event(&e);
+}
+
+void set_process_label(std::string label) {
+  std::lock_guard lock(detail::g_state_mutex);
+  detail::g_process_label = std::move(label);
+}
 
 Range::Range(std::string_view name) {
   if (!detail::active()) return;

@@ -76,6 +76,33 @@ class BACKPLANE_API Range {
   uint32_t name_ = 0;
 };
 
+// An event of the host's own, recorded on the calling thread's track: what
+// a plugin adds through ABI 2.4's bp_trace_event, for code that is not a
+// plugin (`backplane serve` draws each client request it runs as the end of
+// the flow the client's plugin began). Text is copied; an event whose end is
+// before its start is dropped. Nothing when no session records.
+struct Event {
+  enum class Flow { none, out, in };
+  const char* category = "";  // "remote"; anything else is filed under "plugin"
+  const char* name = "";
+  int64_t start_ns = 0;  // now_ns()
+  int64_t end_ns = 0;    // == start_ns: an instant
+  int64_t bytes = -1;    // < 0: none
+  const char* number_key = nullptr;
+  int64_t number = 0;
+  const char* text_key = nullptr;
+  const char* text = nullptr;
+  Flow flow = Flow::none;
+  uint64_t flow_id = 0;
+};
+BACKPLANE_API void record(const Event& event) noexcept;
+// The clock of every event: CLOCK_MONOTONIC in nanoseconds.
+BACKPLANE_API int64_t now_ns() noexcept;
+// The name of this process's track in traces started from now on ("serve
+// 127.0.0.1:7000"); empty (the default): "rank <R>". The first device an op
+// ran on follows it ("rank 1 · cpu:0").
+BACKPLANE_API void set_process_label(std::string label);
+
 // What merge() did, for the caller's report.
 struct MergeResult {
   std::size_t ranks = 0;       // parts merged

@@ -283,6 +283,12 @@ void Connection::handshake(Clock::time_point deadline) {
         " does not authenticate, but this client holds a token: it could be an impostor, so it is refused; "
         "start the server with the same token (`backplane serve --token-file FILE`), or give this client "
         "none");
+  {
+    const auto* ns = challenge->nonce();
+    trace_flow_key_ =
+        wire::trace_flow_key(client_nonce, ns != nullptr ? std::span<const uint8_t>(ns->data(), ns->size())
+                                                         : std::span<const uint8_t>());
+  }
   std::vector<uint8_t> proof;
   if (has_token) {
     const auto* server_nonce = challenge->nonce();
@@ -348,6 +354,8 @@ void Connection::push_locked(uint64_t id, wire::Body type, flatbuffers::Offset<v
                              const void* payload, uint64_t payload_bytes,
                              const std::shared_ptr<WriteTicket>& ticket, bool urgent) {
   fbb_.Finish(wire::CreateMessage(fbb_, id, type, body));
+  if (plugin::trace_active() && type != wire::Body::KvReply) [[unlikely]]
+    trace_sent(id, type, payload_bytes);
   const auto size = fbb_.GetSize();
   const auto header = wire::encode_header(wire::Header{static_cast<uint32_t>(size), payload_bytes});
   if (queue_.empty() || queue_.back().borrowed != nullptr) queue_.emplace_back();
@@ -398,7 +406,40 @@ std::shared_ptr<Connection::Pending> Connection::call_locked(wire::Body type, fl
   return p;
 }
 
+// A request leaves: the start of its flow to the server's run of it (the
+// server's trace holds the other end, with the same id).
+void Connection::trace_sent(uint64_t id, wire::Body type, uint64_t payload_bytes) const noexcept {
+  bp_trace_event e{};
+  e.category = "remote";
+  e.name = wire::EnumNameBody(type);
+  e.start_ns = e.end_ns = plugin::trace_now_ns();
+  e.bytes = static_cast<int64_t>(payload_bytes);
+  e.number_key = "request";
+  e.number = static_cast<int64_t>(id);
+  e.text_key = "server";
+  e.text = settings_.endpoint.c_str();
+  e.flow = BP_TRACE_FLOW_OUT;
+  e.flow_id = wire::trace_flow_id(trace_flow_key_, id);
+  plugin::trace_event(e);
+}
+
 void Connection::wait_locked(Lock& lock, Pending& p, Clock::time_point deadline) {
+  const int64_t t0 = plugin::trace_active() ? plugin::trace_now_ns() : -1;
+  wait_for_reply_locked(lock, p, deadline);
+  if (t0 >= 0 && p.status == BP_STATUS_OK) [[unlikely]] {  // the round trip, as the caller waited for it
+    bp_trace_event e{};
+    e.category = "remote";
+    e.name = p.what;
+    e.start_ns = t0;
+    e.end_ns = plugin::trace_now_ns();
+    e.bytes = p.kind == Pending::read ? static_cast<int64_t>(p.size) : -1;
+    e.number_key = "request";
+    e.number = static_cast<int64_t>(p.id);
+    plugin::trace_event(e);
+  }
+}
+
+void Connection::wait_for_reply_locked(Lock& lock, Pending& p, Clock::time_point deadline) {
   while (!p.done) {
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !p.done) {
       const auto waited = settings_.request_timeout;

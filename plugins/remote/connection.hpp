@@ -171,7 +171,9 @@ class Connection {
                    uint64_t payload_bytes, const std::shared_ptr<WriteTicket>& ticket, bool urgent = false);
   std::shared_ptr<Pending> call_locked(wire::Body type, flatbuffers::Offset<void> body, int kind,
                                        const char* what, uint64_t comm = 0);
-  void wait_locked(Lock& lock, Pending& p, Clock::time_point deadline);
+  void wait_locked(Lock& lock, Pending& p, Clock::time_point deadline);  // traced when a trace records
+  void wait_for_reply_locked(Lock& lock, Pending& p, Clock::time_point deadline);
+  void trace_sent(uint64_t id, wire::Body type, uint64_t payload_bytes) const noexcept;
   void finish_or_throw(const Pending& p) const;
   uint64_t chunk_limit() const noexcept;
 
@@ -225,6 +227,7 @@ class Connection {
   std::string dead_reason_;
   flatbuffers::FlatBufferBuilder fbb_;
   uint64_t next_request_ = 1;
+  uint64_t trace_flow_key_ = 0;  // the handshake's: the flow ids a trace shares with the server
   std::deque<Segment> queue_;
   bool write_scheduled_ = false;  // a flush is posted or a write is in flight
   std::unordered_map<uint64_t, std::shared_ptr<Pending>> pending_;

@@ -131,6 +131,7 @@ void Connection::on_proof(const wire::Message& m) {
   end_handshake();
   const uint64_t id = server_.next_session++;
   session_ = std::make_unique<Session>(id, server_.hosted, server_.options.limits, server_.counters, *this);
+  session_->set_trace_flow_key(wire::trace_flow_key(client_nonce_, server_nonce_));
   send_now(encode_welcome(id, *server_.hosted, server_.options.limits));
   phase_ = Phase::session;
   log_line(LogLevel::info,

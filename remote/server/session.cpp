@@ -6,6 +6,8 @@
 // session_ops.cpp (execute, synchronize, device memory) and session_comms.cpp
 // (communicators and collectives).
 #include "remote/server/session.hpp"
+#include <backplane/trace.hpp>
+#include "remote/wire/auth.hpp"
 
 #include "remote/server/messages.hpp"
 #include "remote/server/session_internal.hpp"
@@ -183,6 +185,30 @@ Session::~Session() { release(); }
 
 void Session::handle(const wire::Message& m, std::span<const uint8_t> payload) {
   if (released_) return;
+  if (trace::active()) [[unlikely]] {
+    handle_traced(m, payload);
+    return;
+  }
+  handle_now(m, payload);
+}
+
+// The request's run as a span, and the end of the flow its client began.
+void Session::handle_traced(const wire::Message& m, std::span<const uint8_t> payload) {
+  trace::Event e;
+  e.category = "remote";
+  e.name = wire::EnumNameBody(m.body_type());
+  e.start_ns = trace::now_ns();
+  handle_now(m, payload);
+  e.end_ns = trace::now_ns();
+  e.bytes = payload.empty() ? -1 : static_cast<int64_t>(payload.size());
+  e.number_key = "request";
+  e.number = static_cast<int64_t>(m.id());
+  e.flow = trace::Event::Flow::in;
+  e.flow_id = wire::trace_flow_id(trace_flow_key_, m.id());
+  trace::record(e);
+}
+
+void Session::handle_now(const wire::Message& m, std::span<const uint8_t> payload) {
   if (!pipelined(m.body_type())) {
     run(m, payload);  // answers on its own
     return;

@@ -80,6 +80,10 @@ class Session {
   // Runs one request routed to the worker. `payload` is a Write's data (its
   // size already checked against Write.size by route()).
   void handle(const wire::Message& m, std::span<const uint8_t> payload);
+  // The handshake's key of the flow ids a trace shares with the client
+  // (wire::trace_flow_key): each request run is drawn as the end of the flow
+  // the client's send began.
+  void set_trace_flow_key(uint64_t key) noexcept { trace_flow_key_ = key; }
   // Where a Write's bytes may go straight from the socket: the host memory of
   // its range, when the buffer is this session's, lies on a host-visible
   // device and the range is inside it. Only while no request runs (the
@@ -122,6 +126,8 @@ class Session {
     uint64_t later = 0;
   };
 
+  void handle_now(const wire::Message& m, std::span<const uint8_t> payload);
+  void handle_traced(const wire::Message& m, std::span<const uint8_t> payload);
   void run(const wire::Message& m, std::span<const uint8_t> payload);
   void alloc(const wire::Alloc& r);
   void free(const wire::Free& r);
@@ -165,6 +171,7 @@ class Session {
   std::condition_variable comms_idle_;  // an abort finished
   std::map<uint64_t, std::shared_ptr<Comm>> comms_;
   bool released_ = false;
+  uint64_t trace_flow_key_ = 0;
 };
 
 }  // namespace backplane::remote::server

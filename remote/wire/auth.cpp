@@ -40,4 +40,12 @@ bool same_mac(const Mac& expected, std::span<const uint8_t> received) noexcept {
   return common::equal_constant_time(expected, received);
 }
 
+uint64_t trace_flow_key(std::span<const uint8_t> client_nonce,
+                        std::span<const uint8_t> server_nonce) noexcept {
+  uint64_t key = 0x6a09e667f3bcc908ULL;
+  for (const std::span<const uint8_t> nonce : {client_nonce, server_nonce})
+    for (const uint8_t b : nonce) key = trace_flow_id(key, b);
+  return key;
+}
+
 }  // namespace backplane::remote::wire

@@ -259,7 +259,8 @@ TEST_CASE("trace: merge refuses a file that is not a part and a torn last line i
   const fs::path bad = dir / "x.rank0.part";
   std::ofstream(bad) << "{\"not\": \"a part\"}\n";
   CHECK_THROWS_WITH_AS(bp::trace::merge({bad.string()}, (dir / "out.json").string()),
-                       doctest::Contains("is not a backplane trace part"), bp::Error);
+                       doctest::Contains("is neither a backplane trace part nor a trace backplane wrote"),
+                       bp::Error);
   const fs::path torn = dir / "y.rank1.part";
   std::ofstream(torn)
       << "[\n"

@@ -6,6 +6,7 @@
 #include <backplane/error.hpp>
 #include <backplane/hosting.hpp>
 #include <backplane/registry.hpp>
+#include <backplane/trace.hpp>
 #include <backplane/version.hpp>
 #include <backplane_common/memory_room.hpp>
 
@@ -71,6 +72,8 @@ int run_serve(ServeOptions& options) {
         std::min(options.limits.max_session_bytes, options.limits.max_total_bytes);
 
   const std::filesystem::path config = choose_config(options.config);
+  // BACKPLANE_TRACE: the server's track says what it is (its trace starts with the registry).
+  trace::set_process_label("serve " + options.listen);
   const Registry registry = load_for_report(config);
   const Backend backend = options.backend.empty() ? registry.default_backend()
                                                   : find_backend(registry, options.backend, kExitFailed);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -28,20 +29,25 @@ using nlohmann::json;
 int run_merge(const std::vector<std::string>& inputs, std::string output) {
   std::vector<std::string> parts;
   for (const std::string& in : inputs) {
-    // A trace file's name stands for the parts its job left beside it.
-    const std::vector<std::string> found = in.size() > 5 && in.compare(in.size() - 5, 5, ".part") == 0
-                                               ? std::vector<std::string>{in}
-                                               : trace::parts_of(in);
+    // A trace file's name stands for the parts its job left beside it; with
+    // none there, for the trace itself (one merged before: a server's).
+    std::vector<std::string> found;
+    if (in.size() > 5 && in.compare(in.size() - 5, 5, ".part") == 0) {
+      found = {in};
+    } else {
+      found = trace::parts_of(in);
+      if (found.empty() && std::filesystem::exists(in)) found = {in};
+    }
     if (found.empty())
-      throw CommandError(kExitUsage, "trace merge: '" + in + "' is not a part and no " + in +
+      throw CommandError(kExitUsage, "trace merge: '" + in + "' does not exist, and no " + in +
                                          ".rank<R>.part files exist beside it");
     parts.insert(parts.end(), found.begin(), found.end());
-    if (output.empty() && found.front() != in) output = in;
+    if (output.empty() && inputs.size() == 1 && found.front() != in) output = in;
   }
   if (output.empty())
     throw CommandError(kExitUsage,
-                       "trace merge: name the merged file with -o FILE (the parts were given "
-                       "by name, so there is no trace file to take it from)");
+                       "trace merge: name the merged file with -o FILE (it is taken from the "
+                       "input only when that is one trace whose parts lie beside it)");
   trace::MergeResult m;
   try {
     m = trace::merge(parts, output);

@@ -4,6 +4,7 @@
 #include "server_support.hpp"
 
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -13,7 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <vector>
@@ -289,4 +292,63 @@ TEST_CASE(
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == 0);
   }
+}
+
+TEST_CASE(
+    "remote server: traced client and server merge into one timeline, each request a flow from send to run") {
+  TempDir dir;
+  const fs::path config = write_config(dir.path());
+  const fs::path server_trace = dir.path() / "server.json";
+  ServeProcess serve({"--config", config.string(), "--backend", "cpu", "--listen", "127.0.0.1:0"},
+                     {{"BACKPLANE_TRACE", server_trace.string()}});
+  REQUIRE_MESSAGE(serve.wait_for_line("ready"), serve.out_text);
+  const uint16_t port = port_from(serve.out_text);
+  const fs::path client_config = dir.path() / "remote.json";
+  std::ofstream(client_config) << R"({"schema_version": 1, "plugin_dirs": [")" << BP_TEST_PLUGIN_DIR
+                               << R"("], "default_backend": "remote", "backends": [{"name": "remote",
+                                     "library": "backplane_remote", "required": true,
+                                     "options": {"endpoints": ["127.0.0.1:)"
+                               << port << R"("]}}]})";
+  const fs::path client_trace = dir.path() / "client.json";
+  const std::string cli = BP_TEST_CLI;
+  const std::string train = "env -u BACKPLANE_CONFIG -u BACKPLANE_TRACE '" + cli + "' train --config '" +
+                            client_config.string() + "' --nproc 1 --epochs 1 --batch-size 256 --data '" +
+                            BP_TEST_DIGITS + "' --trace '" + client_trace.string() + "' > '" +
+                            (dir.path() / "train.log").string() + "' 2>&1";
+  REQUIRE_MESSAGE(std::system(train.c_str()) == 0, std::ifstream(dir.path() / "train.log").rdbuf());
+  serve.signal(SIGTERM);
+  const int status = serve.wait_exit();
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(fs::exists(server_trace));  // written at the server's exit
+  const fs::path all = dir.path() / "all.json";
+  const std::string merge = "'" + cli + "' trace merge -o '" + all.string() + "' '" + client_trace.string() +
+                            "' '" + server_trace.string() + "' > /dev/null";
+  REQUIRE(std::system(merge.c_str()) == 0);
+  std::ifstream in(all);
+  const nlohmann::json t = nlohmann::json::parse(in);
+  std::map<uint64_t, int64_t> sent;  // flow id -> the pid it left
+  std::map<uint64_t, int64_t> ran;   // flow id -> the pid it arrived at
+  std::map<int64_t, std::string> names;
+  int executes = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "s") sent[e["id"].get<uint64_t>()] = e["pid"].get<int64_t>();
+    if (e["ph"] == "f") ran[e["id"].get<uint64_t>()] = e["pid"].get<int64_t>();
+    if (e["ph"] == "X" && e["cat"] == "remote" && e["name"] == "Execute") ++executes;
+    if (e["ph"] == "M" && e["name"] == "process_name") names[e["pid"].get<int64_t>()] = e["args"]["name"];
+  }
+  REQUIRE(names.size() == 2);  // the client's rank 0 and the server, apart
+  CHECK(names[0].rfind("rank 0 \xC2\xB7 remote:0", 0) == 0);
+  const int64_t server_pid = std::next(names.begin())->first;
+  CHECK(names[server_pid].rfind("serve 127.0.0.1:", 0) == 0);
+  CHECK(executes > 100);
+  std::size_t joined = 0;
+  for (const auto& [id, pid] : ran) {
+    const auto s = sent.find(id);
+    REQUIRE_MESSAGE(s != sent.end(), "the server ran request flow " << id << " that no client sent");
+    CHECK(s->second == 0);
+    CHECK(pid == server_pid);
+    ++joined;
+  }
+  CHECK(joined > 100);
+  CHECK(sent.size() <= ran.size() + 2);  // the Goodbye, and a last request cut by the exit, may go unanswered
 }
