@@ -1024,6 +1024,13 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
   CHECK(s["ranks"][0]["steps"].get<int>() == steps[0]);
   CHECK(s["ranks"][0]["fallback_calls"].get<int>() == fallbacks[0]);
 
+  // A trace that cannot be written is refused before any rank starts.
+  const Result nowhere = cli(tmp, {"train", "--nproc", "2", "--epochs", "1", "--config", config.string(),
+                                   "--data", kDigits, "--trace", (tmp / "no" / "such" / "t.json").string()});
+  CHECK(nowhere.code == kExitFailed);
+  BP_CHECK_CONTAINS(nowhere.err, "--trace: cannot write");
+  CHECK(nowhere.out.find("epoch") == std::string::npos);
+
   // Not a trace: a usage error that says what to give.
   const Result bad = cli(tmp, {"trace", "summary", config.string()});
   CHECK(bad.code == kExitUsage);

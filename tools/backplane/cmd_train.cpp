@@ -270,6 +270,7 @@ void check_outputs(const TrainOptions& o) {
   check_writable(o.metrics_out, "--metrics-out");
   check_writable(o.plot, "--plot");
   check_writable(o.save_model, "--save-model");
+  check_writable(o.trace, "--trace");  // before any rank starts: one message, not one per rank
   check_checkpoint_dir(o.checkpoint_dir);
 }
 
