@@ -5,6 +5,8 @@
 #include "cli.hpp"
 #include "launcher.hpp"
 
+#include <backplane_common/atomic_file.hpp>
+
 #include <CLI/CLI.hpp>
 
 #include <cmath>
@@ -86,6 +88,13 @@ int run_launch(const LaunchOptions& options) {
   spec.restart_delay = std::chrono::milliseconds(std::llround(options.restart_delay * 1000.0));
   set_trace_environment(options.trace, options.trace_max_events);
   spec.trace = take_trace_from_env();
+  if (!spec.trace.empty()) {  // before any rank starts: one message, not one per rank
+    try {
+      common::check_file_writable(spec.trace);
+    } catch (const common::FileWriteError& e) {
+      throw CommandError(kExitFailed, std::string("launch: --trace: ") + e.what());
+    }
+  }
   return run_ranks(spec);
 }
 
