@@ -162,7 +162,8 @@ uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec
     e.device = trace::detail::device_label(s.backend->serial, s.backend->name, s.device);
     e.peer = trace::detail::device_label(exec->serial, exec->name, dev);
     e.bytes = static_cast<int64_t>(s.nbytes);
-    e.needed_by = needed_by;
+    e.text_key = "needed_by";  // the op that needed the bytes (the caller's text: copied)
+    e.text = trace::detail::intern(needed_by);
   }
   copy_bytes(s, 0, *r->storage, 0, s.nbytes, what);
   out = std::move(r);

@@ -88,8 +88,20 @@ int64_t number_after(std::string_view line, std::string_view key, int64_t otherw
   throw Error(Errc::io_error, "trace merge: cannot read '" + path + "': " + why);
 }
 
-// First pass: the part's metadata records.
+PartInfo read_info_unchecked(const std::string& path);
+
+// First pass: the part's metadata records. A record of the wrong shape is the
+// file's fault, said as such.
 PartInfo read_info(const std::string& path) {
+  try {
+    return read_info_unchecked(path);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::invalid_argument,
+                "trace merge: '" + path + "' holds a backplane record of the wrong shape: " + e.what());
+  }
+}
+
+PartInfo read_info_unchecked(const std::string& path) {
   std::ifstream in(path);
   if (!in) unreadable(path, std::strerror(errno));
   PartInfo info;
@@ -313,8 +325,7 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
           continue;
         std::string event(body);
         // A rank killed mid-write leaves a torn last line: skip what is not whole.
-        if (event.back() != '}' || (!info.ended && !nlohmann::json::accept(event)) ||
-            !detail::shift_ts(event, offset_us)) {
+        if (event.back() != '}' || !nlohmann::json::accept(event) || !detail::shift_ts(event, offset_us)) {
           ++info.torn;
           continue;
         }
@@ -338,7 +349,7 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
       const detail::PartInfo& info = infos[i];
       if (info.merged) {  // its ranks as it listed them, each with its process id here
         for (nlohmann::json r : info.merged_ranks) {
-          r["trace_pid"] = r.value("rank", 0) + info.pid_shift;
+          r["trace_pid"] = r.value("trace_pid", r.value("rank", 0)) + info.pid_shift;
           ranks.push_back(std::move(r));
         }
         continue;

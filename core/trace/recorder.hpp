@@ -52,9 +52,8 @@ struct Event {
   uint32_t peer = 0;           // interned second device (a fallback's or copy's other end); 0: none
   uint32_t text = 0;           // interned value of text_key; 0: none
   const char* text_key = nullptr;
-  const char* needed_by = nullptr;  // the op that needed a copy's bytes
-  int64_t bytes = -1;               // -1: none
-  int64_t count = -1;               // a second number (e.g. a bucket's index); -1: none
+  int64_t bytes = -1;  // -1: none
+  int64_t count = -1;  // a second number (e.g. a bucket's index); -1: none
   const char* count_key = nullptr;
   uint64_t flow = 0;  // flow events: the id both ends share
   int16_t dtype = -1;

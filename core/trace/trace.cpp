@@ -19,6 +19,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/file.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -31,9 +32,10 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <new>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -71,18 +73,31 @@ struct ThreadBuffer {
 };
 
 // The string table: process-wide, never cleared (ids stay valid for every
-// session and every per-thread cache); held in its JSON-escaped form.
+// session and every per-thread cache); held in its JSON-escaped form. Adding
+// takes the mutex; reading an id's text does not (the writer formats without
+// holding anything a recording thread may wait for): each slot is published
+// once, with a release store, and never changes.
 struct Names {
   std::mutex mutex;
-  std::set<std::string, std::less<>> keys;  // argument names from plugins: node-based, so pointers stay valid
+  std::map<std::string, std::string, std::less<>> keys;  // plugins' argument names, raw -> escaped
   std::unordered_map<std::string, uint32_t> ids;
-  std::vector<std::string> escaped{"", "(more names than the trace keeps)"};
+  std::unique_ptr<std::atomic<const std::string*>[]> table {
+    new std::atomic<const std::string*>[ kMaxNames ]()
+  };
+  uint32_t count = 0;  // mutex held
+  Names() {
+    table[0].store(new std::string(), std::memory_order_release);
+    table[1].store(new std::string("(more names than the trace keeps)"), std::memory_order_release);
+    count = 2;
+  }
 };
 constexpr uint32_t kOverflowName = 1;
 Names& names() {
   static Names* n = new Names;  // never destroyed: threads may intern during exit
   return *n;
 }
+// Plugins' text is cut to this many bytes before it is kept.
+constexpr std::size_t kMaxText = 256;
 
 // The recording session.
 struct State {
@@ -164,7 +179,7 @@ ThreadBuffer* register_thread(State& s) noexcept {
     auto b = std::make_unique<ThreadBuffer>();
     b->tid = gettid_now();
     char name[32] = {};
-    if (::pthread_getname_np(::pthread_self(), name, sizeof name) == 0) b->name = name;
+    if (::pthread_getname_np(::pthread_self(), name, sizeof name) == 0) b->name = json_escape(name);
     b->tail = b->head = new Chunk;
     ThreadBuffer* raw = b.get();
     std::lock_guard lock(s.buffers_mutex);
@@ -198,9 +213,11 @@ void append_ts(std::string& out, int64_t ns) {
   out.append(digits, 4);
 }
 
-const std::string& name_of(uint32_t id) {  // names().mutex held
-  const auto& e = names().escaped;
-  return id < e.size() ? e[id] : e[0];
+const std::string& name_of(uint32_t id) {  // lock-free: published slots never change
+  static const std::string none;
+  if (id >= kMaxNames) return none;
+  const std::string* text = names().table[id].load(std::memory_order_acquire);
+  return text != nullptr ? *text : none;
 }
 
 void append_quoted(std::string& out, std::string_view text) {
@@ -300,12 +317,6 @@ void append_event(std::string& out, const State& s, int64_t tid, const Event& e)
     key(e.text_key);
     append_quoted(out, name_of(e.text));
   }
-  if (e.needed_by != nullptr) {
-    key("needed_by");
-    out += '"';
-    out += e.needed_by;
-    out += '"';
-  }
   out += first ? "},\n" : "}},\n";
 }
 
@@ -340,7 +351,11 @@ void write_out(State& s) {  // writer_mutex held
     const ssize_t n = ::write(s.fd, s.out.data() + at, s.out.size() - at);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      if (s.write_error.empty()) s.write_error = std::strerror(errno);
+      // The part ends here, mid-line: nothing more goes into it (not even the
+      // end record), so a merge sees a part cut short, not a complete one.
+      if (s.write_error.empty()) s.write_error = n < 0 ? std::strerror(errno) : "nothing written";
+      ::close(s.fd);
+      s.fd = -1;
       break;
     }
     at += static_cast<std::size_t>(n);
@@ -355,7 +370,6 @@ void drain(State& s) {
     std::lock_guard lock(s.buffers_mutex);
     for (auto& b : s.buffers) buffers.push_back(b.get());
   }
-  std::lock_guard names_lock(names().mutex);
   for (ThreadBuffer* b : buffers) {
     if (!b->named) {
       b->named = true;
@@ -368,8 +382,8 @@ void drain(State& s) {
       const uint32_t n = c->count.load(std::memory_order_acquire);
       for (uint32_t i = b->written; i < n; ++i) {
         const Event& e = c->events[i];
-        if (!s.process_named && e.device != 0 && e.cat == std::string_view(kCatOp))
-          s.process_device = e.device;
+        if (!s.process_named && s.process_device == 0 && e.device != 0 && e.cat == std::string_view(kCatOp))
+          s.process_device = e.device;  // the first device an op ran on names the track
         append_event(s.out, s, b->tid, e);
       }
       b->written = n;
@@ -437,11 +451,30 @@ std::string open_error(const std::string& path, int err) {
          (err == ELOOP ? " (it is a symbolic link; remove it or choose another trace file)" : "");
 }
 
+// True when a live process holds the part's lock (its rank still records).
+bool part_locked(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);
+  return held;
+}
+
 // A forked child has no writer thread: it records nothing (its parent's
-// session stays the parent's; the child's copy of it is left as it is).
+// session stays the parent's; the child's copy of it is left as it is). Only
+// the forking thread lives on in the child: locks another thread held at
+// the fork are made anew, and the other threads' markers forgotten (one
+// caught inside an append would keep a later stop() waiting forever).
 void forget_in_child() {
   g_active.store(false, std::memory_order_seq_cst);
   g_state = nullptr;
+  new (&g_state_mutex) std::mutex();
+  new (&g_slots_mutex) std::mutex();
+  new (&names().mutex) std::mutex();
+  slots().clear();
+  t_slot.writing.store(false, std::memory_order_relaxed);  // constructed now if need be: it joins the list
+  std::lock_guard lock(g_slots_mutex);
+  if (std::find(slots().begin(), slots().end(), &t_slot) == slots().end()) slots().push_back(&t_slot);
 }
 
 void start(Options options) {
@@ -464,8 +497,24 @@ void start(Options options) {
   s->start = parse_int_or(std::getenv("BACKPLANE_RESTART_COUNT"), 0);
   s->label = json_escape(g_process_label);
   s->part_path = part_path(s->path, s->rank, s->start);
-  s->fd = ::open(s->part_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0666);
+  s->fd = ::open(s->part_path.c_str(), O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
   if (s->fd < 0) throw Error(Errc::io_error, open_error(s->part_path, errno));
+  // One writer per part: a process that inherited BACKPLANE_TRACE and RANK
+  // (a worker the rank spawned, `backplane check`'s children) must not
+  // truncate the part its parent is writing.
+  if (::flock(s->fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(s->fd);
+    throw Error(Errc::io_error, "trace: another process is writing '" + s->part_path + "' (" +
+                                    (err == EWOULDBLOCK ? std::string("it holds the part's lock")
+                                                        : std::string(std::strerror(err))) +
+                                    "); this process records nothing into it");
+  }
+  if (::ftruncate(s->fd, 0) != 0) {
+    const int err = errno;
+    ::close(s->fd);
+    throw Error(Errc::io_error, open_error(s->part_path, err));
+  }
   s->generation = g_generation.fetch_add(1) + 1;
   s->out = "[\n";
   append_metadata(s->out, *s, kMetaPart, 0,
@@ -562,11 +611,24 @@ void stop() {
   for (const std::string& p : parts)
     if (::access(p.c_str(), F_OK) == 0) present.push_back(p);
   const MergeResult m = trace::merge(present, s->path);
-  for (const std::string& p : present) ::unlink(p.c_str());
+  // Merged parts go, except one whose rank is still writing it (it outlived
+  // the wait: its writer still holds the part's lock), which stays for
+  // `backplane trace merge` with what it records from now on.
+  std::string still_written;
+  for (const std::string& p : present) {
+    if (part_ended(p) || !part_locked(p)) {
+      ::unlink(p.c_str());
+    } else {
+      still_written += (still_written.empty() ? "" : ", ") + p;
+    }
+  }
   if (m.ranks < static_cast<std::size_t>(s->world) || m.incomplete > 0) {
-    log(LogLevel::warning, "trace: wrote '" + s->path + "' with " + std::to_string(m.ranks) + " of " +
-                               std::to_string(s->world) + " ranks (" + std::to_string(m.incomplete) +
-                               " of them ended early: a rank died or its part is still being written)");
+    log(LogLevel::warning,
+        "trace: wrote '" + s->path + "' with " + std::to_string(m.ranks) + " of " + std::to_string(s->world) +
+            " ranks (" + std::to_string(m.incomplete) +
+            " of them ended early: a rank died or is still running)" +
+            (still_written.empty() ? std::string()
+                                   : "; kept, as their ranks still write them: " + still_written));
   }
 }
 
@@ -639,15 +701,32 @@ void record(const Event& e) noexcept {
 
 uint32_t intern(std::string_view text) noexcept {
   if (text.empty()) return 0;
+  // The names a thread uses again and again (a range per step, a plugin's
+  // transport per collective) are found here without the table's mutex.
+  struct Cached {
+    std::string text;
+    uint32_t id = 0;
+  };
+  thread_local std::array<Cached, 8> cache;
+  thread_local std::size_t next = 0;
+  for (const Cached& c : cache)
+    if (c.id != 0 && c.text == text) return c.id;
   try {
     Names& n = names();
-    std::lock_guard lock(n.mutex);
-    auto it = n.ids.find(std::string(text));
-    if (it != n.ids.end()) return it->second;
-    if (n.escaped.size() >= kMaxNames) return kOverflowName;
-    const auto id = static_cast<uint32_t>(n.escaped.size());
-    n.escaped.push_back(json_escape(text));
-    n.ids.emplace(std::string(text), id);
+    uint32_t id = 0;
+    {
+      std::lock_guard lock(n.mutex);
+      auto it = n.ids.find(std::string(text));
+      if (it != n.ids.end()) {
+        id = it->second;
+      } else {
+        if (n.count >= kMaxNames) return kOverflowName;
+        id = n.count++;
+        n.table[id].store(new std::string(json_escape(text)), std::memory_order_release);
+        n.ids.emplace(std::string(text), id);
+      }
+    }
+    cache[next++ % cache.size()] = Cached{std::string(text), id};
     return id;
   } catch (...) {
     return 0;
@@ -695,9 +774,9 @@ const char* stable_key(std::string_view key) noexcept {
     auto it = n.keys.find(key);
     if (it == n.keys.end()) {
       if (n.keys.size() >= 1024) return nullptr;
-      it = n.keys.insert(json_escape(key)).first;
+      it = n.keys.emplace(std::string(key), json_escape(key)).first;
     }
-    return it->c_str();
+    return it->second.c_str();  // a map node's: stays where it is
   } catch (...) {
     return nullptr;
   }
@@ -705,24 +784,28 @@ const char* stable_key(std::string_view key) noexcept {
 
 void record_plugin_event(const bp_trace_event* p) noexcept {
   if (!active() || p == nullptr || !BP_HAS_FIELD(bp_trace_event, flow_id, p->struct_size) ||
-      p->name == nullptr || p->end_ns < p->start_ns)
+      p->name == nullptr || p->start_ns < 0 || p->end_ns < p->start_ns)
     return;
+  auto cut = [](const char* text) {  // a plugin's text, bounded (a cut UTF-8 sequence is escaped as U+FFFD)
+    const std::string_view v(text);
+    return v.substr(0, std::min(v.size(), kMaxText));
+  };
   Event e;
   const std::string_view cat = p->category != nullptr ? p->category : "";
   e.cat = cat == std::string_view(kCatTransport) ? kCatTransport
           : cat == std::string_view(kCatRemote)  ? kCatRemote
                                                  : kCatPlugin;
-  e.name_id = intern(p->name);
+  e.name_id = intern(cut(p->name));
   e.t0 = p->start_ns;
   e.t1 = p->end_ns;
   e.bytes = p->bytes >= 0 ? p->bytes : -1;
   if (p->number_key != nullptr) {
-    e.count_key = stable_key(p->number_key);
+    e.count_key = stable_key(cut(p->number_key));
     e.count = p->number;
   }
   if (p->text_key != nullptr && p->text != nullptr) {
-    e.text_key = stable_key(p->text_key);
-    e.text = intern(p->text);
+    e.text_key = stable_key(cut(p->text_key));
+    e.text = intern(cut(p->text));
   }
   if (p->flow == BP_TRACE_FLOW_OUT || p->flow == BP_TRACE_FLOW_IN) {
     // The flow's own event, at the span's start, beside the span itself.
@@ -761,11 +844,13 @@ void start_from_env() {
 
 void joined_job(int32_t rank, int32_t world, Store& store, std::string_view key_prefix) {
   if (!active()) return;
+  uint64_t generation = 0;
   {
     std::lock_guard lock(g_state_mutex);
     if (g_state == nullptr || g_state->joined) return;
     g_state->joined = true;
     g_state->world = std::max(g_state->world, world);
+    generation = g_state->generation;
   }
   ClockOffset c;
   try {
@@ -778,7 +863,7 @@ void joined_job(int32_t rank, int32_t world, Store& store, std::string_view key_
     return;
   }
   std::lock_guard lock(g_state_mutex);
-  if (g_state == nullptr) return;
+  if (g_state == nullptr || g_state->generation != generation) return;  // measured for a session now stopped
   State& s = *g_state;
   std::lock_guard wl(s.writer_mutex);
   append_metadata(s.out, s, kMetaClock, 0,

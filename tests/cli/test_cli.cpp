@@ -963,7 +963,7 @@ TEST_CASE("train --trace: one timeline of every rank, clocks aligned within thei
                              config.string(), "--data", kDigits, "--trace", trace.string()});
   INFO(r.describe());
   REQUIRE(r.code == kExitOk);
-  BP_CHECK_CONTAINS(r.err, "trace of 2 rank(s)");
+  BP_CHECK_CONTAINS(r.err, "trace of 2 part(s)");
   for (const auto& e : fs::directory_iterator(tmp.path()))
     CHECK(e.path().extension() != ".part");  // merged and removed
   const nlohmann::json t = nlohmann::json::parse(bpcli::slurp(trace));

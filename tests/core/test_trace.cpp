@@ -348,3 +348,32 @@ TEST_CASE("trace: a plugin's events (ABI 2.4) are copied, checked, and joined by
   CHECK(flows[0]["cat"] == "remote");
   fs::remove_all(dir);
 }
+
+TEST_CASE("trace: a second process on the same part is refused and leaves the first one's part whole") {
+  const fs::path dir = scratch("locked");
+  const fs::path file = dir / "t.json";
+  {
+    bp::trace::Session session({file.string()});
+    const pid_t child = ::fork();  // as a worker that inherited BACKPLANE_TRACE and RANK would
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      int code = 1;
+      try {
+        bp::trace::Session second({file.string()});
+      } catch (const bp::Error& e) {
+        code = e.code() == bp::Errc::io_error &&
+                       std::string(e.what()).find("another process is writing") != std::string::npos
+                   ? 0
+                   : 2;
+      }
+      ::_exit(code);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  const json t = read_json(file);  // the first session's file, whole
+  CHECK(t["otherData"]["backplane_trace"]["ranks"][0]["complete"] == true);
+  fs::remove_all(dir);
+}

@@ -268,7 +268,13 @@ int run_summary(const std::string& file, bool as_json) {
     throw CommandError(kExitUsage, "trace summary: '" + file +
                                        "' is not JSON (a part of a running or killed job? merge the parts "
                                        "first: backplane trace merge FILE)");
-  const json s = summarize(trace);
+  json s;
+  try {
+    s = summarize(trace);
+  } catch (const json::exception& e) {
+    throw CommandError(kExitUsage,
+                       "trace summary: '" + file + "' has an event of the wrong shape: " + e.what());
+  }
   if (as_json) {
     std::printf("%s\n", s.dump(2).c_str());
   } else {

@@ -908,13 +908,13 @@ void merge_trace(const std::string& path) {
   try {
     const trace::MergeResult m = trace::merge(parts, path);
     for (const std::string& p : parts) ::unlink(p.c_str());
-    std::fprintf(stderr, "backplane launch: trace of %zu rank(s), %llu events%s written to %s\n", m.ranks,
+    std::fprintf(stderr, "backplane launch: trace of %zu part(s), %llu events%s written to %s\n", m.ranks,
                  static_cast<unsigned long long>(m.events),
                  m.incomplete > 0 ? " (some ranks ended early: their parts stop where they died)" : "",
                  path.c_str());
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {  // the job's own exit code stands
     std::fprintf(stderr, "backplane launch: warning: the ranks' trace parts were left as they are: %s\n",
-                 e.message().c_str());
+                 e.what());
   }
 }
 
@@ -924,6 +924,10 @@ int run_ranks(const LaunchSpec& given) {
   ensure_standard_fds_open();
   LaunchSpec spec = given;
   if (spec.trace.empty()) spec.trace = take_trace_from_env();
+  // Parts an earlier job left under this name (killed before its merge)
+  // would be merged into this one's: gone before the ranks start.
+  if (!spec.trace.empty())
+    for (const std::string& p : trace::parts_of(spec.trace)) ::unlink(p.c_str());
   reserve_descriptors(spec.nproc);
   Launcher launcher(spec);
   const int code = launcher.run();
