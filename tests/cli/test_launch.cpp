@@ -569,11 +569,20 @@ TEST_CASE("launch: the command's own options need no -- and do not reach the lau
 TEST_CASE("launch: --max-restarts starts every rank again with a fresh secret, then gives up") {
   TempDir tmp;
   // Every start fails: 1 + 2 starts of 2 ranks, then the job ends with the
-  // failing rank's code.
-  const Result r = cli(tmp, launch_sh(2,
-                                      "echo \"start $BACKPLANE_RESTART_COUNT $BACKPLANE_JOB_TOKEN\"; "
-                                      "if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 60",
-                                      {"--max-restarts", "2", "--restart-delay", "0.05"}));
+  // failing rank's code. Rank 1 fails only once rank 0 has said its line
+  // (else the launcher may stop rank 0 before it speaks, on a slow machine).
+  const std::string mark = (tmp / "rank0-said-").string();
+  const Result r =
+      cli(tmp, launch_sh(2,
+                         "echo \"start $BACKPLANE_RESTART_COUNT $BACKPLANE_JOB_TOKEN\"; "
+                         "if [ \"$RANK\" = 0 ]; then touch '" +
+                             mark +
+                             "'\"$BACKPLANE_RESTART_COUNT\"; exec sleep 60; fi; "
+                             "i=0; while [ ! -e '" +
+                             mark +
+                             "'\"$BACKPLANE_RESTART_COUNT\" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); "
+                             "done; exit 3",
+                         {"--max-restarts", "2", "--restart-delay", "0.05"}));
   INFO(r.describe());
   CHECK(r.code == 3);
   // The pause doubles with each restart.
