@@ -35,13 +35,20 @@ constexpr int64_t kSmallElems = 1024;              // 4 KiB of f32
 
 // ---- worker: one rank -------------------------------------------------------
 
-// `transport`: "shm" (the default for ranks on one host) or "tcp" (Gloo).
+// `transport`: "shm" (the defaults: shared memory for ranks on one host,
+// hierarchical across hosts), "tcp" (Gloo only) or "flat" (shared memory on
+// one host, but across hosts Gloo only: "hierarchical" off). Any number of
+// ranks; tests/integration/netns/run_netns_hosts.sh --phase bench runs it on
+// two hosts of two.
 int worker(int iters, const std::string& transport) {
   using namespace backplane;
   const std::string config =
       std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_BENCH_PLUGIN_DIR +
       R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true, "options": )" +
-      (transport == "tcp" ? R"({"shared_memory": false})" : "{}") + "}]}";
+      (transport == "tcp"    ? R"({"shared_memory": false})"
+       : transport == "flat" ? R"({"hierarchical": false})"
+                             : "{}") +
+      "}]}";
   Registry reg = Registry::from_json(config, fs::current_path(), "bench_collectives");
   Rendezvous rdzv = Rendezvous::from_env();
   ProcessGroup pg = ProcessGroup::create(reg.backend("cpu").device(0), rdzv);

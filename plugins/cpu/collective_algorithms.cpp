@@ -277,6 +277,19 @@ void all_reduce(Transport& t, Scratch& scratch, const Tuning& tuning, Elements i
   ring_all_gather(t, ch, owned, esize, place, 1);
 }
 
+void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in,
+                             Elements out, const Reduction& red) {
+  if (out.count == 0) return;  // every rank has the same count, so every rank skips
+  const Reduction combine_only{red.combine, nullptr};
+  Transport& local = levels.local();
+  all_reduce(local, scratch, tuning, in, out, combine_only);
+  if (Transport* leaders = levels.leaders(); leaders != nullptr) {
+    all_reduce(*leaders, scratch, tuning, out, out, combine_only);
+    if (red.divide != nullptr) red.divide(out.data, out.count, levels.world());
+  }
+  broadcast(local, tuning, out, 0);
+}
+
 void broadcast(Transport& t, const Tuning& tuning, Elements data, int root) {
   const int n = t.size();
   if (data.count == 0 || n == 1) return;

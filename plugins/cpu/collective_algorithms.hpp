@@ -11,7 +11,8 @@
 //    segments with Tuning::recv_depth receives in flight, so that reducing
 //    one segment overlaps the transfer of the next.
 // Broadcast is direct for two ranks or small data, else a pipelined chain;
-// barrier is a dissemination barrier.
+// barrier is a dissemination barrier. Over a hierarchical link all_reduce
+// runs in two levels (hierarchical_all_reduce).
 #ifndef BACKPLANE_PLUGINS_CPU_COLLECTIVE_ALGORITHMS_HPP_
 #define BACKPLANE_PLUGINS_CPU_COLLECTIVE_ALGORITHMS_HPP_
 
@@ -80,6 +81,18 @@ void reduce_scatter(Transport& t, Scratch& scratch, const Tuning& tuning, Elemen
                     const Reduction& reduction);
 // Returns once every rank has entered.
 void barrier(Transport& t, Scratch& scratch);
+
+// all_reduce over a group in two levels (transport.hpp's Levels): the ranks
+// of each host reduce among themselves, the hosts' leaders all-reduce those
+// partial results, and each leader broadcasts the result to its host. Only
+// the leaders' data crosses between hosts: for two hosts, the data's size
+// each way instead of the flat ring's 2 (n - 1) / n of it. Every rank gets
+// the leader's bytes, so the result is identical on every rank; for floats
+// it may differ from the flat all_reduce's in the last bits (the sums are
+// grouped by host), for integers and integer-valued floats within range it
+// is the same. A mean divides by the whole group's size once, at the end.
+void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in,
+                             Elements out, const Reduction& reduction);
 
 }  // namespace backplane::cpu
 

@@ -11,6 +11,7 @@
 #include <backplane/plugin.hpp>
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -149,8 +150,8 @@ std::unique_ptr<Communicator> Communicator::create(const bp_comm_create_args& ar
   if (c.link != nullptr)
     plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": connected to " + std::to_string(c.size - 1) +
                                   " peers through shared memory");
-  else
-    c.link = connect_gloo(setup);
+  if (c.link == nullptr) c.link = connect_hierarchical(setup);
+  if (c.link == nullptr) c.link = connect_gloo(setup);
   return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -257,6 +258,39 @@ class TimedTransport final : public Transport {
   int64_t waited_ns_ = 0;
 };
 
+// Both levels of a hierarchical collective, timed.
+class TimedLevels final : public Levels {
+ public:
+  explicit TimedLevels(Levels& inner) : inner_(inner), local_(inner.local()) {
+    if (Transport* l = inner.leaders(); l != nullptr) leaders_.emplace(*l);
+  }
+  Transport& local() override { return local_; }
+  Transport* leaders() override { return leaders_ ? &*leaders_ : nullptr; }
+  int world() const noexcept override { return inner_.world(); }
+  int64_t waited_ns() const noexcept { return local_.waited_ns() + (leaders_ ? leaders_->waited_ns() : 0); }
+
+ private:
+  Levels& inner_;
+  TimedTransport local_;
+  std::optional<TimedTransport> leaders_;
+};
+
+// Records the span of a collective on the link, with what `algorithm` (given
+// a timed transport or levels) spent waiting for the peers.
+template <class Timed, class Fn>
+void traced(Communicator::Impl& c, Timed& timed, Fn&& algorithm) {
+  bp_trace_event e{};
+  e.category = "transport";
+  e.name = c.link->name();
+  e.start_ns = plugin::trace_now_ns();
+  algorithm(timed);
+  e.end_ns = plugin::trace_now_ns();
+  e.bytes = -1;
+  e.number_key = "wait_ns";
+  e.number = timed.waited_ns();
+  plugin::trace_event(e);
+}
+
 // Runs algorithm(transport) on this collective's transport. `call` goes into
 // the tags of its messages: dtype, counts, reduce op, root. With a trace
 // recording, the host gets a span on the transport with the time spent
@@ -271,16 +305,32 @@ void run_collective(Communicator::Impl& c, const char* op, std::initializer_list
     return;
   }
   TimedTransport timed(*transport);
-  bp_trace_event e{};
-  e.category = "transport";
-  e.name = c.link->name();
-  e.start_ns = plugin::trace_now_ns();
-  algorithm(timed);
-  e.end_ns = plugin::trace_now_ns();
-  e.bytes = -1;
-  e.number_key = "wait_ns";
-  e.number = timed.waited_ns();
-  plugin::trace_event(e);
+  traced(c, timed, algorithm);
+}
+
+// As run_collective, on a link in two levels: levels_algorithm(Levels&)
+// there, else algorithm(Transport&).
+template <class Fn, class LevelsFn>
+void run_collective(Communicator::Impl& c, const char* op, std::initializer_list<uint64_t> call,
+                    Fn&& algorithm, LevelsFn&& levels_algorithm) {
+  const CallContext context(c.timeout, c.sequence++, call, {op, c.rank, c.size});
+  const std::unique_ptr<Levels> levels = c.link->begin_levels(c.board, context);
+  if (levels == nullptr) {
+    const std::unique_ptr<Transport> transport = c.link->begin(c.board, context);
+    if (!plugin::trace_active()) [[likely]] {
+      algorithm(*transport);
+      return;
+    }
+    TimedTransport timed(*transport);
+    traced(c, timed, algorithm);
+    return;
+  }
+  if (!plugin::trace_active()) [[likely]] {
+    levels_algorithm(*levels);
+    return;
+  }
+  TimedLevels timed(*levels);
+  traced(c, timed, levels_algorithm);
 }
 
 // The SDK's view of a contiguous tensor of `dtype`: the one check of each
@@ -329,8 +379,10 @@ void Communicator::all_reduce(const bp_tensor& input, const bp_tensor& output, i
   });
   Impl& c = *impl_;
   guarded(c, op, [&] {
-    run_collective(c, op, {static_cast<uint64_t>(input.dtype), static_cast<uint64_t>(reduce_op), out.count},
-                   [&](Transport& t) { cpu::all_reduce(t, c.scratch, c.tuning, in, out, red); });
+    run_collective(
+        c, op, {static_cast<uint64_t>(input.dtype), static_cast<uint64_t>(reduce_op), out.count},
+        [&](Transport& t) { cpu::all_reduce(t, c.scratch, c.tuning, in, out, red); },
+        [&](Levels& l) { cpu::hierarchical_all_reduce(l, c.scratch, c.tuning, in, out, red); });
   });
 }
 

@@ -1,6 +1,7 @@
 // Collectives of the cpu plugin: a Communicator joins the ranks of a group over
-// one link, chosen when it is made (shared memory on one host, else Gloo's
-// TCP; transport.hpp), and runs all_reduce, broadcast, all_gather,
+// one link, chosen when it is made (shared memory on one host; shared memory
+// within each host and Gloo's TCP between hosts when the ranks span hosts and
+// share some; else Gloo's TCP; transport.hpp), and runs all_reduce, broadcast, all_gather,
 // reduce_scatter and barrier on host buffers of this plugin.
 //
 // Thread safety: one collective at a time per Communicator (the host
@@ -37,6 +38,10 @@ struct NetworkOptions {
   // Ranks that all share a host exchange data through shared memory
   // (shm_transport.hpp) unless this is false.
   bool shared_memory = true;
+  // Groups whose ranks span hosts, some host with two or more, combine each
+  // host's ranks through shared memory and only the hosts' leaders over TCP
+  // (hierarchical_link.cpp) unless this or shared_memory is false.
+  bool hierarchical = true;
 };
 
 class Communicator {

@@ -113,6 +113,8 @@ Options parse_options(const std::string& json_text) {
       parsed.dtypes = dtypes_option(value);
     } else if (key == "shared_memory") {
       parsed.network.shared_memory = bool_option(key, value);
+    } else if (key == "hierarchical") {
+      parsed.network.hierarchical = bool_option(key, value);
     } else if (key == "hostname") {
       parsed.network.hostname = string_option(key, value);
     } else if (key == "interface") {
@@ -121,7 +123,7 @@ Options parse_options(const std::string& json_text) {
       fail(BP_STATUS_INVALID_ARGUMENT,
            "cpu: unknown option " + nlohmann::json(key).dump() +
                " (accepted: \"threads\", \"collective\", \"ops\", \"dtypes\", \"hostname\", \"interface\", "
-               "\"shared_memory\")");
+               "\"shared_memory\", \"hierarchical\")");
     }
   }
   if (!parsed.network.hostname.empty() && !parsed.network.interface.empty())

@@ -478,7 +478,7 @@ bool ShmGroup::exited(int32_t peer) const noexcept {
 std::string ShmGroup::describe(int32_t peer) const {
   if (peer < 0 || peer >= size_) return "a peer";
   const int32_t pid = shared(segment_->block(peer).pid).load(std::memory_order_relaxed);
-  return "peer rank " + std::to_string(peer) + " (pid " + std::to_string(pid) + ")";
+  return "peer rank " + std::to_string(named(peer)) + " (pid " + std::to_string(pid) + ")";
 }
 
 // ---------------------------------------------------------------------------
@@ -710,7 +710,7 @@ void ShmRun::fail_out_of_step(int peer) const {
 }
 
 void ShmRun::fail_peer_gone(int peer, const char* how) const {
-  throw peer_lost_failure(call_.site.text(), group_.describe(peer), how, board_.read(peer),
+  throw peer_lost_failure(call_.site.text(), group_.describe(peer), how, board_.read(group_.named(peer)),
                           "did it exit, fail or get killed?", " [shared memory]");
 }
 

@@ -27,6 +27,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "link_failures.hpp"
@@ -66,6 +67,13 @@ class ShmGroup final : public Link {
   // messages are dropped.
   void close() noexcept override { mark_closed(true); }
 
+  // Ranks of this group as its communicator numbers them, when the group is
+  // part of a larger one (one host's ranks under a hierarchical link):
+  // messages and the failure board then name `ranks[peer]`.
+  void name_ranks(std::vector<int32_t> ranks) { names_ = std::move(ranks); }
+  int32_t named(int32_t peer) const noexcept {
+    return peer >= 0 && static_cast<std::size_t>(peer) < names_.size() ? names_[peer] : peer;
+  }
   // "peer rank 1 (pid 4242)".
   std::string describe(int32_t peer) const;
   // Whether `peer`'s process has exited (never for a rank of this process).
@@ -86,6 +94,7 @@ class ShmGroup final : public Link {
   void* base_;
   const uint64_t bytes_;
   Segment* segment_;
+  std::vector<int32_t> names_;        // see name_ranks; empty: the ranks themselves
   std::vector<int> pidfds_;           // per peer: a pidfd to see it exit, -1 where none
   std::chrono::nanoseconds spin_{0};  // how long a wait spins before it sleeps
   std::atomic<bool> interrupted_{false};

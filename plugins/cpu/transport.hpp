@@ -1,7 +1,8 @@
 // How ranks reach each other, in two layers. A Link is one communicator's
 // connections, chosen once when the communicator is made: shared memory
 // (shm_transport.hpp) when every rank runs on this host, else Gloo's TCP
-// (gloo_transport.hpp). A Transport is one collective's point-to-point
+// (gloo_transport.hpp), or both in two levels when the ranks span hosts
+// (hierarchical_link.cpp). A Transport is one collective's point-to-point
 // messaging over a Link, which the collective algorithms run on; the tests'
 // in-memory one implements it too. A new way of moving bytes is one new file
 // holding a Link, its Transport and its connect function, which is declared
@@ -111,6 +112,18 @@ struct CallContext {
   uint64_t signature;
 };
 
+// One collective over a hierarchical link (hierarchical_link.cpp), in two
+// levels: `local` joins the ranks of this rank's host (local rank 0, the
+// lowest rank there, is the host's leader); `leaders`, on leaders only (else
+// NULL), joins the leaders of every host, in host order. `world` ranks in all.
+class Levels {
+ public:
+  virtual ~Levels() = default;
+  virtual Transport& local() = 0;
+  virtual Transport* leaders() = 0;
+  virtual int world() const noexcept = 0;
+};
+
 // One communicator's connections to its peers. begin() and the Transports it
 // makes are used by one thread at a time (the communicator's); interrupt()
 // and close() may run on any thread, also while a collective waits.
@@ -123,6 +136,12 @@ class Link {
   // The messaging of one collective; `board` and `call` outlive it. Throws
   // CommFailure (an abort already happened, say).
   virtual std::unique_ptr<Transport> begin(const FailureBoard& board, const CallContext& call) = 0;
+  // The two-level messaging of one collective, for the collectives that have
+  // a hierarchical algorithm; NULL on links that are not hierarchical (then
+  // begin() carries everything). Throws as begin() does.
+  virtual std::unique_ptr<Levels> begin_levels(const FailureBoard& /*board*/, const CallContext& /*call*/) {
+    return nullptr;
+  }
   // Ends this rank's waits now and makes every later one fail as aborted
   // (comm_abort). Never blocks on the peers.
   virtual void interrupt() noexcept = 0;
@@ -156,6 +175,12 @@ struct LinkSetup {
 // elsewhere or has it switched off, or setup failed: that is logged, at
 // warning level when every rank shares this host).
 std::unique_ptr<Link> connect_shared_memory(const LinkSetup& setup);
+// Ranks on several hosts, some host with two or more: shared memory among
+// each host's ranks, Gloo among the hosts' leaders (and for the collectives
+// without a hierarchical algorithm, Gloo's full mesh). NULL when the group
+// is to use Gloo alone (switched off, one rank per host, a host where shared
+// memory could not be set up: logged like connect_shared_memory's fallback).
+std::unique_ptr<Link> connect_hierarchical(const LinkSetup& setup);
 // Gloo's TCP full mesh: never NULL.
 std::unique_ptr<Link> connect_gloo(const LinkSetup& setup);
 

@@ -492,3 +492,146 @@ TEST_CASE("collective_algorithms: ranks that disagree on the count wait and fail
     }
   }
 }
+
+// ---------------------------------------------------------------------------
+// all_reduce in two levels (hosts of shared memory, leaders over TCP)
+// ---------------------------------------------------------------------------
+
+namespace {
+
+// One rank's view of a group in hosts: its host's network and, on a leader,
+// the leaders' network.
+class MemoryLevels final : public Levels {
+ public:
+  MemoryLevels(Network& host, int local_rank, Network* leaders, int leader_index, int world)
+      : local_(host, local_rank), world_(world) {
+    if (leaders != nullptr) leaders_ = std::make_unique<MemoryTransport>(*leaders, leader_index);
+  }
+  Transport& local() override { return local_; }
+  Transport* leaders() override { return leaders_.get(); }
+  int world() const noexcept override { return world_; }
+
+ private:
+  MemoryTransport local_;
+  std::unique_ptr<MemoryTransport> leaders_;
+  const int world_;
+};
+
+struct LevelsRun {
+  std::vector<std::string> errors;     // per rank, "" when none
+  std::vector<uint64_t> leader_bytes;  // sent by each host's leader to the other leaders
+};
+
+// Runs body(levels, rank, scratch) on the ranks of `hosts` (each a count of
+// ranks, numbered host by host), each rank a thread.
+LevelsRun run_levels(const std::vector<int>& hosts, const std::function<void(Levels&, int, Scratch&)>& body,
+                     std::chrono::milliseconds timeout = 20s) {
+  int world = 0;
+  for (int n : hosts) world += n;
+  std::vector<std::unique_ptr<Network>> host_nets;
+  for (int n : hosts) host_nets.push_back(std::make_unique<Network>(n, timeout));
+  Network leader_net(static_cast<int>(hosts.size()), timeout);
+  LevelsRun run{std::vector<std::string>(world), {}};
+  std::vector<std::thread> threads;
+  int rank = 0;
+  for (std::size_t h = 0; h < hosts.size(); ++h)
+    for (int local = 0; local < hosts[h]; ++local, ++rank)
+      threads.emplace_back([&, h, local, rank] {
+        MemoryLevels levels(*host_nets[h], local, local == 0 ? &leader_net : nullptr, static_cast<int>(h),
+                            world);
+        Scratch scratch;
+        try {
+          body(levels, rank, scratch);
+        } catch (const std::exception& e) {
+          run.errors[rank] = e.what();
+        }
+      });
+  for (auto& t : threads) t.join();
+  run.leader_bytes = leader_net.bytes_sent;
+  return run;
+}
+
+template <class T>
+std::string check_levels_case(const std::vector<int>& hosts, const Tuning& tuning, uint64_t count, Op op,
+                              bool in_place) {
+  int world = 0;
+  for (int n : hosts) world += n;
+  std::vector<std::vector<T>> results(world);
+  std::vector<std::string> mismatches(world);
+  const LevelsRun run = run_levels(hosts, [&](Levels& levels, int rank, Scratch& scratch) {
+    std::vector<T> in = rank_values<T>(rank, count);
+    const std::vector<T> before = in;
+    std::vector<T> out(count, T(99));
+    std::vector<T>& result = in_place ? in : out;
+    hierarchical_all_reduce(levels, scratch, tuning, elements(in), elements(result), reduction<T>(op));
+    for (uint64_t i = 0; i < count; ++i)
+      if (result[i] != expected<T>(op, world, i)) {
+        mismatches[rank] = "element " + std::to_string(i) + " is " + std::to_string(result[i]);
+        break;
+      }
+    if (!in_place && in != before) mismatches[rank] += " (the input changed)";
+    results[rank] = result;
+  });
+  for (int r = 0; r < world; ++r) {
+    if (!run.errors[r].empty()) return "rank " + std::to_string(r) + ": " + run.errors[r];
+    if (!mismatches[r].empty()) return "rank " + std::to_string(r) + ": " + mismatches[r];
+    if (std::memcmp(results[r].data(), results[0].data(), count * sizeof(T)) != 0)
+      return "rank " + std::to_string(r) + "'s bytes differ from rank 0's";
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("collective_algorithms: all_reduce in levels equals the flat one, on every layout of hosts") {
+  const std::vector<std::vector<int>> layouts = {{2, 2}, {1, 2}, {2, 1}, {3, 1, 2}, {1, 1}, {4, 4}};
+  for (const auto& hosts : layouts)
+    for (const Tuning& tuning : {Tuning{}, small_tuning()})
+      for (uint64_t count : kCounts)
+        for (Op op : {Op::sum, Op::max, Op::mean})
+          for (bool in_place : {false, true}) {
+            CAPTURE(hosts.size());
+            CAPTURE(hosts[0]);
+            CAPTURE(hosts[1]);
+            CAPTURE(count);
+            CAPTURE(static_cast<int>(op));
+            CAPTURE(tuning.segment_bytes);
+            CAPTURE(in_place);
+            CHECK(check_levels_case<int64_t>(hosts, tuning, count, op, in_place) == "");
+            CHECK(check_levels_case<float>(hosts, tuning, count, op, in_place) == "");
+          }
+}
+
+TEST_CASE("collective_algorithms: in levels, each leader sends the data once to the other host") {
+  // Two hosts of two: the flat ring would send 2 (n - 1) / n = 1.5 times the
+  // data from one host to the other; the leaders' ring of two sends it once.
+  const uint64_t count = 4096;
+  const LevelsRun run = run_levels({2, 2}, [&](Levels& levels, int rank, Scratch& scratch) {
+    std::vector<float> v = rank_values<float>(rank, count);
+    hierarchical_all_reduce(levels, scratch, small_tuning(), elements(v), elements(v),
+                            reduction<float>(Op::sum));
+  });
+  CHECK_ALL_RANKS_OK(run.errors);
+  REQUIRE(run.leader_bytes.size() == 2);
+  CHECK(run.leader_bytes[0] == count * sizeof(float));
+  CHECK(run.leader_bytes[1] == count * sizeof(float));
+}
+
+TEST_CASE("collective_algorithms: in levels, a host whose leader never comes fails every rank") {
+  // Rank 2 leads the second host and skips the call: its host's other rank
+  // waits for its broadcast and the first host's leader for its data; both
+  // fail at the timeout, and the first host's other rank with them.
+  const LevelsRun run = run_levels(
+      {2, 2},
+      [&](Levels& levels, int rank, Scratch& scratch) {
+        if (rank == 2) return;
+        std::vector<float> v = rank_values<float>(rank, 100);
+        hierarchical_all_reduce(levels, scratch, small_tuning(), elements(v), elements(v),
+                                reduction<float>(Op::sum));
+      },
+      300ms);
+  for (int r : {0, 1, 3}) {
+    CAPTURE(r);
+    CHECK(run.errors[r].find("timed out waiting") != std::string::npos);
+  }
+}

@@ -1459,6 +1459,17 @@ TEST_CASE("cpu_collectives: the hostname and interface options choose where to l
   Plugin unknown(R"({"host": "x"})");
   CHECK(unknown.create_status().code == BP_STATUS_INVALID_ARGUMENT);
   CHECK(unknown.create_status().message.find("\"interface\"") != std::string::npos);
+  CHECK(unknown.create_status().message.find("\"hierarchical\"") != std::string::npos);
+}
+
+TEST_CASE("cpu_collectives: the hierarchical option is a boolean, and off changes nothing on one host") {
+  // Across hosts it keeps groups on Gloo alone (integration.netns: 2 hosts of 2 ranks).
+  Plugin off(R"({"hierarchical": false})");
+  REQUIRE(off.create_status().ok());
+  CHECK(two_rank_sum(off) == "");
+  Plugin wrong(R"({"hierarchical": "no"})");
+  CHECK(wrong.create_status().code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(wrong.create_status().message.find("hierarchical") != std::string::npos);
 }
 
 TEST_CASE("cpu_collectives: the collective option switches collectives off") {
