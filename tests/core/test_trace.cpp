@@ -17,6 +17,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <string>
 #include <thread>
@@ -232,7 +233,19 @@ TEST_CASE("trace: a process killed while recording leaves a part that merges, ma
       (void)session;
       const bp::Tensor a = bp::Tensor::from_vector<float>(d, {4}, {1, 2, 3, 4});
       for (int i = 0; i < 20; ++i) (void)bp::neg(a);
-      std::this_thread::sleep_for(std::chrono::milliseconds(400));  // the writer flushes every 100 ms
+      // The writer flushes every 100 ms, when the cores have time for it (it
+      // runs at SCHED_IDLE): wait until the part holds the ops, then die.
+      const std::string part = file.string() + ".rank0.part";
+      for (int waited = 0; waited < 30'000; waited += 10) {
+        std::ifstream in(part);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        std::size_t n = 0;
+        for (std::size_t at = text.find("\"neg\""); at != std::string::npos;
+             at = text.find("\"neg\"", at + 1))
+          ++n;
+        if (n >= 20) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
       ::kill(::getpid(), SIGKILL);
     } catch (...) {
     }
