@@ -107,6 +107,19 @@ BP_CPU_CLONES inline void map3_contiguous(F f, const C* c, const A* a, const B* 
   for (int64_t i = 0; i < n; ++i) out[i] = f(c[i], a[i], b[i]);
 }
 
+// One of a and b one broadcast element (where(mask, g, 0): the backward of relu).
+template <class F, class O, class C, class A, class B>
+BP_CPU_CLONES inline void map3_scalar_a(F f, const C* c, A a, const B* b, O* out, int64_t n) noexcept {
+  BP_CPU_PRAGMA(omp simd)
+  for (int64_t i = 0; i < n; ++i) out[i] = f(c[i], a, b[i]);
+}
+
+template <class F, class O, class C, class A, class B>
+BP_CPU_CLONES inline void map3_scalar_b(F f, const C* c, const A* a, B b, O* out, int64_t n) noexcept {
+  BP_CPU_PRAGMA(omp simd)
+  for (int64_t i = 0; i < n; ++i) out[i] = f(c[i], a[i], b);
+}
+
 // ---------------------------------------------------------------------------
 // One run of n elements with arbitrary strides (so: the output's)
 // ---------------------------------------------------------------------------
@@ -138,11 +151,23 @@ inline void map2_row(F f, const A* a, int64_t sa, const B* b, int64_t sb, O* out
   for (int64_t i = 0; i < n; ++i) out[i * so] = f(a[i * sa], b[i * sb]);
 }
 
+// The element-by-element loop of any strides: map3_row's fallback, and what
+// tests check its fast paths against.
+template <class F, class O, class C, class A, class B>
+inline void map3_row_strided(F f, const C* c, int64_t sc, const A* a, int64_t sa, const B* b, int64_t sb,
+                             O* out, int64_t so, int64_t n) noexcept {
+  for (int64_t i = 0; i < n; ++i) out[i * so] = f(c[i * sc], a[i * sa], b[i * sb]);
+}
+
 template <class F, class O, class C, class A, class B>
 inline void map3_row(F f, const C* c, int64_t sc, const A* a, int64_t sa, const B* b, int64_t sb, O* out,
                      int64_t so, int64_t n) noexcept {
-  if (so == 1 && sc == 1 && sa == 1 && sb == 1) return map3_contiguous(f, c, a, b, out, n);
-  for (int64_t i = 0; i < n; ++i) out[i * so] = f(c[i * sc], a[i * sa], b[i * sb]);
+  if (so == 1 && sc == 1) {
+    if (sa == 1 && sb == 1) return map3_contiguous(f, c, a, b, out, n);
+    if (sa == 1 && sb == 0) return map3_scalar_b(f, c, a, *b, out, n);
+    if (sa == 0 && sb == 1) return map3_scalar_a(f, c, *a, b, out, n);
+  }
+  map3_row_strided(f, c, sc, a, sa, b, sb, out, so, n);
 }
 
 // ---------------------------------------------------------------------------
@@ -196,6 +221,20 @@ void map2_flat(F f, const A* a, bool a_scalar, const B* b, bool b_scalar, O* out
   const int64_t sb = b_scalar ? 0 : 1;
   run_chunks(n, threads_for(n * cost_of<F>(), threads), [&](int64_t lo, int64_t hi) {
     map2_row(f, a + lo * sa, sa, b + lo * sb, sb, out + lo, 1, hi - lo);
+    return true;
+  });
+}
+
+// out[0..n) = f(c, a, b) for a dense output whose inputs are each dense or one
+// broadcast element (c_scalar, a_scalar, b_scalar): where's fast path, as map2_flat.
+template <class F, class O, class C, class A, class B>
+void map3_flat(F f, const C* c, bool c_scalar, const A* a, bool a_scalar, const B* b, bool b_scalar, O* out,
+               int64_t n, int threads) {
+  const int64_t sc = c_scalar ? 0 : 1;
+  const int64_t sa = a_scalar ? 0 : 1;
+  const int64_t sb = b_scalar ? 0 : 1;
+  run_chunks(n, threads_for(n * cost_of<F>(), threads), [&](int64_t lo, int64_t hi) {
+    map3_row(f, c + lo * sc, sc, a + lo * sa, sa, b + lo * sb, sb, out + lo, 1, hi - lo);
     return true;
   });
 }

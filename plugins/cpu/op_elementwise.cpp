@@ -105,7 +105,9 @@ void compare(const OpCall& call) {
   });
 }
 
-// where: inputs [cond (bool), a, b]; a, b and the output share one dtype.
+// where: inputs [cond (bool), a, b]; a, b and the output share one dtype. The
+// flat fast path as binary's; a broadcast a or b (a scalar zero, in the
+// backward passes of relu, abs, clamp, maximum) keeps it on a vector loop.
 void where(const OpCall& call) {
   expect_arity(call, 3);
   const int32_t dtype = call.output().dtype;
@@ -116,6 +118,12 @@ void where(const OpCall& call) {
     const TensorView a = input_view(call, 1, dtype);
     const TensorView b = input_view(call, 2, dtype);
     if (out.numel == 0) return;
+    const auto flat = [](const TensorView& v) { return v.contiguous || v.scalar; };
+    if (out.contiguous && flat(cond) && flat(a) && flat(b)) [[likely]] {
+      map3_flat(SelectOp{}, cond.as<const uint8_t>(), !cond.contiguous, a.as<const E>(), !a.contiguous,
+                b.as<const E>(), !b.contiguous, out.as<E>(), out.numel, call.threads);
+      return;
+    }
     StridedLayout<4> l = plugin::layout_of<4>(out, {&out, &cond, &a, &b});
     coalesce(l);
     map3(l, SelectOp{}, cond.as<const uint8_t>(), a.as<const E>(), b.as<const E>(), out.as<E>(),
