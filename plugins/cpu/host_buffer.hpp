@@ -1,6 +1,7 @@
 // Host buffers of the cpu plugin: one allocation per buffer, data 64-byte aligned,
 // with a small header in front of the data that remembers the size, so bounds
-// checks need no lookup and alloc/free need no registry or lock of their own.
+// checks need no lookup. Freed blocks of 1 KiB and more are kept for reuse by
+// size (BlockCache), bounded, and given back when the process runs short.
 // Wrapped buffers (DLPack import) adopt host memory the plugin does not own.
 #ifndef BACKPLANE_PLUGINS_CPU_HOST_BUFFER_HPP_
 #define BACKPLANE_PLUGINS_CPU_HOST_BUFFER_HPP_
@@ -9,8 +10,10 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <backplane_common/memory_room.hpp>
+#include <bit>
 
 #include <cstddef>
 #include <cstdint>
@@ -93,13 +96,19 @@ inline uint64_t read_process_room(void*) noexcept {
   }
 }
 
-// Large blocks: where they come from, and where they go when freed.
+// Blocks of more than 1 KiB: where they come from, and where they go when freed.
 //
-// Kept after free and handed out again for the same (rounded) size. glibc
-// serves blocks this large with a fresh mmap every time, and each first touch
-// of a fresh page faults: an op writing a new 64 MiB output ran at ~40% of the
-// speed of the same loop writing into warm memory (measured). Small blocks
-// never come here (glibc's own caches serve them, with no lock).
+// Kept after free and handed out again for the same (rounded) size. Large
+// blocks (1 MiB and more): glibc serves them with a fresh mmap every time, and
+// each first touch of a fresh page faults: an op writing a new 64 MiB output
+// ran at ~40% of the speed of the same loop writing into warm memory
+// (measured). Small blocks (above 1 KiB, below 1 MiB): every op result is
+// one, and glibc serves these sizes from its sorted bins under the arena lock
+// (no per-thread cache above 1 KiB), merging and splitting chunks on every
+// malloc and free; here they round up to a size class (four to a power of
+// two, so at most a quarter is wasted) and a freed one waits on its class's
+// list. Blocks of 1 KiB and less never come here: glibc's per-thread cache
+// serves them without a lock, faster than this cache could.
 //
 // Linux overcommits: malloc of more than the process can back succeeds, and
 // the kernel kills the process (SIGKILL, in a memory cgroup at its limit)
@@ -119,6 +128,12 @@ inline uint64_t read_process_room(void*) noexcept {
 // The cache holds at most a quarter of what the process may take (the room
 // plus what the cache holds, at the last reading), and never more than
 // kMaxCached: a process near its limit keeps little, a large machine 1 GiB.
+// Small blocks take at most kMaxSmallHeld of that.
+//
+// A new small block is never refused (as glibc's would not be), but it spends
+// the credit all the same, and when the credit is spent the room is read
+// again: a process that only ever makes small buffers still gives the cached
+// ones back when it runs short.
 //
 // Every member may be called from any thread.
 class BlockCache {
@@ -132,6 +147,13 @@ class BlockCache {
   // a block is refused unless this much would still be free after it, so the
   // process is not killed by its next small allocation instead.
   static constexpr uint64_t kReserve = uint64_t{32} << 20;
+  // Small blocks: above kSmallMin, four size classes to each power of two.
+  static constexpr uint64_t kSmallMin = 1024;
+  static constexpr uint64_t kMaxSmallHeld = uint64_t{64} << 20;
+  // A small block made while the room is short reads it again only after this
+  // many bytes more: near the limit it is still made, so reading the room
+  // before each one would only slow the process down.
+  static constexpr int64_t kSmallRecheck = int64_t{1} << 20;
 
   BlockCache(RoomReader read_room, void* ctx) noexcept : read_room_(read_room), ctx_(ctx) {}
   BlockCache(const BlockCache&) = delete;
@@ -143,9 +165,16 @@ class BlockCache {
     static BlockCache* cache = new BlockCache(&read_process_room, nullptr);
     return *cache;
   }
+  // The size a block of `bytes` is made with: large ones round up to kGranule,
+  // small ones to their size class (which may reach kMinBlock: a large block
+  // then), the rest stay as they are.
   static uint64_t rounded(uint64_t bytes) noexcept {
-    return bytes >= kMinBlock ? (bytes + kGranule - 1) / kGranule * kGranule : bytes;
+    if (bytes >= kMinBlock) return (bytes + kGranule - 1) / kGranule * kGranule;
+    if (bytes <= kSmallMin) return bytes;
+    const uint64_t step = uint64_t{1} << (power_below(bytes) - 2);
+    return (bytes + step - 1) & ~(step - 1);
   }
+  static bool is_small(uint64_t block) noexcept { return block > kSmallMin && block < kMinBlock; }
 
   // A block of `bytes` (a rounded size of kMinBlock or more): a cached one,
   // else a new one if the room allows. nullptr when refused or malloc fails;
@@ -196,28 +225,86 @@ class BlockCache {
     std::free(raw);
   }
 
-  // Bytes of freed blocks kept for reuse, and the most it may keep now.
+  // A small block of `bytes` (a rounded size for which is_small holds): a
+  // cached one, else a new one from malloc (nullptr when malloc fails). Never
+  // refused for want of room.
+  void* acquire_small(uint64_t bytes) noexcept {
+    if (kUseBlockCache) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      void*& head = small_free_[small_class(bytes)];
+      if (void* raw = head) {
+        head = *static_cast<void**>(raw);
+        held_ -= bytes;
+        small_held_ -= bytes;
+        return raw;
+      }
+    }
+    const int64_t want = static_cast<int64_t>(bytes);
+    if (credit_.fetch_sub(want, std::memory_order_relaxed) < want) [[unlikely]] {
+      if (!admit(bytes)) credit_.store(kSmallRecheck, std::memory_order_relaxed);
+    }
+    return std::malloc(static_cast<std::size_t>(bytes));
+  }
+
+  // Keeps a freed small block on its class's list (the list's link is written
+  // into the block itself), unless that would pass the cap or kMaxSmallHeld:
+  // then it is freed.
+  void release_small(void* raw, uint64_t bytes) noexcept {
+    if (kUseBlockCache) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (held_ + bytes <= cap_.load(std::memory_order_relaxed) && small_held_ + bytes <= kMaxSmallHeld) {
+        void*& head = small_free_[small_class(bytes)];
+        *static_cast<void**>(raw) = head;
+        head = raw;
+        held_ += bytes;
+        small_held_ += bytes;
+        return;
+      }
+    }
+    std::free(raw);
+  }
+
+  // Bytes of freed blocks kept for reuse (small ones, of those), and the most
+  // it may keep now.
   uint64_t held() const noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
     return held_;
   }
+  uint64_t small_held() const noexcept {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return small_held_;
+  }
   uint64_t cap() const noexcept { return cap_.load(std::memory_order_relaxed); }
 
-  // Frees cached blocks, largest first, until at least `bytes` are freed or
-  // none is left; returns what it freed. The pages go back to the kernel
-  // (malloc_trim for blocks glibc took from its heap rather than mmap).
+  // Frees cached blocks, largest first (large ones, then small ones by class),
+  // until at least `bytes` are freed or none is left; returns what it freed.
+  // The pages go back to the kernel (malloc_trim for blocks glibc took from
+  // its heap rather than mmap).
   uint64_t drop(uint64_t bytes) noexcept {
     uint64_t freed = 0;
     for (;;) {
       void* victim = nullptr;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (freed >= bytes || free_.empty()) break;
-        auto last = std::prev(free_.end());
-        victim = last->second;
-        freed += last->first;
-        held_ -= last->first;
-        free_.erase(last);
+        if (freed >= bytes) break;
+        if (!free_.empty()) {
+          auto last = std::prev(free_.end());
+          victim = last->second;
+          freed += last->first;
+          held_ -= last->first;
+          free_.erase(last);
+        } else if (small_held_ > 0) {
+          int c = kSmallClasses - 1;
+          while (small_free_[c] == nullptr) --c;  // small_held_ > 0: some list is not empty
+          victim = small_free_[c];
+          small_free_[c] = *static_cast<void**>(victim);
+          const uint64_t size = small_class_size(c);
+          freed += size;
+          held_ -= size;
+          small_held_ -= size;
+        } else {
+          break;
+        }
       }
       std::free(victim);
     }
@@ -226,6 +313,22 @@ class BlockCache {
   }
 
  private:
+  // Size classes of small blocks: (2^p, 2^(p+1)] splits into four, for p from
+  // log2(kSmallMin) up to log2(kMinBlock) - 1.
+  static constexpr int kSmallMinLog = static_cast<int>(std::bit_width(kSmallMin)) - 1;
+  static constexpr int kSmallClasses = 4 * (static_cast<int>(std::bit_width(kMinBlock)) - 1 - kSmallMinLog);
+  // p with 2^p < bytes <= 2^(p+1), for bytes > 1.
+  static int power_below(uint64_t bytes) noexcept { return static_cast<int>(std::bit_width(bytes - 1)) - 1; }
+  // The class of a rounded small size, and the size of a class.
+  static int small_class(uint64_t rounded_bytes) noexcept {
+    const int p = power_below(rounded_bytes);
+    return 4 * (p - kSmallMinLog) + static_cast<int>(rounded_bytes >> (p - 2)) - 5;
+  }
+  static uint64_t small_class_size(int c) noexcept {
+    const int p = kSmallMinLog + c / 4;
+    return static_cast<uint64_t>(5 + c % 4) << (p - 2);
+  }
+
   // A cached block of exactly `bytes`, or nullptr.
   void* take(uint64_t bytes) noexcept {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -268,9 +371,11 @@ class BlockCache {
 
   const RoomReader read_room_;
   void* const ctx_;
-  mutable std::mutex mutex_;  // free_ and held_
+  mutable std::mutex mutex_;  // free_, small_free_, held_ and small_held_
   std::multimap<uint64_t, void*> free_;
-  uint64_t held_ = 0;
+  std::array<void*, kSmallClasses> small_free_{};  // heads of the small classes' lists
+  uint64_t held_ = 0;                              // large and small
+  uint64_t small_held_ = 0;
   std::mutex room_mutex_;           // one reading at a time
   std::atomic<int64_t> credit_{0};  // bytes that may be taken before the room is read again
   std::atomic<uint64_t> cap_{0};    // the most held_ may reach; 0 until the first reading
@@ -288,6 +393,7 @@ inline bp_buffer* allocate_buffer(uint64_t size, bool& refused,
   // aligns to at least 16, so at most kAlignment - 16 bytes are skipped).
   const uint64_t block = BlockCache::rounded(size + sizeof(BufferHeader) + kAlignment - 1);
   void* raw = block >= BlockCache::kMinBlock ? cache.acquire(block, refused)
+              : BlockCache::is_small(block)  ? cache.acquire_small(block)
                                              : std::malloc(static_cast<std::size_t>(block));
   if (raw == nullptr) return nullptr;
   const uintptr_t data =
@@ -311,7 +417,7 @@ inline bp_buffer* wrap_buffer(void* data, uint64_t size, void (*release)(void*),
   return buffer;
 }
 
-// Frees an owned buffer's block (a large one back to `cache`), or a wrapped
+// Frees an owned buffer's block (one of more than 1 KiB back to `cache`), or a wrapped
 // buffer's header block after calling its release callback (exactly once: the
 // magic is cleared first).
 inline void free_buffer(bp_buffer* buffer, BlockCache& cache = BlockCache::instance()) noexcept {
@@ -319,6 +425,10 @@ inline void free_buffer(bp_buffer* buffer, BlockCache& cache = BlockCache::insta
   header->magic = kFreedMagic;
   if (header->release != nullptr) [[unlikely]]
     header->release(header->release_ctx);
+  if (BlockCache::is_small(header->block_bytes)) {
+    cache.release_small(header->raw, header->block_bytes);
+    return;
+  }
   if (header->block_bytes >= BlockCache::kMinBlock) [[unlikely]] {
     cache.release(header->raw, header->block_bytes);
     return;
