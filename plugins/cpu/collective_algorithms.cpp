@@ -280,11 +280,38 @@ void all_reduce(Transport& t, Scratch& scratch, const Tuning& tuning, Elements i
 void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in,
                              Elements out, const Reduction& red) {
   if (out.count == 0) return;  // every rank has the same count, so every rank skips
-  const Reduction combine_only{red.combine, nullptr};
+  const uint64_t bytes = out.bytes();
+  if (in.data != out.data && overlap(in, out)) {  // partial overlap: reduce in place instead
+    std::memmove(out.data, in.data, bytes);
+    in = out;
+  }
   Transport& local = levels.local();
+  const int n = local.size();
+  const Reduction combine_only{red.combine, nullptr};
+  // Every rank of a host decides alike (same size and tuning), and every
+  // host alike (uniform() is the group's).
+  if (n > 1 && levels.uniform() && !use_direct_round(tuning, bytes, n)) {
+    const int r = local.rank();
+    const int esize = out.esize;
+    const Chunks ch = Chunks::balanced(tuning, out.count, n, esize);
+    unsigned char* recv_area = scratch.bytes(tuning.recv_depth * ch.max_segment_bytes());
+    Region& out_region = local.region(out.data, bytes);
+    Region& in_region = in.data != out.data ? local.region(in.data, bytes) : out_region;
+    auto own = [&](int k) { return Place{&in_region, ch.begin(k) * esize, in.data + ch.begin(k) * esize}; };
+    auto place = [&](int k) {
+      return Place{&out_region, ch.begin(k) * esize, out.data + ch.begin(k) * esize};
+    };
+    ring_reduce_scatter(local, tuning, ch, 0, esize, red.combine, own, place, recv_area, 0);
+    const int owned = mod(r + 1, n);
+    const Elements chunk{out.data + ch.begin(owned) * esize, ch.size(owned), esize};
+    all_reduce(*levels.across(), scratch, tuning, chunk, chunk, combine_only);
+    if (red.divide != nullptr) red.divide(chunk.data, chunk.count, levels.world());
+    ring_all_gather(local, ch, owned, esize, place, 1);
+    return;
+  }
   all_reduce(local, scratch, tuning, in, out, combine_only);
-  if (Transport* leaders = levels.leaders(); leaders != nullptr) {
-    all_reduce(*leaders, scratch, tuning, out, out, combine_only);
+  if (local.rank() == 0) {
+    all_reduce(*levels.across(), scratch, tuning, out, out, combine_only);
     if (red.divide != nullptr) red.divide(out.data, out.count, levels.world());
   }
   broadcast(local, tuning, out, 0);

@@ -82,15 +82,22 @@ void reduce_scatter(Transport& t, Scratch& scratch, const Tuning& tuning, Elemen
 // Returns once every rank has entered.
 void barrier(Transport& t, Scratch& scratch);
 
-// all_reduce over a group in two levels (transport.hpp's Levels): the ranks
-// of each host reduce among themselves, the hosts' leaders all-reduce those
-// partial results, and each leader broadcasts the result to its host. Only
-// the leaders' data crosses between hosts: for two hosts, the data's size
-// each way instead of the flat ring's 2 (n - 1) / n of it. Every rank gets
-// the leader's bytes, so the result is identical on every rank; for floats
-// it may differ from the flat all_reduce's in the last bits (the sums are
-// grouped by host), for integers and integer-valued floats within range it
-// is the same. A mean divides by the whole group's size once, at the end.
+// all_reduce over a group in two levels (transport.hpp's Levels), so that
+// only one copy of each host's data crosses between hosts: for two hosts,
+// the data's size each way instead of the flat ring's 2 (n - 1) / n of it.
+//  - ring-sized data on hosts of equal size (as NCCL does): a ring
+//    reduce-scatter within the host leaves local rank i one chunk reduced
+//    over its host; it all-reduces that chunk with local rank i of every
+//    other host (across(); all local ranks at once, sharing the work); a
+//    ring all-gather within the host completes every rank's result;
+//  - else (small data, or hosts of different sizes): all-reduce within the
+//    host, all-reduce between the hosts' leaders, broadcast from each leader
+//    to its host: one message each way between hosts for a small bucket.
+// Every chunk of the result is computed once and copied, so the result is
+// identical on every rank; for floats it may differ from the flat
+// all_reduce's in the last bits (the sums are grouped by host), for integers
+// and integer-valued floats within range it is the same. A mean divides by
+// the whole group's size once, after the last sum.
 void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in,
                              Elements out, const Reduction& reduction);
 

@@ -262,17 +262,18 @@ class TimedTransport final : public Transport {
 class TimedLevels final : public Levels {
  public:
   explicit TimedLevels(Levels& inner) : inner_(inner), local_(inner.local()) {
-    if (Transport* l = inner.leaders(); l != nullptr) leaders_.emplace(*l);
+    if (Transport* a = inner.across(); a != nullptr) across_.emplace(*a);
   }
   Transport& local() override { return local_; }
-  Transport* leaders() override { return leaders_ ? &*leaders_ : nullptr; }
+  Transport* across() override { return across_ ? &*across_ : nullptr; }
+  bool uniform() const noexcept override { return inner_.uniform(); }
   int world() const noexcept override { return inner_.world(); }
-  int64_t waited_ns() const noexcept { return local_.waited_ns() + (leaders_ ? leaders_->waited_ns() : 0); }
+  int64_t waited_ns() const noexcept { return local_.waited_ns() + (across_ ? across_->waited_ns() : 0); }
 
  private:
   Levels& inner_;
   TimedTransport local_;
-  std::optional<TimedTransport> leaders_;
+  std::optional<TimedTransport> across_;
 };
 
 // Records the span of a collective on the link, with what `algorithm` (given

@@ -4,9 +4,10 @@
 // their own, "hier/<leader>/"), and the whole group keeps Gloo's TCP full
 // mesh (gloo_transport.hpp). A collective with a two-level algorithm
 // (begin_levels; all_reduce, collective_algorithms.hpp) runs on the host's
-// shared memory and, between the hosts' leaders (the lowest rank of each
-// host), on the mesh; every other collective runs on the mesh alone, as
-// without this link.
+// shared memory and, between hosts, on the mesh among the ranks that have
+// the same local rank on each host (the leaders, the lowest rank of each
+// host, for local rank 0); every other collective runs on the mesh alone,
+// as without this link.
 //
 // Failures read as on the other links: a leader that fails or is killed
 // fails its peers on the mesh (Gloo sees the connection go) and on its host
@@ -105,28 +106,32 @@ class Subset final : public Transport {
 
 class LevelRun final : public Levels {
  public:
-  LevelRun(std::unique_ptr<Transport> local, std::unique_ptr<Transport> leaders, int world)
-      : local_(std::move(local)), leaders_(std::move(leaders)), world_(world) {}
+  LevelRun(std::unique_ptr<Transport> local, std::unique_ptr<Transport> across, bool uniform, int world)
+      : local_(std::move(local)), across_(std::move(across)), uniform_(uniform), world_(world) {}
   Transport& local() override { return *local_; }
-  Transport* leaders() override { return leaders_.get(); }
+  Transport* across() override { return across_.get(); }
+  bool uniform() const noexcept override { return uniform_; }
   int world() const noexcept override { return world_; }
 
  private:
   std::unique_ptr<Transport> local_;
-  std::unique_ptr<Transport> leaders_;
+  std::unique_ptr<Transport> across_;
+  const bool uniform_;
   const int world_;
 };
 
 class HierarchicalLink final : public Link {
  public:
-  // `local`: NULL on a host with one rank. `leader_index`: this rank's index
-  // among `leaders`, -1 when it is not a leader.
-  HierarchicalLink(std::unique_ptr<ShmGroup> local, std::unique_ptr<Link> mesh, std::vector<int32_t> leaders,
-                   int leader_index, int world)
+  // `local`: NULL on a host with one rank. `across`: the ranks with this
+  // rank's local rank on every host, in host order (empty when some host
+  // has none), this rank at `across_index`.
+  HierarchicalLink(std::unique_ptr<ShmGroup> local, std::unique_ptr<Link> mesh, std::vector<int32_t> across,
+                   int across_index, bool uniform, int world)
       : local_(std::move(local)),
         mesh_(std::move(mesh)),
-        leaders_(std::move(leaders)),
-        leader_index_(leader_index),
+        across_(std::move(across)),
+        across_index_(across_index),
+        uniform_(uniform),
         world_(world) {}
 
   const char* name() const noexcept override { return "hierarchical"; }
@@ -136,10 +141,10 @@ class HierarchicalLink final : public Link {
   std::unique_ptr<Levels> begin_levels(const FailureBoard& board, const CallContext& call) override {
     std::unique_ptr<Transport> local =
         local_ != nullptr ? local_->begin(board, call) : std::unique_ptr<Transport>(new Solo);
-    std::unique_ptr<Transport> leaders;
-    if (leader_index_ >= 0)
-      leaders = std::make_unique<Subset>(mesh_->begin(board, call), leaders_, leader_index_);
-    return std::make_unique<LevelRun>(std::move(local), std::move(leaders), world_);
+    std::unique_ptr<Transport> across;
+    if (!across_.empty())
+      across = std::make_unique<Subset>(mesh_->begin(board, call), across_, across_index_);
+    return std::make_unique<LevelRun>(std::move(local), std::move(across), uniform_, world_);
   }
   void interrupt() noexcept override {
     if (local_ != nullptr) local_->interrupt();
@@ -153,8 +158,9 @@ class HierarchicalLink final : public Link {
  private:
   std::unique_ptr<ShmGroup> local_;
   std::unique_ptr<Link> mesh_;
-  const std::vector<int32_t> leaders_;
-  const int leader_index_;
+  const std::vector<int32_t> across_;
+  const int across_index_;
+  const bool uniform_;
   const int world_;
 };
 
@@ -192,19 +198,24 @@ std::unique_ptr<Link> connect_levels(const LinkSetup& setup) {
   if (mine.empty()) return skip(enabled ? "this host's identity cannot be read" : "switched off");
   if (!off.empty()) return skip(off);
   // Hosts in the order of their lowest rank, each with its ranks ascending.
-  std::map<std::string, std::vector<int32_t>> ranks_of;
-  std::vector<int32_t> leaders;
-  bool shared = false;  // some host has two ranks or more
+  std::map<std::string, std::size_t> index_of;
+  std::vector<std::vector<int32_t>> hosts;
   for (int32_t p = 0; p < size; ++p) {
-    std::vector<int32_t>& on_host = ranks_of[host_of[p]];
-    if (on_host.empty()) leaders.push_back(p);
-    on_host.push_back(p);
-    shared = shared || on_host.size() > 1;
+    const auto [at, added] = index_of.emplace(host_of[p], hosts.size());
+    if (added) hosts.emplace_back();
+    hosts[at->second].push_back(p);
   }
-  if (leaders.size() < 2) return skip("every rank runs on one host");
-  if (!shared) return skip("one rank per host");
+  std::size_t fewest = hosts.front().size();
+  std::size_t most = fewest;
+  for (const auto& h : hosts) {
+    fewest = std::min(fewest, h.size());
+    most = std::max(most, h.size());
+  }
+  if (hosts.size() < 2) return skip("every rank runs on one host");
+  if (most < 2) return skip("one rank per host");
 
-  const std::vector<int32_t>& local_ranks = ranks_of[mine];
+  const std::size_t host = index_of[mine];
+  const std::vector<int32_t>& local_ranks = hosts[host];
   const int32_t leader = local_ranks.front();
   const int32_t local_rank =
       static_cast<int32_t>(std::find(local_ranks.begin(), local_ranks.end(), rank) - local_ranks.begin());
@@ -234,14 +245,15 @@ std::unique_ptr<Link> connect_levels(const LinkSetup& setup) {
   if (!ready) return skip("the ranks on this host could not share memory (see above)");
   if (!refused.empty()) return skip(refused);
 
-  const auto at = std::find(leaders.begin(), leaders.end(), rank);
-  const int leader_index = at == leaders.end() ? -1 : static_cast<int>(at - leaders.begin());
+  std::vector<int32_t> across;  // local rank `local_rank` of every host
+  if (static_cast<std::size_t>(local_rank) < fewest)
+    for (const auto& h : hosts) across.push_back(h[local_rank]);
   std::unique_ptr<Link> mesh = connect_gloo(setup);
   plugin::log(BP_LOG_DEBUG, "cpu: " + setup.where + ": hierarchical collectives: " +
                                 std::to_string(local_ranks.size()) + " ranks on this host (leader rank " +
-                                std::to_string(leader) + "), " + std::to_string(leaders.size()) + " hosts");
-  return std::make_unique<HierarchicalLink>(std::move(local), std::move(mesh), std::move(leaders),
-                                            leader_index, size);
+                                std::to_string(leader) + "), " + std::to_string(hosts.size()) + " hosts");
+  return std::make_unique<HierarchicalLink>(std::move(local), std::move(mesh), std::move(across),
+                                            static_cast<int>(host), fewest == most, size);
 }
 
 }  // namespace

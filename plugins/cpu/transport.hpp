@@ -113,14 +113,17 @@ struct CallContext {
 };
 
 // One collective over a hierarchical link (hierarchical_link.cpp), in two
-// levels: `local` joins the ranks of this rank's host (local rank 0, the
-// lowest rank there, is the host's leader); `leaders`, on leaders only (else
-// NULL), joins the leaders of every host, in host order. `world` ranks in all.
+// levels. local() joins the ranks of this rank's host, lowest rank first
+// (local rank 0 is the host's leader). across() joins the ranks that have
+// this rank's local rank on every host, in host order (the leaders, for
+// local rank 0); NULL when some host has no such rank. uniform(): every host
+// has as many ranks (so every rank has across()). world(): ranks in all.
 class Levels {
  public:
   virtual ~Levels() = default;
   virtual Transport& local() = 0;
-  virtual Transport* leaders() = 0;
+  virtual Transport* across() = 0;
+  virtual bool uniform() const noexcept = 0;
   virtual int world() const noexcept = 0;
 };
 

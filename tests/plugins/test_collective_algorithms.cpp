@@ -499,46 +499,52 @@ TEST_CASE("collective_algorithms: ranks that disagree on the count wait and fail
 
 namespace {
 
-// One rank's view of a group in hosts: its host's network and, on a leader,
-// the leaders' network.
+// One rank's view of a group in hosts: its host's network and, where every
+// host has its local rank, the network of that local rank across hosts.
 class MemoryLevels final : public Levels {
  public:
-  MemoryLevels(Network& host, int local_rank, Network* leaders, int leader_index, int world)
-      : local_(host, local_rank), world_(world) {
-    if (leaders != nullptr) leaders_ = std::make_unique<MemoryTransport>(*leaders, leader_index);
+  MemoryLevels(Network& host, int local_rank, Network* across, int host_index, bool uniform, int world)
+      : local_(host, local_rank), uniform_(uniform), world_(world) {
+    if (across != nullptr) across_ = std::make_unique<MemoryTransport>(*across, host_index);
   }
   Transport& local() override { return local_; }
-  Transport* leaders() override { return leaders_.get(); }
+  Transport* across() override { return across_.get(); }
+  bool uniform() const noexcept override { return uniform_; }
   int world() const noexcept override { return world_; }
 
  private:
   MemoryTransport local_;
-  std::unique_ptr<MemoryTransport> leaders_;
+  std::unique_ptr<MemoryTransport> across_;
+  const bool uniform_;
   const int world_;
 };
 
 struct LevelsRun {
-  std::vector<std::string> errors;     // per rank, "" when none
-  std::vector<uint64_t> leader_bytes;  // sent by each host's leader to the other leaders
+  std::vector<std::string> errors;                  // per rank, "" when none
+  std::vector<std::vector<uint64_t>> across_bytes;  // [local rank][host]: sent to the other hosts
 };
 
 // Runs body(levels, rank, scratch) on the ranks of `hosts` (each a count of
 // ranks, numbered host by host), each rank a thread.
 LevelsRun run_levels(const std::vector<int>& hosts, const std::function<void(Levels&, int, Scratch&)>& body,
                      std::chrono::milliseconds timeout = 20s) {
+  const int fewest = *std::min_element(hosts.begin(), hosts.end());
+  const int most = *std::max_element(hosts.begin(), hosts.end());
   int world = 0;
   for (int n : hosts) world += n;
   std::vector<std::unique_ptr<Network>> host_nets;
   for (int n : hosts) host_nets.push_back(std::make_unique<Network>(n, timeout));
-  Network leader_net(static_cast<int>(hosts.size()), timeout);
+  std::vector<std::unique_ptr<Network>> across_nets;
+  for (int l = 0; l < fewest; ++l)
+    across_nets.push_back(std::make_unique<Network>(static_cast<int>(hosts.size()), timeout));
   LevelsRun run{std::vector<std::string>(world), {}};
   std::vector<std::thread> threads;
   int rank = 0;
   for (std::size_t h = 0; h < hosts.size(); ++h)
     for (int local = 0; local < hosts[h]; ++local, ++rank)
       threads.emplace_back([&, h, local, rank] {
-        MemoryLevels levels(*host_nets[h], local, local == 0 ? &leader_net : nullptr, static_cast<int>(h),
-                            world);
+        MemoryLevels levels(*host_nets[h], local, local < fewest ? across_nets[local].get() : nullptr,
+                            static_cast<int>(h), fewest == most, world);
         Scratch scratch;
         try {
           body(levels, rank, scratch);
@@ -547,7 +553,7 @@ LevelsRun run_levels(const std::vector<int>& hosts, const std::function<void(Lev
         }
       });
   for (auto& t : threads) t.join();
-  run.leader_bytes = leader_net.bytes_sent;
+  for (const auto& net : across_nets) run.across_bytes.push_back(net->bytes_sent);
   return run;
 }
 
@@ -602,19 +608,27 @@ TEST_CASE("collective_algorithms: all_reduce in levels equals the flat one, on e
           }
 }
 
-TEST_CASE("collective_algorithms: in levels, each leader sends the data once to the other host") {
+TEST_CASE("collective_algorithms: in levels, each host sends its data once to the other") {
   // Two hosts of two: the flat ring would send 2 (n - 1) / n = 1.5 times the
-  // data from one host to the other; the leaders' ring of two sends it once.
-  const uint64_t count = 4096;
-  const LevelsRun run = run_levels({2, 2}, [&](Levels& levels, int rank, Scratch& scratch) {
-    std::vector<float> v = rank_values<float>(rank, count);
-    hierarchical_all_reduce(levels, scratch, small_tuning(), elements(v), elements(v),
-                            reduction<float>(Op::sum));
-  });
-  CHECK_ALL_RANKS_OK(run.errors);
-  REQUIRE(run.leader_bytes.size() == 2);
-  CHECK(run.leader_bytes[0] == count * sizeof(float));
-  CHECK(run.leader_bytes[1] == count * sizeof(float));
+  // data from one host to the other. In levels, a small bucket goes between
+  // the leaders alone; ring-sized data is split between the local ranks,
+  // each sending its half across.
+  for (uint64_t count : {uint64_t{16}, uint64_t{4096}}) {
+    CAPTURE(count);
+    const LevelsRun run = run_levels({2, 2}, [&](Levels& levels, int rank, Scratch& scratch) {
+      std::vector<float> v = rank_values<float>(rank, count);
+      hierarchical_all_reduce(levels, scratch, small_tuning(), elements(v), elements(v),
+                              reduction<float>(Op::sum));
+    });
+    CHECK_ALL_RANKS_OK(run.errors);
+    REQUIRE(run.across_bytes.size() == 2);
+    const uint64_t bytes = count * sizeof(float);
+    for (int host = 0; host < 2; ++host) {
+      CAPTURE(host);
+      CHECK(run.across_bytes[0][host] + run.across_bytes[1][host] == bytes);
+      CHECK(run.across_bytes[1][host] == (count == 16 ? 0 : bytes / 2));
+    }
+  }
 }
 
 TEST_CASE("collective_algorithms: in levels, a host whose leader never comes fails every rank") {
