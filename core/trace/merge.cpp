@@ -12,15 +12,18 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <istream>
 #include <limits>
 #include <map>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -48,9 +51,169 @@ std::string_view body_of(std::string_view line) {
   return line;
 }
 
-bool is_meta(std::string_view line, const char* name) {
-  return line.find("\"ph\":\"M\"") != std::string_view::npos &&
-         line.find(std::string("\"name\":\"") + name + "\"") != std::string_view::npos;
+// Reads a part's records in order (trace_format.hpp). A record cut short
+// (its rank died mid-write) ends the reading and is counted as torn.
+class PartReader {
+ public:
+  explicit PartReader(std::istream& in) : in_(in) {}
+  // The next whole record; false at the end of the file or of its whole records.
+  bool next(Record& type, std::string& payload) {
+    if (ended_) return false;  // what follows the end record is the trailer
+    char header[kRecordHeader];
+    in_.read(header, sizeof header);
+    if (in_.gcount() == 0) return false;
+    uint32_t size = 0;
+    if (in_.gcount() == static_cast<std::streamsize>(sizeof header)) std::memcpy(&size, header, sizeof size);
+    const char t = header[4];
+    const bool known = t == static_cast<char>(Record::string) || t == static_cast<char>(Record::event) ||
+                       t == static_cast<char>(Record::meta) || t == static_cast<char>(Record::end);
+    if (in_.gcount() != static_cast<std::streamsize>(sizeof header) || !known || size > (64u << 20)) {
+      torn_ = true;
+      return false;
+    }
+    payload.resize(size);
+    in_.read(payload.data(), size);
+    if (in_.gcount() != static_cast<std::streamsize>(size)) {
+      torn_ = true;
+      return false;
+    }
+    type = static_cast<Record>(t);
+    if (type == Record::end) ended_ = true;
+    return true;
+  }
+  bool torn() const noexcept { return torn_; }
+
+ private:
+  std::istream& in_;
+  bool torn_ = false;
+  bool ended_ = false;
+};
+
+void append_int(std::string& out, int64_t v) {
+  char buf[24];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, static_cast<std::size_t>(r.ptr - buf));
+}
+
+// Nanoseconds as microseconds with three decimals ("1234.567").
+void append_ts(std::string& out, int64_t ns) {
+  if (ns < 0) {
+    out += '-';
+    ns = -ns;
+  }
+  append_int(out, ns / 1000);
+  const auto frac = static_cast<int>(ns % 1000);
+  const char digits[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
+                          static_cast<char>('0' + frac % 10)};
+  out.append(digits, 4);
+}
+
+// A part's strings by id (JSON-escaped as the writer stored them).
+using StringTable = std::unordered_map<uint32_t, std::string>;
+
+std::string_view text_of(const StringTable& t, uint32_t id) {
+  if (id == 0) return {};
+  auto it = t.find(id);
+  return it != t.end() ? std::string_view(it->second) : std::string_view("?");
+}
+
+// An event record as a Trace Event Format event; false when it is malformed.
+bool append_event(std::string& out, const std::string& record, const StringTable& t, int64_t pid,
+                  int64_t offset_ns) {
+  EventHead h;
+  if (record.size() < sizeof h) return false;
+  std::memcpy(&h, record.data(), sizeof h);
+  if (h.nshapes > Event::kMaxShapes || record.size() < sizeof h + h.nshapes || h.kind > 3) return false;
+  const auto* ndim = reinterpret_cast<const uint8_t*>(record.data() + sizeof h);
+  std::size_t dims = 0;
+  for (int i = 0; i < h.nshapes; ++i) dims += ndim[i];
+  if (record.size() != sizeof h + h.nshapes + dims * sizeof(int64_t)) return false;
+  const char* dim_bytes = record.data() + sizeof h + h.nshapes;
+  const auto kind = static_cast<Kind>(h.kind);
+  const std::string_view cat = text_of(t, h.cat);
+  out += "{\"ph\":\"";
+  out += kind == Kind::span ? 'X' : kind == Kind::instant ? 'i' : kind == Kind::flow_out ? 's' : 'f';
+  out += "\",\"cat\":\"";
+  out += cat;
+  out += "\",\"name\":\"";
+  out += text_of(t, h.name);
+  out += "\",\"pid\":";
+  append_int(out, pid);
+  out += ",\"tid\":";
+  append_int(out, h.tid);
+  out += ",\"ts\":";
+  append_ts(out, h.t0 + offset_ns);
+  if (kind == Kind::span) {
+    out += ",\"dur\":";
+    append_ts(out, h.t1 - h.t0);
+  } else if (kind == Kind::instant) {
+    out += ",\"s\":\"t\"";
+  } else {
+    out += ",\"id\":";
+    append_int(out, static_cast<int64_t>(h.flow));
+    if (kind == Kind::flow_in) out += ",\"bp\":\"e\"";
+  }
+  // "args" only when there are some: viewers show an empty object beside the name.
+  bool first = true;
+  auto key = [&](std::string_view k) {
+    out += first ? ",\"args\":{\"" : ",\"";
+    first = false;
+    out += k;
+    out += "\":";
+  };
+  auto quoted = [&](std::string_view v) {
+    out += '"';
+    out += v;
+    out += '"';
+  };
+  if (h.device != 0) {
+    key("device");
+    quoted(text_of(t, h.device));
+  }
+  if (h.peer != 0) {
+    key(cat == kCatCopy ? "to" : "for");
+    quoted(text_of(t, h.peer));
+  }
+  if (h.dtype >= 0) {
+    key("dtype");
+    const char* d = bp_dtype_name(h.dtype);
+    quoted(d != nullptr ? d : "?");
+  }
+  if (h.nshapes > 0) {
+    key("shapes");
+    out += '[';
+    std::size_t at = 0;
+    for (int i = 0; i < h.nshapes; ++i) {
+      if (i > 0) out += ',';
+      out += '[';
+      for (int j = 0; j < ndim[i]; ++j) {
+        if (j > 0) out += ',';
+        int64_t d = 0;
+        std::memcpy(&d, dim_bytes + sizeof(int64_t) * at++, sizeof d);
+        append_int(out, d);
+      }
+      out += ']';
+    }
+    out += ']';
+    if (h.shapes_cut != 0) {
+      key("shapes_cut");
+      out += "true";
+    }
+  }
+  if (h.bytes >= 0) {
+    key("bytes");
+    append_int(out, h.bytes);
+  }
+  if (h.count_key != 0) {
+    key(text_of(t, h.count_key));
+    append_int(out, h.count);
+  }
+  if (h.text_key != 0) {
+    key(text_of(t, h.text_key));
+    quoted(text_of(t, h.text));
+  }
+  out += first ? "}" : "}}";
+  return true;
 }
 
 struct PartInfo {
@@ -101,70 +264,80 @@ PartInfo read_info(const std::string& path) {
   }
 }
 
+// A backplane_* metadata record's contents into info.
+void read_meta(const std::string& text, PartInfo& info) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("args")) return;
+  const auto& a = j["args"];
+  const std::string name = j.value("name", "");
+  if (name == kMetaPart) {
+    info.rank = a.value("rank", -1);
+    info.pid = a.value("pid", int64_t{0});
+    info.start = a.value("start", 0);
+  } else if (name == kMetaClock) {
+    info.offset_ns = a.value("offset_ns", int64_t{0});
+    info.error_ns = a.value("error_ns", int64_t{-1});
+  } else if (name == kMetaDropped) {
+    info.dropped = a.value("dropped", uint64_t{0});
+  } else if (name == kMetaEnd) {
+    info.ended = true;
+    info.dropped = a.value("dropped", info.dropped);
+  }
+}
+
+// True when `in` begins with a part's magic line (and is then past it).
+bool is_part(std::istream& in) {
+  std::string head(kPartMagic.size(), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  if (in.gcount() == static_cast<std::streamsize>(head.size()) && head == kPartMagic) return true;
+  in.clear();
+  in.seekg(0);
+  return false;
+}
+
 PartInfo read_info_unchecked(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) unreadable(path, std::strerror(errno));
   PartInfo info;
-  std::string line;
-  bool first = true;
-  while (std::getline(in, line)) {
-    if (first) {
-      first = false;
-      info.merged = line == kMergedHead;
-      if (line != "[" && !info.merged)
-        throw Error(Errc::invalid_argument,
-                    "trace merge: '" + path +
-                        "' is neither a backplane trace part nor a trace backplane wrote (it begins with "
-                        "neither \"[\" nor " +
-                        std::string(kMergedHead) + "; give the FILE.rank<R>.part files a job left, or FILE)");
-      continue;
-    }
-    const std::string_view body = body_of(line);
-    if (info.merged) {
-      if (body.substr(0, kMergedTail.size()) == kMergedTail) {
-        const nlohmann::json j = nlohmann::json::parse("{" + line.substr(2), nullptr, false);
-        if (!j.is_discarded() && j.contains("otherData"))
-          info.merged_ranks = j["otherData"]
-                                  .value("backplane_trace", nlohmann::json::object())
-                                  .value("ranks", nlohmann::json::array());
-        info.ended = true;
-        continue;
-      }
-      info.pids.insert(number_after(body, "\"pid\":", 0));
-      continue;
-    }
-    if (body.find("\"backplane_") == std::string_view::npos) continue;
-    const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-    if (j.is_discarded() || !j.is_object() || !j.contains("args")) continue;
-    const auto& a = j["args"];
-    const std::string name = j.value("name", "");
-    if (name == kMetaPart) {
-      info.rank = a.value("rank", -1);
-      info.pid = a.value("pid", int64_t{0});
-      info.start = a.value("start", 0);
-    } else if (name == kMetaClock) {
-      info.offset_ns = a.value("offset_ns", int64_t{0});
-      info.error_ns = a.value("error_ns", int64_t{-1});
-    } else if (name == kMetaDropped) {
-      info.dropped = a.value("dropped", uint64_t{0});
-    } else if (name == kMetaEnd) {
-      info.ended = true;
-      info.dropped = a.value("dropped", info.dropped);
-    }
-  }
-  if (first) unreadable(path, "it is empty");
-  if (info.merged) {
-    if (!info.ended)
-      throw Error(Errc::invalid_argument, "trace merge: '" + path +
-                                              "' ends before its \"otherData\" line: a "
-                                              "trace cut short; merge the parts it was made from instead");
-    info.rank = 0;
-    info.ended = true;
+  if (is_part(in)) {
+    PartReader reader(in);
+    Record type{};
+    std::string payload;
+    while (reader.next(type, payload))
+      if (type == Record::meta || type == Record::end) read_meta(payload, info);
+    if (info.rank < 0)
+      throw Error(Errc::invalid_argument,
+                  "trace merge: '" + path + "' is not a backplane trace part (no backplane_part record)");
     return info;
   }
-  if (info.rank < 0)
+  std::string line;
+  if (!std::getline(in, line)) unreadable(path, "it is empty");
+  info.merged = line == kMergedHead;
+  if (!info.merged)
     throw Error(Errc::invalid_argument,
-                "trace merge: '" + path + "' is not a backplane trace part (no backplane_part record)");
+                "trace merge: '" + path +
+                    "' is neither a backplane trace part nor a trace backplane wrote (it begins with "
+                    "neither \"" +
+                    std::string(kPartMagic.substr(0, kPartMagic.size() - 1)) + "\" nor " +
+                    std::string(kMergedHead) + "; give the FILE.rank<R>.part files a job left, or FILE)");
+  while (std::getline(in, line)) {
+    const std::string_view body = body_of(line);
+    if (body.substr(0, kMergedTail.size()) == kMergedTail) {
+      const nlohmann::json j = nlohmann::json::parse("{" + line.substr(2), nullptr, false);
+      if (!j.is_discarded() && j.contains("otherData"))
+        info.merged_ranks = j["otherData"]
+                                .value("backplane_trace", nlohmann::json::object())
+                                .value("ranks", nlohmann::json::array());
+      info.ended = true;
+      continue;
+    }
+    info.pids.insert(number_after(body, "\"pid\":", 0));
+  }
+  if (!info.ended)
+    throw Error(Errc::invalid_argument, "trace merge: '" + path +
+                                            "' ends before its \"otherData\" line: a "
+                                            "trace cut short; merge the parts it was made from instead");
+  info.rank = 0;
   return info;
 }
 
@@ -201,12 +374,12 @@ bool part_ended(const std::string& path) {
   if (!in) return false;
   in.seekg(0, std::ios::end);
   const std::streamoff size = in.tellg();
-  if (size <= 0) return false;
-  const std::streamoff tail = std::min<std::streamoff>(size, 512);
+  const auto tail = static_cast<std::streamoff>(kPartTrailer.size());
+  if (size < tail) return false;
   in.seekg(size - tail);
-  std::string text(static_cast<std::size_t>(tail), '\0');
+  std::string text(kPartTrailer.size(), '\0');
   in.read(text.data(), tail);
-  return text.find(kMetaEnd) != std::string::npos && text.find("\n]") != std::string::npos;
+  return text == kPartTrailer;
 }
 
 ClockOffset measure_clock_offset(int32_t rank, int32_t world, Store& store, std::string_view key_prefix) {
@@ -310,33 +483,62 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
     std::string pending;
     for (std::size_t i = 0; i < parts.size(); ++i) {
       detail::PartInfo& info = infos[i];
-      std::ifstream in(parts[i]);
+      std::ifstream in(parts[i], std::ios::binary);
       if (!in) detail::unreadable(parts[i], std::strerror(errno));
-      const double offset_us = static_cast<double>(info.offset_ns) / 1000.0;
-      std::string line;
-      while (std::getline(in, line)) {
-        const std::string_view body = detail::body_of(line);
-        if (body.empty() || body == "[" || body == "]" || body == detail::kMergedHead ||
-            body.substr(0, detail::kMergedTail.size()) == detail::kMergedTail)
-          continue;
-        if (body.find("\"backplane_") != std::string_view::npos &&
-            (detail::is_meta(body, detail::kMetaPart) || detail::is_meta(body, detail::kMetaClock) ||
-             detail::is_meta(body, detail::kMetaDropped) || detail::is_meta(body, detail::kMetaEnd)))
-          continue;
-        std::string event(body);
-        // A rank killed mid-write leaves a torn last line: skip what is not whole.
-        if (event.back() != '}' || !nlohmann::json::accept(event) || !detail::shift_ts(event, offset_us)) {
-          ++info.torn;
-          continue;
-        }
-        detail::shift_pid(event, info.pid_shift);
+      auto emit = [&](const std::string& event) {
         if (!first_event) pending += ",\n";
         first_event = false;
         pending += event;
-        ++info.events;
         if (pending.size() >= (1u << 20)) {  // one write per MiB, not per event
           out.write(pending);
           pending.clear();
+        }
+      };
+      std::string line;
+      if (detail::is_part(in)) {
+        // A part: its strings as they come, each event formatted on its
+        // rank's track with its clock aligned to rank 0's.
+        detail::PartReader reader(in);
+        detail::StringTable strings;
+        detail::Record type{};
+        std::string payload;
+        while (reader.next(type, payload)) {
+          if (type == detail::Record::string) {
+            uint32_t id = 0;
+            if (payload.size() < sizeof id) {
+              ++info.torn;
+              continue;
+            }
+            std::memcpy(&id, payload.data(), sizeof id);
+            strings[id] = payload.substr(sizeof id);
+          } else if (type == detail::Record::event) {
+            line.clear();
+            if (!detail::append_event(line, payload, strings, info.rank + info.pid_shift, info.offset_ns)) {
+              ++info.torn;
+              continue;
+            }
+            emit(line);
+            ++info.events;
+          } else if (type == detail::Record::meta && payload.find("\"backplane_") == std::string::npos) {
+            emit(payload);  // thread and process names
+          }
+        }
+        if (reader.torn()) ++info.torn;
+      } else {
+        const double offset_us = static_cast<double>(info.offset_ns) / 1000.0;
+        while (std::getline(in, line)) {
+          const std::string_view body = detail::body_of(line);
+          if (body.empty() || body == "[" || body == "]" || body == detail::kMergedHead ||
+              body.substr(0, detail::kMergedTail.size()) == detail::kMergedTail)
+            continue;
+          std::string event(body);
+          if (event.back() != '}' || !nlohmann::json::accept(event) || !detail::shift_ts(event, offset_us)) {
+            ++info.torn;
+            continue;
+          }
+          detail::shift_pid(event, info.pid_shift);
+          emit(event);
+          ++info.events;
         }
       }
       result.events += info.events;

@@ -28,7 +28,6 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -140,7 +139,12 @@ struct State {
   uint32_t process_device = 0;  // the first device an op ran on: the process track's name
   bool process_named = false;
   uint64_t dropped_written = 0;
-  std::string clock_line;  // the clock's metadata record, once measured
+  // The part's string ids (trace_format.hpp): static text by address, and
+  // which interned ids have gone out.
+  std::unordered_map<const char*, uint32_t> pointer_ids;
+  const char* last_pointer = nullptr;
+  uint32_t last_pointer_id = 0;
+  std::vector<bool> names_sent = std::vector<bool>(kMaxNames);
   std::string write_error;
 };
 
@@ -191,27 +195,18 @@ ThreadBuffer* register_thread(State& s) noexcept {
   }
 }
 
-// ---- the part file's text ---------------------------------------------------
+// ---- the part file (trace_format.hpp) ---------------------------------------
 
-// Numbers without snprintf's format parsing or to_string's temporary: the
-// writer formats every event, on a core the job may need.
-void append_int(std::string& out, int64_t v) {
-  char buf[24];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  out.append(buf, static_cast<std::size_t>(r.ptr - buf));
+void put_record(std::string& out, Record type, std::string_view a, std::string_view b = {}) {
+  const auto size = static_cast<uint32_t>(a.size() + b.size());
+  out.append(reinterpret_cast<const char*>(&size), sizeof size);
+  out += static_cast<char>(type);
+  out.append(a);
+  out.append(b);
 }
 
-// Nanoseconds as microseconds with three decimals ("1234.567").
-void append_ts(std::string& out, int64_t ns) {
-  if (ns < 0) {
-    out += '-';
-    ns = -ns;
-  }
-  append_int(out, ns / 1000);
-  const auto frac = static_cast<int>(ns % 1000);
-  const char digits[4] = {'.', static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
-                          static_cast<char>('0' + frac % 10)};
-  out.append(digits, 4);
+void put_string(std::string& out, uint32_t id, std::string_view text) {
+  put_record(out, Record::string, std::string_view(reinterpret_cast<const char*>(&id), sizeof id), text);
 }
 
 const std::string& name_of(uint32_t id) {  // lock-free: published slots never change
@@ -221,117 +216,69 @@ const std::string& name_of(uint32_t id) {  // lock-free: published slots never c
   return text != nullptr ? *text : none;
 }
 
-void append_quoted(std::string& out, std::string_view text) {
-  out += '"';
-  out += text;
-  out += '"';
+static_assert(kMaxNames <= kPointerIds, "interned ids and the writer's own do not overlap");
+
+// The part's id of a static text; its string record goes out the first time.
+uint32_t pointer_id(State& s, const char* text) {
+  if (text == nullptr || *text == '\0') return 0;
+  if (text == s.last_pointer) return s.last_pointer_id;  // an op's name, again and again
+  auto [it, fresh] = s.pointer_ids.try_emplace(text, 0);
+  if (fresh) {
+    it->second = kPointerIds + static_cast<uint32_t>(s.pointer_ids.size());
+    put_string(s.out, it->second, text);
+  }
+  s.last_pointer = text;
+  s.last_pointer_id = it->second;
+  return it->second;
 }
 
-void append_event(std::string& out, const State& s, int64_t tid, const Event& e) {
-  out += "{\"ph\":\"";
-  switch (e.kind) {
-    case Kind::span:
-      out += 'X';
-      break;
-    case Kind::instant:
-      out += 'i';
-      break;
-    case Kind::flow_out:
-      out += 's';
-      break;
-    case Kind::flow_in:
-      out += 'f';
-      break;
+// An interned id, its string record written the first time the part uses it.
+uint32_t interned_id(State& s, uint32_t id) {
+  if (id == 0 || id >= kMaxNames) return 0;
+  if (!s.names_sent[id]) {
+    s.names_sent[id] = true;
+    put_string(s.out, id, name_of(id));
   }
-  out += "\",\"cat\":\"";
-  out += e.cat;
-  out += "\",\"name\":\"";
-  out += e.name != nullptr ? std::string_view(e.name) : std::string_view(name_of(e.name_id));
-  out += "\",\"pid\":";
-  append_int(out, s.rank);
-  out += ",\"tid\":";
-  append_int(out, tid);
-  out += ",\"ts\":";
-  append_ts(out, e.t0);
-  if (e.kind == Kind::span) {
-    out += ",\"dur\":";
-    append_ts(out, e.t1 - e.t0);
-  } else if (e.kind == Kind::instant) {
-    out += ",\"s\":\"t\"";
-  } else {
-    out += ",\"id\":";
-    append_int(out, static_cast<int64_t>(e.flow));
-    if (e.kind == Kind::flow_in) out += ",\"bp\":\"e\"";
-  }
-  // "args" only when there are some: viewers show an empty object beside the name.
-  bool first = true;
-  auto key = [&](const char* k) {
-    out += first ? ",\"args\":{" : ",";
-    first = false;
-    out += '"';
-    out += k;
-    out += "\":";
-  };
-  if (e.device != 0) {
-    key("device");
-    append_quoted(out, name_of(e.device));
-  }
-  if (e.peer != 0) {
-    key(e.cat == std::string_view(kCatCopy) ? "to" : "for");
-    append_quoted(out, name_of(e.peer));
-  }
-  if (e.dtype >= 0) {
-    key("dtype");
-    const char* d = bp_dtype_name(e.dtype);
-    out += '"';
-    out += d != nullptr ? d : "?";
-    out += '"';
-  }
-  if (e.nshapes > 0) {
-    key("shapes");
-    out += '[';
-    int at = 0;
-    for (int i = 0; i < e.nshapes; ++i) {
-      if (i > 0) out += ',';
-      out += '[';
-      for (int j = 0; j < e.ndim[i]; ++j) {
-        if (j > 0) out += ',';
-        append_int(out, e.dims[at++]);
-      }
-      out += ']';
-    }
-    out += ']';
-    if (e.shapes_cut) {
-      key("shapes_cut");
-      out += "true";
-    }
-  }
-  if (e.bytes >= 0) {
-    key("bytes");
-    append_int(out, e.bytes);
-  }
-  if (e.count_key != nullptr) {
-    key(e.count_key);
-    append_int(out, e.count);
-  }
-  if (e.text_key != nullptr) {
-    key(e.text_key);
-    append_quoted(out, name_of(e.text));
-  }
-  out += first ? "},\n" : "}},\n";
+  return id;
 }
 
-void append_metadata(std::string& out, const State& s, const char* name, int64_t tid,
-                     const std::string& args) {
-  out += "{\"ph\":\"M\",\"name\":\"";
-  out += name;
-  out += "\",\"pid\":";
-  append_int(out, s.rank);
-  out += ",\"tid\":";
-  append_int(out, tid);
-  out += ",\"args\":{";
-  out += args;
-  out += "}},\n";
+void append_event(State& s, int64_t tid, const Event& e) {
+  EventHead h;
+  h.t0 = e.t0;
+  h.t1 = e.t1;
+  h.bytes = e.bytes;
+  h.count = e.count_key != nullptr ? e.count : -1;
+  h.flow = e.flow;
+  h.tid = tid;
+  h.cat = pointer_id(s, e.cat);
+  h.name = e.name != nullptr ? pointer_id(s, e.name) : interned_id(s, e.name_id);
+  h.device = interned_id(s, e.device);
+  h.peer = interned_id(s, e.peer);
+  h.text_key = pointer_id(s, e.text_key);
+  h.text = h.text_key != 0 ? interned_id(s, e.text) : 0;
+  h.count_key = pointer_id(s, e.count_key);
+  h.dtype = e.dtype;
+  h.kind = static_cast<uint8_t>(e.kind);
+  h.nshapes = std::min<uint8_t>(e.nshapes, Event::kMaxShapes);
+  h.shapes_cut = e.shapes_cut ? 1 : 0;
+  int dims = 0;
+  for (int i = 0; i < h.nshapes; ++i) dims += e.ndim[i];
+  dims = std::min(dims, Event::kMaxDims);
+  const auto size =
+      static_cast<uint32_t>(sizeof h + h.nshapes + sizeof(int64_t) * static_cast<std::size_t>(dims));
+  s.out.append(reinterpret_cast<const char*>(&size), sizeof size);
+  s.out += static_cast<char>(Record::event);
+  s.out.append(reinterpret_cast<const char*>(&h), sizeof h);
+  s.out.append(reinterpret_cast<const char*>(e.ndim), h.nshapes);
+  s.out.append(reinterpret_cast<const char*>(e.dims), sizeof(int64_t) * static_cast<std::size_t>(dims));
+}
+
+void append_metadata(std::string& out, const State& s, const char* name, int64_t tid, const std::string& args,
+                     Record type = Record::meta) {
+  const std::string json = "{\"ph\":\"M\",\"name\":\"" + std::string(name) +
+                           "\",\"pid\":" + std::to_string(s.rank) + ",\"tid\":" + std::to_string(tid) +
+                           ",\"args\":{" + args + "}}";
+  put_record(out, type, json);
 }
 
 uint64_t kept_events(State& s) {  // recording has stopped
@@ -385,7 +332,7 @@ void drain(State& s) {
         const Event& e = c->events[i];
         if (!s.process_named && s.process_device == 0 && e.device != 0 && e.cat == std::string_view(kCatOp))
           s.process_device = e.device;  // the first device an op ran on names the track
-        append_event(s.out, s, b->tid, e);
+        append_event(s, b->tid, e);
       }
       b->written = n;
       Chunk* next = c->next.load(std::memory_order_acquire);
@@ -522,9 +469,9 @@ void start(Options options) {
     throw Error(Errc::io_error, open_error(s->part_path, err));
   }
   s->generation = g_generation.fetch_add(1) + 1;
-  s->out = "[\n";
+  s->out = kPartMagic;
   append_metadata(s->out, *s, kMetaPart, 0,
-                  "\"format\":1,\"rank\":" + std::to_string(s->rank) +
+                  "\"format\":2,\"rank\":" + std::to_string(s->rank) +
                       ",\"world\":" + std::to_string(s->world) + ",\"pid\":" + std::to_string(::getpid()) +
                       ",\"max_events\":" + std::to_string(s->max_events) +
                       ",\"start\":" + std::to_string(s->start));
@@ -578,11 +525,11 @@ void stop() {
       s->process_named = true;
       append_metadata(s->out, *s, "process_name", 0, "\"name\":\"" + process_label(*s) + "\"");
     }
-    s->out += "{\"ph\":\"M\",\"name\":\"";
-    s->out += kMetaEnd;
-    s->out += "\",\"pid\":" + std::to_string(s->rank) +
-              ",\"tid\":0,\"args\":{\"events\":" + std::to_string(kept_events(*s)) +
-              ",\"dropped\":" + std::to_string(s->dropped.load()) + "}}\n]\n";
+    append_metadata(
+        s->out, *s, kMetaEnd, 0,
+        "\"events\":" + std::to_string(kept_events(*s)) + ",\"dropped\":" + std::to_string(s->dropped.load()),
+        Record::end);
+    s->out.append(kPartTrailer);
     write_out(*s);
     for (auto& b : s->buffers) {
       for (Chunk* c = b->head; c != nullptr;) {

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -236,14 +237,12 @@ TEST_CASE("trace: a process killed while recording leaves a part that merges, ma
       // The writer flushes every 100 ms, when the cores have time for it (it
       // runs at SCHED_IDLE): wait until the part holds the ops, then die.
       const std::string part = file.string() + ".rank0.part";
+      const std::string peek = (dir / "peek.json").string();
       for (int waited = 0; waited < 30'000; waited += 10) {
-        std::ifstream in(part);
-        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        std::size_t n = 0;
-        for (std::size_t at = text.find("\"neg\""); at != std::string::npos;
-             at = text.find("\"neg\"", at + 1))
-          ++n;
-        if (n >= 20) break;
+        try {
+          if (bp::trace::merge({part}, peek).events >= 20) break;
+        } catch (const bp::Error&) {  // no metadata written yet
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
       ::kill(::getpid(), SIGKILL);
@@ -267,30 +266,63 @@ TEST_CASE("trace: a process killed while recording leaves a part that merges, ma
   fs::remove_all(dir);
 }
 
-TEST_CASE("trace: merge refuses a file that is not a part and a torn last line is skipped") {
+TEST_CASE(
+    "trace: merge refuses a file that is not a part, aligns a part's clock and skips a torn last record") {
   const fs::path dir = scratch("merge");
   const fs::path bad = dir / "x.rank0.part";
   std::ofstream(bad) << "{\"not\": \"a part\"}\n";
   CHECK_THROWS_WITH_AS(bp::trace::merge({bad.string()}, (dir / "out.json").string()),
                        doctest::Contains("is neither a backplane trace part nor a trace backplane wrote"),
                        bp::Error);
-  const fs::path torn = dir / "y.rank1.part";
-  std::ofstream(torn)
-      << "[\n"
-      << R"({"ph":"M","name":"backplane_part","pid":1,"tid":0,"args":{"format":1,"rank":1,"world":2,"pid":7}},)"
-      << "\n"
-      << R"({"ph":"X","cat":"op","name":"add","pid":1,"tid":5,"ts":10.000,"dur":1.000,"args":{}},)"
-      << "\n"
-      << R"({"ph":"M","name":"backplane_clock","pid":1,"tid":0,"args":{"offset_ns":5000,"error_ns":100,"rounds":8}},)"
-      << "\n"
-      << R"({"ph":"X","cat":"op","name":"mul","pid":1,"tid":5,"ts":12.0)";
+  // A real part, whole (BACKPLANE_TRACE_MERGE=launcher: the session leaves
+  // it for the launcher), then cut inside its last event record.
+  const fs::path whole = dir / "y.json";
+  {
+    const ScopedEnv no_merge("BACKPLANE_TRACE_MERGE", std::string("launcher"));
+    const bp::Registry r = trace_registry();
+    const bp::Device d = r.backend("cpu").device();
+    bp::trace::Session session({whole.string()});
+    const bp::Tensor a = bp::Tensor::from_vector<float>(d, {4}, {1, 2, 3, 4});
+    (void)bp::neg(a);
+    (void)bp::exp(a);
+  }
+  const fs::path torn = dir / "y.json.rank0.part";
+  REQUIRE(fs::exists(torn));
+  const bp::trace::MergeResult m0 = bp::trace::merge({torn.string()}, (dir / "whole.json").string());
+  CHECK(m0.events == 2);
+  CHECK(m0.incomplete == 0);
+  const double neg_ts = events(read_json(dir / "whole.json"), "X").at(0)["ts"].get<double>();
+  std::string bytes;
+  {
+    std::ifstream in(torn, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // A clock record, as a rank's alignment writes it: 5 us behind rank 0.
+  const std::string magic = "backplane trace part 2\n";
+  const std::string clock =
+      R"({"ph":"M","name":"backplane_clock","pid":0,"tid":0,"args":{"offset_ns":5000,"error_ns":100,"rounds":8}})";
+  const auto clock_size = static_cast<uint32_t>(clock.size());
+  bytes.insert(magic.size(), std::string(reinterpret_cast<const char*>(&clock_size), 4) + "M" + clock);
+  // Walk the records (u32 size, u8 type, payload) to the last event's.
+  std::size_t at = magic.size(), last_event = 0;
+  while (at + 5 <= bytes.size()) {
+    uint32_t size = 0;
+    std::memcpy(&size, bytes.data() + at, 4);
+    if (bytes[at + 4] == 'E') last_event = at;
+    if (bytes[at + 4] == 'Z') break;
+    at += 5 + size;
+  }
+  REQUIRE(last_event > 0);
+  bytes.resize(last_event + 20);
+  std::ofstream(torn, std::ios::binary | std::ios::trunc) << bytes;
   const bp::trace::MergeResult m = bp::trace::merge({torn.string()}, (dir / "out.json").string());
   CHECK(m.events == 1);
   CHECK(m.incomplete == 1);
   const json t = read_json(dir / "out.json");
   const auto xs = events(t, "X");
   REQUIRE(xs.size() == 1);
-  CHECK(xs[0]["ts"].get<double>() == doctest::Approx(15.0));  // shifted by the rank's 5 us offset
+  CHECK(xs[0]["name"] == "neg");
+  CHECK(xs[0]["ts"].get<double>() == doctest::Approx(neg_ts + 5.0));  // shifted by the rank's 5 us offset
   CHECK(t["otherData"]["backplane_trace"]["ranks"][0]["torn_lines"] == 1);
   CHECK(t["otherData"]["backplane_trace"]["ranks"][0]["clock_error_us"].get<double>() ==
         doctest::Approx(0.1));
