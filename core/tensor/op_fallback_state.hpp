@@ -13,9 +13,9 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 namespace backplane::detail {
 
@@ -31,8 +31,10 @@ class OpFallbackState {
     std::atomic<uint64_t> calls{0};
     std::atomic<uint64_t> bytes_to_host{0};
     std::atomic<uint64_t> bytes_from_host{0};
-    std::atomic<uint64_t> nanoseconds{0};
-    std::atomic<bool> logged{false};  // the first fallback of the pair is logged once
+    std::atomic<uint64_t> timed_calls{0};        // the calls whose time was taken (a sample)
+    std::atomic<uint64_t> timed_nanoseconds{0};  // their time
+    std::atomic<uint64_t> copy_nanoseconds{0};   // time in copies back home (every one timed)
+    std::atomic<bool> logged{false};             // the first fallback of the pair is logged once
   };
   static constexpr std::size_t kSlots = static_cast<std::size_t>(BP_OP_COUNT_) * BP_DTYPE_COUNT_;
 
@@ -44,24 +46,28 @@ class OpFallbackState {
   // The resolved target of a host:<backend> policy, whatever switches are
   // in force (placement's op_fallback_host applies those); null for none.
   std::shared_ptr<BackendImpl> target() const {
-    std::lock_guard lock(mutex_);
-    const BackendImpl* h = host_.load(std::memory_order_relaxed);
-    for (const auto& k : keep_)
-      if (k.get() == h) return k;
-    return nullptr;
+    const std::shared_ptr<BackendImpl>* h = host_.load(std::memory_order_acquire);
+    return h != nullptr ? *h : nullptr;
   }
-  // Whether a target is set, without the lock (the slow path's first test).
+  // The same, without touching its reference count (the slow path's test):
+  // null for none, else a pointer that stays valid while this state lives.
+  const std::shared_ptr<BackendImpl>* target_ref() const noexcept {
+    return host_.load(std::memory_order_acquire);
+  }
+  // Whether a target is set, without the lock.
   bool has_target() const noexcept { return host_.load(std::memory_order_acquire) != nullptr; }
   // Sets the policy and its target (null for Kind::error). Every target ever
-  // set is kept, so a raw pointer read without the lock never dangles (the
-  // config forbids chains, so this keeps no cycle).
+  // set is kept, at an address that never moves (a deque grown at its end),
+  // so a pointer read without the lock never dangles (the config forbids
+  // chains, so this keeps no cycle).
   void set(const OpFallback& fallback, const std::shared_ptr<BackendImpl>& target) {
     std::lock_guard lock(mutex_);
     fallback_ = fallback;
-    bool kept = false;
-    for (const auto& k : keep_) kept = kept || k == target;
-    if (target && !kept) keep_.push_back(target);
-    host_.store(target.get(), std::memory_order_release);
+    const std::shared_ptr<BackendImpl>* kept = nullptr;
+    for (const auto& k : keep_)
+      if (k == target) kept = &k;
+    if (target && kept == nullptr) kept = &keep_.emplace_back(target);
+    host_.store(target ? kept : nullptr, std::memory_order_release);
   }
 
   // The counter of (op, dtype); slot 0 (no pair) for values outside abi.h's tables.
@@ -78,8 +84,8 @@ class OpFallbackState {
  private:
   mutable std::mutex mutex_;
   OpFallback fallback_;
-  std::atomic<BackendImpl*> host_{nullptr};
-  std::vector<std::shared_ptr<BackendImpl>> keep_;
+  std::atomic<const std::shared_ptr<BackendImpl>*> host_{nullptr};  // into keep_
+  std::deque<std::shared_ptr<BackendImpl>> keep_;                   // guarded by mutex_
   std::unique_ptr<Counter[]> counters_{new Counter[kSlots]};
 };
 

@@ -44,11 +44,53 @@ uint64_t nanoseconds_since(Clock::time_point start) noexcept {
       std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count());
 }
 
+// Whether this placed op of a pair that has had `calls` is timed. Reading a
+// clock costs 30-50 ns under a hypervisor (twice per op: a good part of
+// what a placed op costs), so the report times each pair's first
+// kTimedFirst calls and then one call in kTimedEvery, drawn at random (a
+// fixed stride would keep timing the same op of a step that repeats), and
+// scales the sample's mean to all calls.
+constexpr uint64_t kTimedFirst = 16;
+constexpr uint32_t kTimedEvery = 16;
+
+bool timed(uint64_t calls) noexcept {
+  if (calls < kTimedFirst) return true;
+  thread_local uint32_t state = 0x9e3779b9U;  // xorshift32: cheap, and good enough to spread samples
+  state ^= state << 13;
+  state ^= state >> 17;
+  state ^= state << 5;
+  return state % kTimedEvery == 0;
+}
+
 // OpFallbackOff's switch for this thread.
 thread_local bool off_in_this_thread = false;
 
 // b's op_fallback as backends.json spells it.
 std::string spelling(const BackendImpl& b) { return b.op_fallback.configured().to_string(); }
+
+// Whether device d of b runs (op, dtype) producing out_dtype with these
+// operands, from what is cached: the ready byte(s) runs() stored and the
+// flags of every dtype involved (lacks() in a few loads). False is "not
+// known", not "no".
+bool ready(const BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
+           const TensorImpl* const* operands, int n) noexcept {
+  if (!b.support_ready(d, op, static_cast<int32_t>(dtype)) || !b.holds(d, out_dtype)) return false;
+  if (op == BP_OP_CAST && !b.support_ready(d, op, static_cast<int32_t>(out_dtype))) return false;
+  for (int i = 0; i < n; ++i)
+    if (!b.holds(d, operands[i]->dtype)) return false;
+  return true;
+}
+
+// A sure "no" from what (op, dtype) alone decides, without asking the
+// plugin: abi.h's matmul rule, dtype's flag, or a cached supports_op no.
+// False is "not known" (runs() answers it).
+bool lacks_pair(BackendImpl& b, int32_t d, int32_t op, DType dtype) {
+  if (op == BP_OP_MATMUL && !b.has(d, Capability::matmul)) return true;
+  if (!b.holds(d, dtype)) return true;
+  const std::atomic<uint8_t>* slot = b.support_slot(d, op, static_cast<int32_t>(dtype));
+  return slot != nullptr && slot->load(std::memory_order_relaxed) != 0 &&
+         !b.supports(d, op, static_cast<int32_t>(dtype));
+}
 
 // Whether device d of b runs (op, dtype) producing out_dtype with these
 // operands (lacks() says nothing); never throws for a "no". A yes for
@@ -122,39 +164,61 @@ Error refusal(BackendImpl& b, int32_t d, int32_t op, DType dtype, const Lack& la
 
 void noop_release(void*) noexcept {}
 
-// A buffer on (exec, dev) holding s's bytes: exec's import of s's host
-// memory when both are host_visible (no copy; `alias` set), else a copy.
-// Returns the bytes copied.
-uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec, int32_t dev,
-                      std::shared_ptr<TensorImpl>& out, bool& alias, const char* needed_by) {
+// What a replica's errors are prefixed with; built only when needed.
+std::string replica_what(const Storage& s, const BackendImpl& exec, int32_t dev) {
+  return "op_fallback: bytes of a " + s.home_backend()->device_id(s.home_index()) + " tensor on " +
+         exec.device_id(dev);
+}
+
+// exec's import of s's host memory on dev, or null when it refuses (the
+// caller copies instead). Both devices are host_visible and not remote.
+[[gnu::noinline]] bp_buffer* import_host_bytes(const Storage& s, BackendImpl& exec, int32_t dev) {
+  std::byte* p = nullptr;
+  try {
+    p = s.backend->host_pointer(s.device, s.buffer, "op_fallback");
+    if (p == nullptr) return nullptr;
+    s.backend->synchronize_if_async(s.device, "op_fallback");
+  } catch (const Error& e) {  // the message names the device; the context is added only here
+    throw Error(e.code(), e.message() + " (" + replica_what(s, exec, dev) + ")");
+  }
+  bp_buffer_import_args args{};
+  args.struct_size = BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE;
+  args.plugin = exec.plugin;
+  args.device = dev;
+  args.dl_device_type = BP_DL_CPU;
+  args.data = p;
+  args.size = s.nbytes;
+  args.release = &noop_release;  // the source storage owns the memory and outlives its replica
+  bp_status* st = call_entry(exec, "buffer_import", Errc::internal, exec.api.buffer_import, &args);
+  if (st == nullptr && args.buffer != nullptr) return args.buffer;
+  if (st != nullptr) exec.api.status_free(st);  // refused: copy instead
+  return nullptr;
+}
+
+// A buffer on (exec, dev) holding s's bytes, as a tensor laid out as x (an
+// operand over s): exec's import of s's host memory when both are
+// host_visible (no copy; `alias` set), else a copy, whose time is added to
+// *copy_ns when given. Returns the bytes copied.
+uint64_t make_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& exec, int32_t dev,
+                      std::shared_ptr<TensorImpl>& out, bool& alias, const char* needed_by,
+                      uint64_t* copy_ns) {
+  const Storage& s = *x.storage;
   auto r = std::make_shared<TensorImpl>();
-  r->shape = Shape{static_cast<int64_t>(s.nbytes)};
-  r->strides = Shape{1};
-  r->dtype = DType::u8;
-  const std::string what = "op_fallback: bytes of a " + s.home_backend()->device_id(s.home_index()) +
-                           " tensor on " + exec->device_id(dev);
+  r->shape = x.shape;
+  r->strides = x.strides;
+  r->byte_offset = x.byte_offset;
+  r->dtype = x.dtype;
   if (s.nbytes > 0 && exec->api.buffer_import != nullptr && exec->has(dev, Capability::host_visible) &&
       !exec->has(dev, Capability::remote)) {
-    if (std::byte* p = s.backend->host_pointer(s.device, s.buffer, what)) {
-      s.backend->synchronize_if_async(s.device, what);
-      bp_buffer_import_args args{};
-      args.struct_size = BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE;
-      args.plugin = exec->plugin;
-      args.device = dev;
-      args.dl_device_type = BP_DL_CPU;
-      args.data = p;
-      args.size = s.nbytes;
-      args.release = &noop_release;  // the source storage owns the memory and outlives its replica
-      bp_status* st = call_entry(*exec, "buffer_import", Errc::internal, exec->api.buffer_import, &args);
-      if (st == nullptr && args.buffer != nullptr) {
-        r->storage = &r->owned.emplace(exec, dev, args.buffer, s.nbytes);
-        out = std::move(r);
-        alias = true;
-        return 0;
-      }
-      if (st != nullptr) exec->api.status_free(st);  // refused: copy instead
+    if (bp_buffer* imported = import_host_bytes(s, *exec, dev)) {
+      r->storage = &r->owned.emplace(exec, dev, imported, s.nbytes);
+      out = std::move(r);
+      alias = true;
+      return 0;
     }
   }
+  const auto t0 = Clock::now();
+  const std::string what = replica_what(s, *exec, dev);
   r->storage = &r->owned.emplace(exec, dev, s.nbytes);
   trace::detail::Span span(trace::detail::kCatCopy, "copy");
   if (span.on()) [[unlikely]] {
@@ -166,6 +230,7 @@ uint64_t make_replica(const Storage& s, const std::shared_ptr<BackendImpl>& exec
     e.text = trace::detail::intern(needed_by);
   }
   copy_bytes(s, 0, *r->storage, 0, s.nbytes, what);
+  if (copy_ns != nullptr) *copy_ns += nanoseconds_since(t0);
   out = std::move(r);
   alias = false;
   return s.nbytes;
@@ -181,39 +246,47 @@ Storage::ReplicaSlot& replica_slot(const Storage& s) {
   return *slot;  // another thread's
 }
 
-// x's bytes on (exec, dev), as a view of s's replica there (made now when
-// missing or elsewhere). `moved` gets the bytes copied.
+bool same_layout(const TensorImpl& a, const TensorImpl& b) noexcept {
+  return a.dtype == b.dtype && a.byte_offset == b.byte_offset && a.shape == b.shape && a.strides == b.strides;
+}
+
+// x's bytes on (exec, dev): s's replica there (made now when missing or
+// elsewhere) when it has x's layout, else a view of it (the slot keeps the
+// last one, so an operand seen again allocates nothing). `moved` gets the
+// bytes copied, *copy_ns (when given) the copy's time.
 std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::shared_ptr<BackendImpl>& exec,
-                                               int32_t dev, uint64_t& moved, const char* needed_by) {
+                                               int32_t dev, uint64_t& moved, const char* needed_by,
+                                               uint64_t* copy_ns = nullptr) {
   const Storage& s = *x.storage;
   Storage::ReplicaSlot& slot = replica_slot(s);
-  std::shared_ptr<TensorImpl> r;
-  std::shared_ptr<TensorImpl> dropped;  // freed outside the lock
-  {
-    std::lock_guard lock(slot.mutex);
-    if (slot.replica && slot.replica->storage->backend == exec && slot.replica->storage->device == dev) {
-      r = slot.replica;
-    } else {
-      bool alias = false;
-      moved += make_replica(s, exec, dev, r, alias, needed_by);
-      dropped = std::exchange(slot.replica, r);
-      slot.alias = alias;
-    }
+  std::shared_ptr<TensorImpl> dropped, dropped_view;  // freed outside the lock
+  std::lock_guard lock(slot.mutex);
+  if (!slot.replica || slot.replica->storage->backend != exec || slot.replica->storage->device != dev) {
+    std::shared_ptr<TensorImpl> r;
+    bool alias = false;
+    moved += make_replica(x, exec, dev, r, alias, needed_by, copy_ns);
+    dropped = std::exchange(slot.replica, std::move(r));
+    dropped_view = std::move(slot.view);
+    slot.alias = alias;
+    return slot.replica;
   }
+  if (same_layout(*slot.replica, x)) return slot.replica;
+  if (slot.view && same_layout(*slot.view, x)) return slot.view;
   auto v = std::make_shared<TensorImpl>();
-  v->base = r;
-  v->storage = r->storage;
+  v->base = slot.replica;
+  v->storage = slot.replica->storage;
   v->shape = x.shape;
   v->strides = x.strides;
   v->byte_offset = x.byte_offset;
   v->dtype = x.dtype;
+  dropped_view = std::exchange(slot.view, v);
   return v;
 }
 
 void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t op, DType dtype,
                const char* api) {
   OpFallbackState::Counter& c = counter(home, op, dtype);
-  if (c.logged.exchange(true, std::memory_order_relaxed)) return;
+  if (c.logged.load(std::memory_order_relaxed) || c.logged.exchange(true, std::memory_order_relaxed)) return;
   try {
     std::string msg = "op_fallback: " + home.device_id(hd) + " does not run " + op_name(op) + " on " +
                       std::string(to_string(dtype));
@@ -240,13 +313,24 @@ const char* op_fallback_off_reason() noexcept {
   return nullptr;
 }
 
-std::shared_ptr<BackendImpl> op_fallback_host(const BackendImpl& b) {
-  if (!b.op_fallback.has_target() || op_fallback_off_reason() != nullptr) return nullptr;
-  std::shared_ptr<BackendImpl> host = b.op_fallback.target();
+namespace {
+
+// op_fallback_host without touching reference counts: the target kept by
+// b's OpFallbackState (valid while b lives), or null.
+const std::shared_ptr<BackendImpl>* fallback_target(const BackendImpl& b) {
+  const std::shared_ptr<BackendImpl>* host = b.op_fallback.target_ref();
+  if (host == nullptr || op_fallback_off_reason() != nullptr) return nullptr;
   // An optional host loads on its first use; one that failed to load or has
   // no device runs nothing.
-  if (!host || !host->is_loaded() || host->devices.empty()) return nullptr;
+  if (!(*host)->is_loaded() || (*host)->devices.empty()) return nullptr;
   return host;
+}
+
+}  // namespace
+
+std::shared_ptr<BackendImpl> op_fallback_host(const BackendImpl& b) {
+  const std::shared_ptr<BackendImpl>* host = fallback_target(b);
+  return host != nullptr ? *host : nullptr;
 }
 
 Lack lacks(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
@@ -291,85 +375,101 @@ std::string Lack::text() const {
 void Storage::invalidate_replica() const noexcept {
   ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire);
   if (slot == nullptr) return;
-  std::shared_ptr<TensorImpl> dropped;  // freed outside the lock
+  std::shared_ptr<TensorImpl> dropped, dropped_view;  // freed outside the lock
   std::lock_guard lock(slot->mutex);
   if (slot->alias) return;  // the same memory: it saw the write
   dropped = std::move(slot->replica);
+  dropped_view = std::move(slot->view);
 }
 
 void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
-                      const std::shared_ptr<BackendImpl>& home, int32_t home_device) {
-  auto st = std::make_unique<PlacedState>();
-  st->start = Clock::now();
-  st->home = home;
-  st->home_device = home_device;
-  st->op = op;
-  st->dtype = dtype;
+                      const std::shared_ptr<BackendImpl>* home, int32_t home_device) {
+  PlacedState& st = state_.emplace();
+  st.home = home;
+  st.home_device = home_device;
+  st.op = op;
+  st.dtype = dtype;
   for (int i = 1; i < n_; ++i) {
     const Storage& o = *operands_[i]->storage;
-    if (o.home_backend() != home.get() || o.home_index() != home_device)
+    if (o.home_backend() != home->get() || o.home_index() != home_device)
       device_mismatch(*operands_[0], *operands_[i], api);
   }
-  home->require_loaded();
-  if (runs(*home, home_device, op, dtype, out_dtype, operands_, n_)) {
-    st->exec = home;
+  BackendImpl& h = **home;
+  h.require_loaded();
+  // The decision, from cached answers first: the home device runs it (ready),
+  // surely does not (lacks_pair), or runs() asks.
+  if (ready(h, home_device, op, dtype, out_dtype, operands_, n_) ||
+      (!lacks_pair(h, home_device, op, dtype) && runs(h, home_device, op, dtype, out_dtype, operands_, n_))) {
+    st.exec = home;
     device_ = home_device;
   } else {
-    std::shared_ptr<BackendImpl> host = op_fallback_host(*home);
-    if (!host || !runs(*host, 0, op, dtype, out_dtype, operands_, n_))
-      cannot_place(*home, home_device, host.get(), op, dtype, out_dtype, operands_, n_, api);
-    st->exec = std::move(host);
+    const std::shared_ptr<BackendImpl>* host = fallback_target(h);
+    if (host == nullptr || !(ready(**host, 0, op, dtype, out_dtype, operands_, n_) ||
+                             runs(**host, 0, op, dtype, out_dtype, operands_, n_)))
+      cannot_place(h, home_device, host != nullptr ? host->get() : nullptr, op, dtype, out_dtype, operands_,
+                   n_, api);
+    st.exec = host;
     device_ = 0;
-    st->placed = true;
+    st.placed = true;
+  }
+  exec_ = st.exec;
+  if (st.placed && timed(counter(h, op, dtype).calls.load(std::memory_order_relaxed))) {
+    st.timed = true;
+    st.start = Clock::now();
   }
   // Operands whose bytes are elsewhere come to the device that runs the op.
+  const std::shared_ptr<BackendImpl>& exec = *st.exec;
+  if (n_ > PlacedState::kInline)
+    st.more = std::make_unique<std::shared_ptr<const TensorImpl>[]>(
+        static_cast<std::size_t>(n_ - PlacedState::kInline));
   uint64_t to_host = 0;
-  st->operands.resize(static_cast<std::size_t>(n_));
   for (int i = 0; i < n_; ++i) {
     const TensorImpl& x = *operands_[i];
     const Storage& s = *x.storage;
-    if (s.backend == st->exec && s.device == device_) continue;
-    const auto t0 = Clock::now();
+    if (s.backend == exec && s.device == device_) continue;
     uint64_t moved = 0;
-    st->operands[static_cast<std::size_t>(i)] = replica_view(x, st->exec, device_, moved, op_name(op));
-    if (st->placed) {
+    if (st.placed) {
+      st.operand(i) = replica_view(x, exec, device_, moved, op_name(op));
       to_host += moved;
-    } else if (s.home != nullptr) {
-      // Back home: charged to this op, which needed the bytes (not to the
-      // op that made them there: running that one natively would only move
-      // the copy to whichever op made the bytes next).
-      // An import (no bytes copied) costs next to nothing and is not filed.
+    } else {
+      // Back home (x's bytes are on the fallback device: s.home is set):
+      // charged to this op, which needed the bytes (not to the op that made
+      // them there: running that one natively would only move the copy to
+      // whichever op made the bytes next). An import (no bytes copied)
+      // costs next to nothing and is not filed.
+      uint64_t copy_ns = 0;
+      st.operand(i) = replica_view(x, exec, device_, moved, op_name(op), &copy_ns);
       if (moved > 0) {
-        OpFallbackState::Counter& c = counter(*home, op, dtype);
+        OpFallbackState::Counter& c = counter(h, op, dtype);
         c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
-        c.nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
+        c.copy_nanoseconds.fetch_add(copy_ns, std::memory_order_relaxed);
       }
     }
   }
-  if (st->placed) {
-    counter(*home, op, dtype).bytes_to_host.fetch_add(to_host, std::memory_order_relaxed);
-    log_first(*home, home_device, *st->exec, op, dtype, api);
+  if (st.placed) {
+    if (to_host > 0) counter(h, op, dtype).bytes_to_host.fetch_add(to_host, std::memory_order_relaxed);
+    log_first(h, home_device, *exec, op, dtype, api);
   }
-  exec_ = &st->exec;
-  state_ = std::move(st);
 }
 
 void Placement::finish() noexcept {
   if (!state_->placed) return;
-  OpFallbackState::Counter& c = counter(*state_->home, state_->op, state_->dtype);
+  OpFallbackState::Counter& c = counter(**state_->home, state_->op, state_->dtype);
   c.calls.fetch_add(1, std::memory_order_relaxed);
-  c.nanoseconds.fetch_add(nanoseconds_since(state_->start), std::memory_order_relaxed);
+  if (!state_->timed) return;
+  c.timed_calls.fetch_add(1, std::memory_order_relaxed);
+  c.timed_nanoseconds.fetch_add(nanoseconds_since(state_->start), std::memory_order_relaxed);
 }
 
 const TensorImpl& Placement::placed_operand(int i) const noexcept {
-  const auto& v = state_->operands[static_cast<std::size_t>(i)];
+  const auto& v = state_->operand(i);
   return v ? *v : *operands_[i];
 }
 
 void Placement::stamp(TensorImpl& out) const {
   if (!state_->placed) return;
   Storage& s = *out.storage;
-  s.home = state_->home;
+  s.home = *state_->home;
   s.home_device = state_->home_device;
   s.made_by_op = static_cast<int16_t>(state_->op);
   s.made_by_dtype = static_cast<int16_t>(state_->dtype);
@@ -377,16 +477,16 @@ void Placement::stamp(TensorImpl& out) const {
 
 void Placement::execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_inputs,
                                const bp_tensor* output, const bp_op_attrs* attrs) const {
-  const uint32_t fallback_for =
-      trace::detail::active() && state_->placed
-          ? trace::detail::device_label(state_->home->serial, state_->home->name, state_->home_device)
-          : 0;
+  const BackendImpl& home = **state_->home;
+  const uint32_t fallback_for = trace::detail::active() && state_->placed
+                                    ? trace::detail::device_label(home.serial, home.name, state_->home_device)
+                                    : 0;
   try {
     detail::execute(**exec_, device_, op, inputs, num_inputs, output, attrs, fallback_for);
   } catch (const Error& e) {
     if (!state_->placed) throw;
-    throw Error(e.code(), e.message() + " (run there for " + state_->home->device_id(state_->home_device) +
-                              " by its op_fallback \"" + spelling(*state_->home) + "\")");
+    throw Error(e.code(), e.message() + " (run there for " + home.device_id(state_->home_device) +
+                              " by its op_fallback \"" + spelling(home) + "\")");
   }
 }
 
@@ -443,7 +543,7 @@ std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
   if (s.home != nullptr && s.made_by_op != 0) {
     OpFallbackState::Counter& c = counter(*s.home, s.made_by_op, static_cast<DType>(s.made_by_dtype));
     c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
-    c.nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
+    c.copy_nanoseconds.fetch_add(nanoseconds_since(t0), std::memory_order_relaxed);
   }
   return v;
 }
@@ -470,11 +570,17 @@ std::vector<OpFallbackStats> Backend::op_fallback_stats() const {
       s.calls = c.calls.load(std::memory_order_relaxed);
       s.bytes_to_host = c.bytes_to_host.load(std::memory_order_relaxed);
       s.bytes_from_host = c.bytes_from_host.load(std::memory_order_relaxed);
-      const uint64_t ns = c.nanoseconds.load(std::memory_order_relaxed);
-      if (s.calls == 0 && s.bytes_moved() == 0 && ns == 0) continue;
+      const uint64_t timed = c.timed_calls.load(std::memory_order_relaxed);
+      const uint64_t timed_ns = c.timed_nanoseconds.load(std::memory_order_relaxed);
+      const uint64_t copy_ns = c.copy_nanoseconds.load(std::memory_order_relaxed);
+      if (s.calls == 0 && s.bytes_moved() == 0 && timed_ns == 0 && copy_ns == 0) continue;
       s.op = static_cast<Op>(op);
       s.dtype = static_cast<DType>(d);
-      s.seconds = static_cast<double>(ns) * 1e-9;
+      // The timed calls' mean, for every call (see timed() in the slow path).
+      const double op_ns = timed > 0 ? static_cast<double>(timed_ns) / static_cast<double>(timed) *
+                                           static_cast<double>(s.calls)
+                                     : 0.0;
+      s.seconds = (op_ns + static_cast<double>(copy_ns)) * 1e-9;
       out.push_back(s);
     }
   }
@@ -489,7 +595,9 @@ void Backend::reset_op_fallback_stats() const {
     c.calls.store(0, std::memory_order_relaxed);
     c.bytes_to_host.store(0, std::memory_order_relaxed);
     c.bytes_from_host.store(0, std::memory_order_relaxed);
-    c.nanoseconds.store(0, std::memory_order_relaxed);
+    c.timed_calls.store(0, std::memory_order_relaxed);
+    c.timed_nanoseconds.store(0, std::memory_order_relaxed);
+    c.copy_nanoseconds.store(0, std::memory_order_relaxed);
   }
 }
 

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -23,15 +24,30 @@
 namespace backplane::detail {
 
 // The slow path's state: made only for an op that is not on the fast path.
+// Held inside the Placement (no allocation); `exec` and `home` point at
+// shared_ptrs that outlive the op (an operand's storage, the creation op's
+// backend, or the fallback target kept by OpFallbackState).
 struct PlacedState {
-  std::shared_ptr<BackendImpl> exec;  // runs the op
-  std::shared_ptr<BackendImpl> home;  // the device the user asked for
+  static constexpr int kInline = 4;                    // operands held inline; cat's longer lists take `more`
+  const std::shared_ptr<BackendImpl>* exec = nullptr;  // runs the op
+  const std::shared_ptr<BackendImpl>* home = nullptr;  // the device the user asked for
   int32_t home_device = 0;
   int32_t op = 0;
   DType dtype = DType::f32;
-  bool placed = false;                                      // exec is not home: the op fell back
-  std::vector<std::shared_ptr<const TensorImpl>> operands;  // null: the caller's operand as it is
+  bool placed = false;  // exec is not home: the op fell back
+  // Operand i's bytes on exec (a replica, or a view of one); null: the
+  // caller's operand as it is.
+  std::shared_ptr<const TensorImpl> operands[kInline];
+  std::unique_ptr<std::shared_ptr<const TensorImpl>[]> more;  // operands kInline.. when n > kInline
+  bool timed = false;  // a placed op whose time the report samples (start is set)
   std::chrono::steady_clock::time_point start;
+
+  std::shared_ptr<const TensorImpl>& operand(int i) noexcept {
+    return i < kInline ? operands[i] : more[static_cast<std::size_t>(i - kInline)];
+  }
+  const std::shared_ptr<const TensorImpl>& operand(int i) const noexcept {
+    return i < kInline ? operands[i] : more[static_cast<std::size_t>(i - kInline)];
+  }
 };
 
 // One op's placement; lives for the op (construct, allocate the result,
@@ -60,7 +76,7 @@ class Placement {
       device_ = d;
       return;
     }
-    place(op, dtype, out_dtype, api, s.home ? s.home : s.backend, s.home_index());
+    place(op, dtype, out_dtype, api, s.home ? &s.home : &s.backend, s.home_index());
   }
   // A creation op (no operands) on `device` of `backend`.
   Placement(int32_t op, DType dtype, const std::shared_ptr<BackendImpl>& backend, int32_t device,
@@ -71,7 +87,7 @@ class Placement {
       device_ = device;
       return;
     }
-    place(op, dtype, dtype, api, backend, device);
+    place(op, dtype, dtype, api, &backend, device);
   }
   Placement(const Placement&) = delete;
   Placement& operator=(const Placement&) = delete;
@@ -109,9 +125,11 @@ class Placement {
   }
 
  private:
-  [[gnu::cold, gnu::noinline]] void place(int32_t op, DType dtype, DType out_dtype, const char* api,
-                                          const std::shared_ptr<BackendImpl>& home, int32_t home_device);
-  [[gnu::cold, gnu::noinline]] void finish() noexcept;
+  // Out of line but not cold: a backend with an op_fallback takes this path
+  // on most of its ops, so it is compiled for speed like the rest.
+  [[gnu::noinline]] void place(int32_t op, DType dtype, DType out_dtype, const char* api,
+                               const std::shared_ptr<BackendImpl>* home, int32_t home_device);
+  [[gnu::noinline]] void finish() noexcept;
   const TensorImpl& placed_operand(int i) const noexcept;
   void stamp(TensorImpl& out) const;
   void execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_inputs, const bp_tensor* output,
@@ -121,7 +139,7 @@ class Placement {
   int n_;
   const std::shared_ptr<BackendImpl>* exec_ = nullptr;
   int32_t device_ = 0;
-  std::unique_ptr<PlacedState> state_;
+  std::optional<PlacedState> state_;
 };
 
 // A fresh contiguous tensor for the device the user named (creation,

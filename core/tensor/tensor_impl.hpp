@@ -46,7 +46,8 @@ struct Storage {
   // (invalidate_replica).
   struct ReplicaSlot {
     std::mutex mutex;
-    std::shared_ptr<TensorImpl> replica;  // guarded by mutex
+    std::shared_ptr<TensorImpl> replica;  // guarded by mutex; laid out as the operand that made it
+    std::shared_ptr<TensorImpl> view;     // guarded by mutex: the last other layout asked for, over replica
     bool alias = false;                   // the replica imports these very bytes
   };
   mutable std::atomic<ReplicaSlot*> replica_slot{nullptr};

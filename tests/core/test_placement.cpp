@@ -224,6 +224,36 @@ TEST_CASE("placement: a non-host_visible device moves bytes only when an op or a
   CHECK(bp::relu(bp::neg(x)).to_vector<float>() == std::vector<float>{1, 2, 3, 4});
 }
 
+TEST_CASE("placement: one replica serves every view of an operand, and an in-place write reaches each") {
+  const bp::Registry r = placement_registry();
+  const bp::Device op = r.backend("opaque").device();
+  const bp::Backend backend = r.backend("opaque");
+  backend.reset_op_fallback_stats();
+  const bp::Tensor x = bp::Tensor::from_vector<float>(op, {2, 3}, {1, -2, 3, -4, 5, -6});  // 24 bytes
+  const bp::Tensor xt = bp::transpose(x, 0, 1);                                            // the same bytes
+  const std::vector<float> x_relu{1, 0, 3, 0, 5, 0}, xt_relu{1, 0, 0, 5, 3, 0};
+  // Alternating layouts of one storage: one copy to cpu, each layout read right every time.
+  for (int round = 0; round < 3; ++round) {
+    CHECK(bp::relu(x).to_vector<float>() == x_relu);
+    CHECK(bp::relu(xt).to_vector<float>() == xt_relu);
+  }
+  const bp::Tensor x_row = bp::slice(x, 0, 1, 2);  // a third layout: offset into the storage
+  CHECK(bp::relu(x_row).to_vector<float>() == std::vector<float>{0, 5, 0});
+  CHECK(bp::relu(xt).to_vector<float>() == xt_relu);
+  uint64_t to_host = 0, calls = 0;
+  double seconds = 0;
+  for (const auto& s : backend.op_fallback_stats())
+    to_host += s.bytes_to_host, calls += s.calls, seconds += s.seconds;
+  CHECK(to_host == 24);
+  CHECK(calls == 8);
+  CHECK(seconds > 0);  // a pair's first calls are always timed
+  // A write in place drops the replica and its views: every layout sees the new values.
+  x.copy_(bp::Tensor::from_vector<float>(op, {2, 3}, {-1, 2, -3, 4, -5, 6}));
+  CHECK(bp::relu(xt).to_vector<float>() == std::vector<float>{0, 4, 2, 0, 0, 6});
+  CHECK(bp::relu(x).to_vector<float>() == std::vector<float>{0, 2, 0, 4, 0, 6});
+  CHECK(bp::relu(x_row).to_vector<float>() == std::vector<float>{4, 0, 6});
+}
+
 TEST_CASE("placement: backward of placed ops is placed, gradients equal cpu's and arrive on the device") {
   const bp::Registry r = placement_registry();
   auto grads_on = [](const bp::Device& d) {
