@@ -54,6 +54,8 @@ namespace {
 
 constexpr std::size_t kChunkEvents = 512;
 constexpr uint64_t kGrant = 256;
+constexpr std::size_t kPreparedChunks = 16;  // made at the start: 1.8 MB, 8192 events
+constexpr std::size_t kMaxSpareChunks = 64;
 constexpr std::size_t kMaxNames = 65536;  // interned strings; later ones share one id
 
 struct Chunk {
@@ -401,7 +403,7 @@ void drain(State& s) {
       c->count.store(0, std::memory_order_relaxed);
       c->next.store(nullptr, std::memory_order_relaxed);
       std::lock_guard spare_lock(s.spare_mutex);
-      if (s.spare.size() < 64) {
+      if (s.spare.size() < kMaxSpareChunks) {
         s.spare.push_back(c);
       } else {
         delete c;
@@ -536,6 +538,10 @@ void start(Options options) {
     while (now_ns() - s->ns0 < 1'000'000) std::this_thread::yield();
     calibrate(*s);
   }
+  // Chunks made (and their pages touched) now rather than on a recording
+  // thread: the writer runs only when a core is idle, and until it has
+  // written the first chunks back the job's threads take these.
+  for (std::size_t i = 0; i < kPreparedChunks; ++i) s->spare.push_back(new Chunk);
   s->generation = g_generation.fetch_add(1) + 1;
   s->out = kPartMagic;
   append_metadata(s->out, *s, kMetaPart, 0,
