@@ -4,7 +4,11 @@
 #include "collective_algorithms.hpp"
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -277,6 +281,150 @@ void all_reduce(Transport& t, Scratch& scratch, const Tuning& tuning, Elements i
   ring_all_gather(t, ch, owned, esize, place, 1);
 }
 
+namespace {
+
+// A transport whose messages carry their phases shifted by `shift`, so that
+// the pieces of a pipelined collective never share a tag.
+class PhaseShift final : public Transport {
+ public:
+  PhaseShift(Transport& inner, uint64_t shift) : inner_(inner), shift_(shift) {}
+  int rank() const noexcept override { return inner_.rank(); }
+  int size() const noexcept override { return inner_.size(); }
+  Region& region(void* data, uint64_t bytes) override { return inner_.region(data, bytes); }
+  void send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override {
+    inner_.send(from, peer, phase + shift_, offset, bytes);
+  }
+  void recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) override {
+    inner_.recv(into, peer, phase + shift_, offset, bytes);
+  }
+  int wait_recv(Region& region, int expected) override { return inner_.wait_recv(region, expected); }
+  int wait_send(Region& region, int expected) override { return inner_.wait_send(region, expected); }
+
+ private:
+  Transport& inner_;
+  const uint64_t shift_;
+};
+
+// At most this many pieces in a pipelined two-level all_reduce.
+constexpr uint64_t kMaxPieces = 64;
+
+// hierarchical_all_reduce of ring-sized data on hosts of equal size, in
+// pieces of about tuning.pipeline_bytes: this thread reduce-scatters every
+// piece within the host, then all-gathers each as soon as it has crossed;
+// a second thread all-reduces each reduced piece's chunk across hosts as
+// soon as it is scattered. The two levels use different transports (shared
+// memory, TCP), so each is used by one thread; a failure on either stops the
+// other (an interrupt of the TCP level) before it is rethrown here.
+void all_reduce_in_rails(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in, Elements out,
+                         const Reduction& red) {
+  Transport& local = levels.local();
+  const int n = local.size();
+  const int esize = out.esize;
+  const uint64_t bytes = out.bytes();
+  const uint64_t pieces =
+      std::clamp<uint64_t>(bytes / std::max<uint64_t>(1, tuning.pipeline_bytes), 1, kMaxPieces);
+  auto piece_begin = [&](uint64_t p) {
+    return static_cast<uint64_t>(static_cast<unsigned __int128>(out.count) * p / pieces);
+  };
+  std::vector<Chunks> chunks;
+  uint64_t largest_segment = 0;
+  for (uint64_t p = 0; p < pieces; ++p) {
+    chunks.push_back(Chunks::balanced(tuning, piece_begin(p + 1) - piece_begin(p), n, esize));
+    largest_segment = std::max(largest_segment, chunks.back().max_segment_bytes());
+  }
+  unsigned char* recv_area = scratch.bytes(tuning.recv_depth * largest_segment);
+  Region& out_region = local.region(out.data, bytes);
+  Region& in_region = in.data != out.data ? local.region(in.data, bytes) : out_region;
+  const int owned = mod(local.rank() + 1, n);
+  auto at = [&](uint64_t p, int k) { return (piece_begin(p) + chunks[p].begin(k)) * esize; };
+  auto reduce_scatter_piece = [&](uint64_t p) {
+    auto own = [&](int k) { return Place{&in_region, at(p, k), in.data + at(p, k)}; };
+    auto place = [&](int k) { return Place{&out_region, at(p, k), out.data + at(p, k)}; };
+    ring_reduce_scatter(local, tuning, chunks[p], 0, esize, red.combine, own, place, recv_area, 0);
+  };
+  auto all_gather_piece = [&](uint64_t p) {
+    auto place = [&](int k) { return Place{&out_region, at(p, k), out.data + at(p, k)}; };
+    ring_all_gather(local, chunks[p], owned, esize, place, 1);
+  };
+  const Reduction combine_only{red.combine, nullptr};
+  auto cross = [&](uint64_t p, Scratch& space) {
+    PhaseShift shifted(*levels.across(), 2 * p);
+    const Elements chunk{out.data + at(p, owned), chunks[p].size(owned), esize};
+    all_reduce(shifted, space, tuning, chunk, chunk, combine_only);
+    if (red.divide != nullptr) red.divide(chunk.data, chunk.count, levels.world());
+  };
+  if (pieces == 1) {
+    reduce_scatter_piece(0);
+    cross(0, scratch);
+    all_gather_piece(0);
+    return;
+  }
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  uint64_t scattered = 0;  // pieces reduced within the host
+  uint64_t crossed = 0;    // pieces reduced across hosts
+  bool stop = false;
+  std::exception_ptr failure;  // the across thread's
+  std::thread across_thread([&] {
+    Scratch space;
+    try {
+      for (uint64_t p = 0; p < pieces; ++p) {
+        {
+          std::unique_lock<std::mutex> lock(mutex);
+          changed.wait(lock, [&] { return scattered > p || stop; });
+          if (stop) return;
+        }
+        cross(p, space);
+        {
+          const std::lock_guard<std::mutex> lock(mutex);
+          crossed = p + 1;
+        }
+        changed.notify_all();
+      }
+    } catch (...) {
+      {
+        const std::lock_guard<std::mutex> lock(mutex);
+        failure = std::current_exception();
+      }
+      changed.notify_all();
+    }
+  });
+  auto join = [&] {
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    changed.notify_all();
+    across_thread.join();
+  };
+  try {
+    for (uint64_t p = 0; p < pieces; ++p) {
+      reduce_scatter_piece(p);
+      {
+        const std::lock_guard<std::mutex> lock(mutex);
+        scattered = p + 1;
+      }
+      changed.notify_all();
+    }
+    for (uint64_t p = 0; p < pieces; ++p) {
+      {
+        std::unique_lock<std::mutex> lock(mutex);
+        changed.wait(lock, [&] { return crossed > p || failure != nullptr; });
+        if (crossed <= p) std::rethrow_exception(failure);
+      }
+      all_gather_piece(p);
+    }
+  } catch (...) {
+    levels.interrupt_across();  // the across thread may be waiting on the network
+    join();
+    throw;
+  }
+  join();
+}
+
+}  // namespace
+
 void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in,
                              Elements out, const Reduction& red) {
   if (out.count == 0) return;  // every rank has the same count, so every rank skips
@@ -287,28 +435,13 @@ void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tun
   }
   Transport& local = levels.local();
   const int n = local.size();
-  const Reduction combine_only{red.combine, nullptr};
   // Every rank of a host decides alike (same size and tuning), and every
   // host alike (uniform() is the group's).
   if (n > 1 && levels.uniform() && !use_direct_round(tuning, bytes, n)) {
-    const int r = local.rank();
-    const int esize = out.esize;
-    const Chunks ch = Chunks::balanced(tuning, out.count, n, esize);
-    unsigned char* recv_area = scratch.bytes(tuning.recv_depth * ch.max_segment_bytes());
-    Region& out_region = local.region(out.data, bytes);
-    Region& in_region = in.data != out.data ? local.region(in.data, bytes) : out_region;
-    auto own = [&](int k) { return Place{&in_region, ch.begin(k) * esize, in.data + ch.begin(k) * esize}; };
-    auto place = [&](int k) {
-      return Place{&out_region, ch.begin(k) * esize, out.data + ch.begin(k) * esize};
-    };
-    ring_reduce_scatter(local, tuning, ch, 0, esize, red.combine, own, place, recv_area, 0);
-    const int owned = mod(r + 1, n);
-    const Elements chunk{out.data + ch.begin(owned) * esize, ch.size(owned), esize};
-    all_reduce(*levels.across(), scratch, tuning, chunk, chunk, combine_only);
-    if (red.divide != nullptr) red.divide(chunk.data, chunk.count, levels.world());
-    ring_all_gather(local, ch, owned, esize, place, 1);
+    all_reduce_in_rails(levels, scratch, tuning, in, out, red);
     return;
   }
+  const Reduction combine_only{red.combine, nullptr};
   all_reduce(local, scratch, tuning, in, out, combine_only);
   if (local.rank() == 0) {
     all_reduce(*levels.across(), scratch, tuning, out, out, combine_only);

@@ -40,6 +40,9 @@ struct Tuning {
   uint64_t min_segment_bytes = uint64_t{32} << 10;
   // Receives posted ahead in a ring reduce-scatter (each a segment of scratch).
   uint64_t recv_depth = 4;
+  // Pieces of a two-level all_reduce between hosts (hierarchical_all_reduce):
+  // one piece crosses between hosts while the next is reduced within them.
+  uint64_t pipeline_bytes = uint64_t{8} << 20;
 };
 
 // Contiguous elements in host memory.
@@ -89,7 +92,10 @@ void barrier(Transport& t, Scratch& scratch);
 //    reduce-scatter within the host leaves local rank i one chunk reduced
 //    over its host; it all-reduces that chunk with local rank i of every
 //    other host (across(); all local ranks at once, sharing the work); a
-//    ring all-gather within the host completes every rank's result;
+//    ring all-gather within the host completes every rank's result. In
+//    pieces of Tuning::pipeline_bytes, the transfer between hosts on a
+//    second thread, so that one piece crosses while the next is reduced
+//    within the host and the one before is gathered;
 //  - else (small data, or hosts of different sizes): all-reduce within the
 //    host, all-reduce between the hosts' leaders, broadcast from each leader
 //    to its host: one message each way between hosts for a small bucket.

@@ -268,6 +268,7 @@ class TimedLevels final : public Levels {
   Transport* across() override { return across_ ? &*across_ : nullptr; }
   bool uniform() const noexcept override { return inner_.uniform(); }
   int world() const noexcept override { return inner_.world(); }
+  void interrupt_across() noexcept override { inner_.interrupt_across(); }
   int64_t waited_ns() const noexcept { return local_.waited_ns() + (across_ ? across_->waited_ns() : 0); }
 
  private:

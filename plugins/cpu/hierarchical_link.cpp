@@ -106,16 +106,21 @@ class Subset final : public Transport {
 
 class LevelRun final : public Levels {
  public:
-  LevelRun(std::unique_ptr<Transport> local, std::unique_ptr<Transport> across, bool uniform, int world)
-      : local_(std::move(local)), across_(std::move(across)), uniform_(uniform), world_(world) {}
+  LevelRun(std::unique_ptr<Transport> local, std::unique_ptr<Transport> across, Link& mesh, bool uniform,
+           int world)
+      : local_(std::move(local)), across_(std::move(across)), mesh_(mesh), uniform_(uniform), world_(world) {}
   Transport& local() override { return *local_; }
   Transport* across() override { return across_.get(); }
   bool uniform() const noexcept override { return uniform_; }
   int world() const noexcept override { return world_; }
+  // The collective has failed: the mesh's next waits fail too, and the
+  // communicator is poisoned (and the mesh closed) once it returns.
+  void interrupt_across() noexcept override { mesh_.interrupt(); }
 
  private:
   std::unique_ptr<Transport> local_;
   std::unique_ptr<Transport> across_;
+  Link& mesh_;
   const bool uniform_;
   const int world_;
 };
@@ -144,7 +149,7 @@ class HierarchicalLink final : public Link {
     std::unique_ptr<Transport> across;
     if (!across_.empty())
       across = std::make_unique<Subset>(mesh_->begin(board, call), across_, across_index_);
-    return std::make_unique<LevelRun>(std::move(local), std::move(across), uniform_, world_);
+    return std::make_unique<LevelRun>(std::move(local), std::move(across), *mesh_, uniform_, world_);
   }
   void interrupt() noexcept override {
     if (local_ != nullptr) local_->interrupt();

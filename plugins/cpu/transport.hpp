@@ -125,6 +125,9 @@ class Levels {
   virtual Transport* across() = 0;
   virtual bool uniform() const noexcept = 0;
   virtual int world() const noexcept = 0;
+  // Ends the waits of across() now, from any thread (the algorithm failed on
+  // the host level while another thread waits across): they fail as aborted.
+  virtual void interrupt_across() noexcept = 0;
 };
 
 // One communicator's connections to its peers. begin() and the Transports it

@@ -8,7 +8,8 @@
 //   all      every collective, every reduce op, f32/f64/i64, sizes from 0
 //            elements up (64 MiB f32 with --large); exits 0 when every value
 //            matches the reference computed locally.
-//   die      all_reduce in a loop; the rank named by --die-rank kills itself
+//   die      all_reduce (of --elements f32, default 1024) in a loop; the
+//            rank named by --die-rank kills itself
 //            (SIGKILL) after the first round. Survivors must fail with
 //            Errc::timeout or Errc::collective_error within the timeout:
 //            exits 0 and prints the error then, 3 if no error came.
@@ -208,7 +209,8 @@ int main(int argc, char** argv) {
     }
     if (mode == "die") {
       const int die_rank = std::stoi(worker::arg(argc, argv, "--die-rank", "1"));
-      Tensor x = make<float>(device, Shape{1024}, pg.rank());
+      const int64_t elements = std::stoll(worker::arg(argc, argv, "--elements", "1024"));
+      Tensor x = make<float>(device, Shape{elements}, pg.rank());
       for (int round = 0; round < 1000; ++round) {
         try {
           x = pg.all_reduce(x, ReduceOp::max);

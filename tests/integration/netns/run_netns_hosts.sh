@@ -17,7 +17,8 @@
 #          on every rank (collective_worker --mode all), DDP gradients equal
 #          the whole batch's (ddp_worker), and when a host's leader (rank 2)
 #          or another rank (rank 1) is killed mid-job, every survivor fails
-#          with a timeout or collective error within the timeout.
+#          with a timeout or collective error within the timeout, for small
+#          and for 16 MiB all_reduces.
 #   bench  the link between the hosts shaped with tc netem (rate and delay
 #          each way; tbf, the rate alone, where the kernel lacks netem); flat Gloo ("hierarchical": false) and hierarchical
 #          alternate `repeats` times: all_reduce of 64 MiB f32
@@ -160,7 +161,7 @@ show_logs() {
 }
 
 if [[ "$phase" == check ]]; then
-  run_job all 29711 60 -- env BACKPLANE_LOG_LEVEL=debug "$cworker" --config "$config" --mode all
+  run_job all 29711 120 -- env BACKPLANE_LOG_LEVEL=debug "$cworker" --config "$config" --mode all --large
   show_logs all
   for r in 0 1 2 3; do
     [[ "${codes[$r]}" == 0 ]] || fail "collective_worker --mode all: rank $r exited with ${codes[$r]}"
@@ -175,18 +176,24 @@ if [[ "$phase" == check ]]; then
   done
 
   # A killed rank: the leader of the second host, then a rank that leads
-  # nothing. collective_worker --mode die exits 0 on a survivor that caught
-  # a timeout or collective error, 3 when none came; the dead one is killed.
-  for die in 2 1; do
+  # nothing; with small all_reduces (through the leaders) and with 16 MiB
+  # ones (every local rank across, in two pieces on two threads).
+  # collective_worker --mode die exits 0 on a survivor that caught a timeout
+  # or collective error, 3 when none came; the dead one is killed.
+  port=29713
+  for case in "2 1024" "1 1024" "2 4194304" "1 4194304"; do
+    read -r die elements <<<"$case"
     start="$(date +%s)"
-    run_job "die$die" $((29713 + die)) 10 -- "$cworker" --config "$config" --mode die --die-rank "$die"
+    run_job "die$die" $((port++)) 10 -- "$cworker" --config "$config" --mode die --die-rank "$die" \
+      --elements "$elements"
     took=$(( $(date +%s) - start ))
     show_logs "die$die"
     for r in 0 1 2 3; do
       [[ $r -eq $die ]] && continue
-      [[ "${codes[$r]}" == 0 ]] || fail "with rank $die killed, rank $r exited with ${codes[$r]} (3: no error)"
+      [[ "${codes[$r]}" == 0 ]] ||
+        fail "with rank $die killed ($elements elements), rank $r exited with ${codes[$r]} (3: no error)"
     done
-    [[ $took -le 40 ]] || fail "with rank $die killed, the job took $took s (the timeout is 10 s)"
+    [[ $took -le 40 ]] || fail "with rank $die killed ($elements elements), the job took $took s (the timeout is 10 s)"
   done
 else
   # Two configurations, alike but for "hierarchical"; plugin_dirs made
