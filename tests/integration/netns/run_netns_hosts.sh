@@ -11,7 +11,7 @@
 #                      --ddp-worker D --config BACKENDS_JSON --out DIR
 #   run_netns_hosts.sh --phase bench --cli BACKPLANE --bench-collectives B
 #                      --config BACKENDS_JSON --data DIGITS_CSV --out DIR
-#                      [--repeats N] [--rate 1gbit] [--delay 0.2ms]
+#                      [--repeats N] [--rate 1gbit] [--delay 0.2ms] [--pin]
 #
 #   check  every collective, reduce op and dtype gives the exact reference
 #          on every rank (collective_worker --mode all), DDP gradients equal
@@ -26,12 +26,15 @@
 #          (ms/step of the main job, one 37.5 KiB gradient bucket per step). Prints each
 #          run's figures and the ratios hierarchical / flat.
 #
+# --pin runs host h's ranks on CPU h alone (taskset), so that the two hosts
+# do not take each other's cores (on a 2-core machine).
+#
 # Exits 0 when every check passes, 1 when one fails, 77 (skip) with the
 # reason when namespaces cannot be made here (not root, no `ip`/`tc`).
 set -uo pipefail
 
 phase="" cli="" cworker="" dworker="" bench="" config="" data="" out=""
-repeats=3 rate=1gbit delay=0.2ms
+repeats=3 rate=1gbit delay=0.2ms pin=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --phase) phase="$2"; shift 2 ;;
@@ -45,6 +48,7 @@ while [[ $# -gt 0 ]]; do
     --repeats) repeats="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
     --delay) delay="$2"; shift 2 ;;
+    --pin) pin=1; shift ;;
     *) echo "run_netns_hosts.sh: unknown argument $1" >&2; exit 64 ;;
   esac
 done
@@ -133,10 +137,12 @@ token="$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')"
 codes=()
 run_job() {
   local name="$1" port="$2" t="$3"; shift 4
-  local h pids=() r
+  local h pids=() r cpus
   rm -f "$out/$name".*.rc
   for h in 0 1; do
-    ip netns exec "${host_ns[$h]}" bash -c '
+    cpus=()
+    [[ $pin -eq 1 ]] && cpus=(taskset -c "$h")
+    ip netns exec "${host_ns[$h]}" "${cpus[@]}" bash -c '
       name="$1" out="$2" h="$3" limit="$4"; shift 4
       for l in 0 1; do
         r=$((2 * h + l))
