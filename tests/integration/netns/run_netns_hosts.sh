@@ -8,7 +8,8 @@
 # hosts' leaders) are what a 2 x 2 job uses.
 #
 #   run_netns_hosts.sh --phase check --cli BACKPLANE --collective-worker W
-#                      --ddp-worker D --config BACKENDS_JSON --out DIR
+#                      --ddp-worker D --config BACKENDS_JSON --data DIGITS_CSV
+#                      --out DIR
 #   run_netns_hosts.sh --phase bench --cli BACKPLANE --bench-collectives B
 #                      --config BACKENDS_JSON --data DIGITS_CSV --out DIR
 #                      [--repeats N] [--rate 1gbit] [--delay 0.2ms] [--pin]
@@ -18,7 +19,9 @@
 #          the whole batch's (ddp_worker), and when a host's leader (rank 2)
 #          or another rank (rank 1) is killed mid-job, every survivor fails
 #          with a timeout or collective error within the timeout, for small
-#          and for 16 MiB all_reduces.
+#          and for 16 MiB all_reduces; and when the link between the hosts
+#          is cut while `backplane train` runs, every rank fails within the
+#          timeout with an error.
 #   bench  the link between the hosts shaped with tc netem (rate and delay
 #          each way; tbf, the rate alone, where the kernel lacks netem); flat Gloo ("hierarchical": false) and hierarchical
 #          alternate `repeats` times: all_reduce of 64 MiB f32
@@ -54,12 +57,12 @@ while [[ $# -gt 0 ]]; do
 done
 usage() {
   echo "usage: run_netns_hosts.sh --phase check|bench --cli FILE --config FILE --out DIR" \
-    "(check: --collective-worker FILE --ddp-worker FILE; bench: --bench-collectives FILE --data FILE)" >&2
+    "--data FILE (check: --collective-worker FILE --ddp-worker FILE; bench: --bench-collectives FILE)" >&2
   exit 64
 }
 [[ -n "$cli" && -n "$config" && -n "$out" ]] || usage
 case "$phase" in
-  check) [[ -n "$cworker" && -n "$dworker" ]] || usage ;;
+  check) [[ -n "$cworker" && -n "$dworker" && -n "$data" ]] || usage ;;
   bench) [[ -n "$bench" && -n "$data" ]] || usage ;;
   *) usage ;;
 esac
@@ -201,6 +204,50 @@ if [[ "$phase" == check ]]; then
     done
     [[ $took -le 40 ]] || fail "with rank $die killed ($elements elements), the job took $took s (the timeout is 10 s)"
   done
+
+  # A cut link: `backplane train` runs long; once it trains, the second
+  # host's end of the link goes down. Every rank must fail within the
+  # collective timeout (the second host's ranks have lost the store too:
+  # publishing their error there is bounded, 2 s), none may hang.
+  run_job cut 29720 10 -- "$cli" train --epochs 2000 --seed 7 --config "$config" --data "$data" &
+  job=$!
+  deadline=$(( $(date +%s) + 120 ))
+  until grep -q "^epoch 3/" "$out/cut.0.log" 2>/dev/null; do
+    if [[ $(date +%s) -ge $deadline ]] || ! kill -0 "$job" 2>/dev/null; then
+      fail "the job did not reach epoch 3 (it ended or 120 s passed)"
+      break
+    fi
+    sleep 0.1
+  done
+  if [[ $failed -eq 0 ]]; then
+    ip -n "${host_ns[1]}" link set veth1 down || fail "cannot set veth1 down"
+    cut_at="$(date +%s.%N)"
+    echo "cut: veth1 (ranks 2 and 3, $subnet.2) is down"
+    declare -A ended=()
+    until [[ ${#ended[@]} -eq 4 ]] || awk -v a="$cut_at" -v b="$(date +%s.%N)" 'BEGIN { exit !(b - a > 45) }'; do
+      for r in 0 1 2 3; do
+        [[ -z "${ended[$r]:-}" && -f "$out/cut.$r.rc" ]] && ended[$r]="$(date +%s.%N)"
+      done
+      sleep 0.05
+    done
+    wait "$job"
+    for r in 0 1 2 3; do
+      codes[$r]="$(cat "$out/cut.$r.rc" 2>/dev/null || echo missing)"
+      echo "--- cut rank $r (exit ${codes[$r]}) ---"
+      tail -n 3 "$out/cut.$r.log"
+      if [[ -z "${ended[$r]:-}" ]]; then
+        fail "rank $r still ran 45 s after the cut"
+        continue
+      fi
+      took="$(awk -v a="$cut_at" -v b="${ended[$r]}" 'BEGIN { printf "%.1f", b - a }')"
+      echo "rank $r exited with ${codes[$r]} after $took s"
+      [[ "${codes[$r]}" != 0 ]] || fail "rank $r exited 0 after the link was cut"
+      awk -v t="$took" 'BEGIN { exit !(t <= 15) }' || fail "rank $r failed $took s after the cut (timeout 10 s)"
+      grep -q "backplane: error: " "$out/cut.$r.log" || fail "rank $r printed no error"
+    done
+  else
+    wait "$job"
+  fi
 else
   # Two configurations, alike but for "hierarchical"; plugin_dirs made
   # absolute, as the copies live elsewhere.
