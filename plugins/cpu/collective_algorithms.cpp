@@ -315,8 +315,8 @@ constexpr uint64_t kMaxPieces = 64;
 // soon as it is scattered. The two levels use different transports (shared
 // memory, TCP), so each is used by one thread; a failure on either stops the
 // other (an interrupt of the TCP level) before it is rethrown here.
-void all_reduce_in_rails(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in, Elements out,
-                         const Reduction& red) {
+void all_reduce_in_rails(Levels& levels, Scratch& scratch, Scratch& across_scratch, const Tuning& tuning,
+                         Elements in, Elements out, const Reduction& red) {
   Transport& local = levels.local();
   const int n = local.size();
   const int esize = out.esize;
@@ -367,7 +367,7 @@ void all_reduce_in_rails(Levels& levels, Scratch& scratch, const Tuning& tuning,
   bool stop = false;
   std::exception_ptr failure;  // the across thread's
   std::thread across_thread([&] {
-    Scratch space;
+    Scratch& space = across_scratch;  // the caller's: a failed call's posted receives may still land in it
     try {
       for (uint64_t p = 0; p < pieces; ++p) {
         {
@@ -425,8 +425,8 @@ void all_reduce_in_rails(Levels& levels, Scratch& scratch, const Tuning& tuning,
 
 }  // namespace
 
-void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in,
-                             Elements out, const Reduction& red) {
+void hierarchical_all_reduce(Levels& levels, Scratch& scratch, Scratch& across_scratch, const Tuning& tuning,
+                             Elements in, Elements out, const Reduction& red) {
   if (out.count == 0) return;  // every rank has the same count, so every rank skips
   const uint64_t bytes = out.bytes();
   if (in.data != out.data && overlap(in, out)) {  // partial overlap: reduce in place instead
@@ -438,7 +438,7 @@ void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tun
   // Every rank of a host decides alike (same size and tuning), and every
   // host alike (uniform() is the group's).
   if (n > 1 && levels.uniform() && !use_direct_round(tuning, bytes, n)) {
-    all_reduce_in_rails(levels, scratch, tuning, in, out, red);
+    all_reduce_in_rails(levels, scratch, across_scratch, tuning, in, out, red);
     return;
   }
   const Reduction combine_only{red.combine, nullptr};

@@ -104,8 +104,11 @@ void barrier(Transport& t, Scratch& scratch);
 // all_reduce's in the last bits (the sums are grouped by host), for integers
 // and integer-valued floats within range it is the same. A mean divides by
 // the whole group's size once, after the last sum.
-void hierarchical_all_reduce(Levels& levels, Scratch& scratch, const Tuning& tuning, Elements in,
-                             Elements out, const Reduction& reduction);
+// `across_scratch` is the staging of the transfer across hosts when it runs
+// on its own thread; like `scratch`, it must outlive the link (a failed
+// call's receives may still be posted into it).
+void hierarchical_all_reduce(Levels& levels, Scratch& scratch, Scratch& across_scratch, const Tuning& tuning,
+                             Elements in, Elements out, const Reduction& reduction);
 
 }  // namespace backplane::cpu
 

@@ -75,6 +75,7 @@ struct Communicator::Impl {
   // Declared before the link, so freed after it: a failed collective's Gloo
   // buffers, kept by the link, point into it.
   Scratch scratch;
+  Scratch across_scratch;      // a hierarchical all_reduce's transfer across hosts, on its own thread
   std::unique_ptr<Link> link;  // chosen at creation, never NULL
   FailureBoard board;
   Tuning tuning;
@@ -222,6 +223,7 @@ void guarded(Communicator::Impl& c, const char* op, Fn&& body) {
     poison({BP_STATUS_INTERNAL, c.where(op) + ": unexpected error: " + e.what()});
   }
   c.scratch.trim(kScratchKeepBytes);
+  c.across_scratch.trim(kScratchKeepBytes);
 }
 
 // A transport that counts the time spent waiting for peers, for a trace:
@@ -384,7 +386,9 @@ void Communicator::all_reduce(const bp_tensor& input, const bp_tensor& output, i
     run_collective(
         c, op, {static_cast<uint64_t>(input.dtype), static_cast<uint64_t>(reduce_op), out.count},
         [&](Transport& t) { cpu::all_reduce(t, c.scratch, c.tuning, in, out, red); },
-        [&](Levels& l) { cpu::hierarchical_all_reduce(l, c.scratch, c.tuning, in, out, red); });
+        [&](Levels& l) {
+          cpu::hierarchical_all_reduce(l, c.scratch, c.across_scratch, c.tuning, in, out, red);
+        });
   });
 }
 

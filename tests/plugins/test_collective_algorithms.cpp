@@ -572,7 +572,9 @@ std::string check_levels_case(const std::vector<int>& hosts, const Tuning& tunin
     const std::vector<T> before = in;
     std::vector<T> out(count, T(99));
     std::vector<T>& result = in_place ? in : out;
-    hierarchical_all_reduce(levels, scratch, tuning, elements(in), elements(result), reduction<T>(op));
+    Scratch across;  // the communicator's second scratch
+    hierarchical_all_reduce(levels, scratch, across, tuning, elements(in), elements(result),
+                            reduction<T>(op));
     for (uint64_t i = 0; i < count; ++i)
       if (result[i] != expected<T>(op, world, i)) {
         mismatches[rank] = "element " + std::to_string(i) + " is " + std::to_string(result[i]);
@@ -620,7 +622,8 @@ TEST_CASE("collective_algorithms: in levels, each host sends its data once to th
     CAPTURE(count);
     const LevelsRun run = run_levels({2, 2}, [&](Levels& levels, int rank, Scratch& scratch) {
       std::vector<float> v = rank_values<float>(rank, count);
-      hierarchical_all_reduce(levels, scratch, small_tuning(), elements(v), elements(v),
+      Scratch across;  // the communicator's second scratch
+      hierarchical_all_reduce(levels, scratch, across, small_tuning(), elements(v), elements(v),
                               reduction<float>(Op::sum));
     });
     CHECK_ALL_RANKS_OK(run.errors);
@@ -646,7 +649,8 @@ TEST_CASE("collective_algorithms: in levels, a host whose leader never comes fai
         [&](Levels& levels, int rank, Scratch& scratch) {
           if (rank == 2) return;
           std::vector<float> v = rank_values<float>(rank, count);
-          hierarchical_all_reduce(levels, scratch, small_tuning(), elements(v), elements(v),
+          Scratch across;  // the communicator's second scratch
+          hierarchical_all_reduce(levels, scratch, across, small_tuning(), elements(v), elements(v),
                                   reduction<float>(Op::sum));
         },
         300ms);
