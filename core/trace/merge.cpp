@@ -313,6 +313,14 @@ PartInfo read_info_unchecked(const std::string& path) {
   std::string line;
   if (!std::getline(in, line)) unreadable(path, "it is empty");
   info.merged = line == kMergedHead;
+  if (line == "[") {
+    std::string second;
+    if (std::getline(in, second) && second.find("\"backplane_part\"") != std::string::npos)
+      throw Error(Errc::invalid_argument,
+                  "trace merge: '" + path +
+                      "' is a trace part an older backplane wrote (JSON lines, format 1); merge it with "
+                      "that version's `backplane trace merge`, which also opens it in a viewer as it is");
+  }
   if (!info.merged)
     throw Error(Errc::invalid_argument,
                 "trace merge: '" + path +
@@ -520,7 +528,12 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
             emit(line);
             ++info.events;
           } else if (type == detail::Record::meta && payload.find("\"backplane_") == std::string::npos) {
-            emit(payload);  // thread and process names
+            if (!nlohmann::json::accept(
+                    payload)) {  // thread and process names, checked: the part may be corrupt
+              ++info.torn;
+              continue;
+            }
+            emit(payload);
           }
         }
         if (reader.torn()) ++info.torn;

@@ -141,6 +141,10 @@ struct State {
   std::mutex writer_mutex;  // the part file and everything below
   std::condition_variable wake;
   bool stopping = false;
+  // Set by stop() before it waits for writer_mutex: the writer, an idle
+  // thread that may get almost no CPU on busy cores, leaves the rest of its
+  // drain to stop(), which runs at the caller's priority.
+  std::atomic<bool> stop_requested{false};
   std::thread writer;
   std::string out;
   uint32_t process_device = 0;  // the first device an op ran on: the process track's name
@@ -372,7 +376,7 @@ void write_out(State& s) {  // writer_mutex held
 }
 
 // Writes every published event not yet written. writer_mutex held.
-void drain(State& s) {
+void drain(State& s, bool yield_to_stop = false) {
   calibrate(s);
   std::vector<ThreadBuffer*> buffers;
   {
@@ -380,13 +384,14 @@ void drain(State& s) {
     for (auto& b : s.buffers) buffers.push_back(b.get());
   }
   for (ThreadBuffer* b : buffers) {
+    if (yield_to_stop && s.stop_requested.load(std::memory_order_relaxed)) break;
     if (!b->named) {
       b->named = true;
       std::string args = "\"name\":\"" + (b->name.empty() ? std::string("thread") : b->name) + " " +
                          std::to_string(b->tid) + "\"";
       append_metadata(s.out, s, "thread_name", b->tid, args);
     }
-    while (b->head != nullptr) {
+    while (b->head != nullptr && !(yield_to_stop && s.stop_requested.load(std::memory_order_relaxed))) {
       Chunk* c = b->head;
       const uint32_t n = c->count.load(std::memory_order_acquire);
       for (uint32_t i = b->written; i < n; ++i) {
@@ -438,7 +443,7 @@ void writer_loop(State& s) {
   std::unique_lock lock(s.writer_mutex);
   while (!s.stopping) {
     s.wake.wait_for(lock, std::chrono::milliseconds(100));
-    drain(s);
+    drain(s, /*yield_to_stop=*/true);
   }
 }
 
@@ -586,6 +591,7 @@ void stop() {
     }
     g_state = nullptr;
   }
+  s->stop_requested.store(true, std::memory_order_relaxed);
   {
     std::lock_guard lock(s->writer_mutex);
     s->stopping = true;
