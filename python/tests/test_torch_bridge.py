@@ -158,9 +158,22 @@ def test_trace_of_a_torch_job(tmp_path):
     assert abs(ranks[1]["clock_offset_us"]) <= ranks[1]["clock_error_us"] + 1.0, ranks
 
 
+# torch 1.13's TCPStore (every rank's client has a background thread) can
+# abort a process that exits without destroy_process_group: "terminate called
+# without an active exception", after everything ran, with any backend (gloo
+# too: pytorch/pytorch#190489). That abort, after the rank finished, is
+# torch's and is tolerated here; this test is about backplane's group not
+# holding the exit up.
+TORCH_EXIT_ABORT = "terminate called without an active exception"
+
+
 def test_exit_without_destroy_is_prompt():
-    ranks = run("exit", 2)
+    ranks = Ranks("exit", 2, ())
     for r in range(2):
+        torch_abort = (ranks.codes[r] == -signal.SIGABRT and f"rank {r} ok" in ranks.outputs[r]
+                       and ranks.outputs[r].rstrip().endswith(TORCH_EXIT_ABORT))
+        assert torch_abort or ranks.codes[r] == 0, ranks.report()
+        assert f"rank {r} ok" in ranks.outputs[r], ranks.report()
         line = next(s for s in ranks.outputs[r].splitlines() if "leaving at" in s)
         left = float(line.split("leaving at ")[1].split()[0])
         assert ranks.ended[r] - left < 10, f"rank {r} took {ranks.ended[r] - left:.1f} s to exit\n" + ranks.report()
