@@ -47,6 +47,7 @@ readonly rank_limit=120         # seconds any one rank may run, whatever happens
 
 skip() { echo "skipped: $*"; exit 77; }
 fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/netns_common.sh"
 now() { date +%s.%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 failed=0
@@ -201,14 +202,7 @@ else
     start_rank "$r" 29613 "$collective_timeout" "$out/cut.$r.log" -- \
       "$cli" train --epochs 2000 --seed 7 --config "$config" --data "$data"
   done
-  deadline=$(( $(date +%s) + 120 ))
-  until grep -q "^epoch 3/" "$out/cut.0.log" 2>/dev/null; do
-    if [[ $(date +%s) -ge $deadline ]] || ! kill -0 "${pids[0]}" 2>/dev/null; then
-      fail "the job did not reach epoch 3 (rank 0 exited or 120 s passed)"
-      break
-    fi
-    sleep 0.1
-  done
+  wait_for_epoch "$out/cut.0.log" "${pids[0]}"
   if [[ $failed -eq 0 ]]; then
     ip -n "$switch_ns" link set port2 down || fail "cannot set port2 down"
     cut_at="$(now)"

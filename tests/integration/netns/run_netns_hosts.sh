@@ -74,6 +74,7 @@ readonly subnet=10.78.0
 readonly rank_limit=300  # seconds any one rank may run, whatever happens
 skip() { echo "skipped: $*"; exit 77; }
 fail() { echo "FAIL: $*"; failed=1; }
+source "$(dirname "${BASH_SOURCE[0]}")/netns_common.sh"
 failed=0
 
 [[ "$(id -u)" -eq 0 ]] || skip "needs root to create network namespaces (running as uid $(id -u))"
@@ -220,14 +221,7 @@ if [[ "$phase" == check ]]; then
   [[ $failed -eq 0 ]] || { echo "FAIL: run_netns_hosts.sh phase $phase (the cut was not tried)"; exit 1; }
   run_job cut 29720 10 -- "$cli" train --epochs 2000 --seed 7 --config "$config" --data "$data" &
   job=$!
-  deadline=$(( $(date +%s) + 120 ))
-  until grep -q "^epoch 3/" "$out/cut.0.log" 2>/dev/null; do
-    if [[ $(date +%s) -ge $deadline ]] || ! kill -0 "$job" 2>/dev/null; then
-      fail "the job did not reach epoch 3 (it ended or 120 s passed)"
-      break
-    fi
-    sleep 0.1
-  done
+  wait_for_epoch "$out/cut.0.log" "$job"
   if [[ $failed -eq 0 ]]; then
     ip -n "${host_ns[1]}" link set veth1 down || fail "cannot set veth1 down"
     cut_at="$(date +%s.%N)"
