@@ -152,6 +152,7 @@ SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_d
   check_rate(momentum, "nn::SGD", "momentum");
   check_rate(weight_decay, "nn::SGD", "weight_decay");
   velocity_.resize(params_.size());
+  constants_.resize(params_.size());
 }
 
 void SGD::step(const Gradients& gradients) {
@@ -161,13 +162,19 @@ void SGD::step(const Gradients& gradients) {
     std::optional<Tensor> g0 = gradients.get(p);
     if (!g0) continue;
     Tensor g = *g0;
-    if (weight_decay_ != 0) g = add(g, mul(scalar(p, weight_decay_), p));
+    Constants& c = constants_[i];
+    if (!c.lr.defined()) {
+      if (weight_decay_ != 0) c.weight_decay = scalar(p, weight_decay_);
+      if (momentum_ != 0) c.momentum = scalar(p, momentum_);
+      c.lr = scalar(p, lr_);
+    }
+    if (weight_decay_ != 0) g = add(g, mul(c.weight_decay, p));
     if (momentum_ != 0) {
       Tensor& v = velocity_[i];
-      v = v.defined() ? add(mul(v, scalar(p, momentum_)), g) : contiguous(g);
+      v = v.defined() ? add(mul(v, c.momentum), g) : contiguous(g);
       g = v;
     }
-    p.copy_(sub(p, mul(g, scalar(p, lr_))));
+    p.copy_(sub(p, mul(g, c.lr)));
   }
 }
 
@@ -203,6 +210,7 @@ Adam::Adam(std::vector<Tensor> params, double lr, double beta1, double beta2, do
   m_.resize(params_.size());
   v_.resize(params_.size());
   t_.assign(params_.size(), 0);
+  constants_.resize(params_.size());
 }
 
 void Adam::step(const Gradients& gradients) {
@@ -216,13 +224,21 @@ void Adam::step(const Gradients& gradients) {
       m_[i] = zeros(p.device(), p.shape(), p.dtype());
       v_[i] = zeros(p.device(), p.shape(), p.dtype());
     }
+    Constants& c = constants_[i];
+    if (!c.eps.defined()) {
+      c.beta1 = scalar(p, beta1_);
+      c.one_minus_beta1 = scalar(p, 1 - beta1_);
+      c.beta2 = scalar(p, beta2_);
+      c.one_minus_beta2 = scalar(p, 1 - beta2_);
+      c.eps = scalar(p, eps_);
+    }
     const int64_t t = ++t_[i];
-    m_[i] = add(mul(m_[i], scalar(p, beta1_)), mul(g, scalar(p, 1 - beta1_)));
-    v_[i] = add(mul(v_[i], scalar(p, beta2_)), mul(mul(g, g), scalar(p, 1 - beta2_)));
+    m_[i] = add(mul(m_[i], c.beta1), mul(g, c.one_minus_beta1));
+    v_[i] = add(mul(v_[i], c.beta2), mul(mul(g, g), c.one_minus_beta2));
     const double c1 = 1 - std::pow(beta1_, static_cast<double>(t));
     const double c2 = 1 - std::pow(beta2_, static_cast<double>(t));
     // p -= lr / c1 * m / (sqrt(v / c2) + eps)
-    const Tensor denom = add(sqrt(div(v_[i], scalar(p, c2))), scalar(p, eps_));
+    const Tensor denom = add(sqrt(div(v_[i], scalar(p, c2))), c.eps);
     p.copy_(sub(p, mul(div(m_[i], denom), scalar(p, lr_ / c1))));
   }
 }
