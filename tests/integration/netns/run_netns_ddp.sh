@@ -79,14 +79,6 @@ remove_stale() {
   done
 }
 
-cleanup() {
-  local ns p
-  for ns in "${created[@]}"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  done
-  for ns in "${created[@]}"; do ip netns delete "$ns" 2>/dev/null; done
-  created=()
-}
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 1' INT TERM HUP
 

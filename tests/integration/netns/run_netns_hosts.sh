@@ -86,18 +86,6 @@ command -v python3 >/dev/null 2>&1 || skip "python3 is not installed"
 prefix="bphosts-$$-$(date +%s)-$RANDOM"
 host_ns=("$prefix-h0" "$prefix-h1")
 created=()
-kill_ranks() {
-  local ns p
-  for ns in "${created[@]}"; do
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-  done
-}
-cleanup() {
-  local ns
-  kill_ranks
-  for ns in "${created[@]}"; do ip netns delete "$ns" 2>/dev/null; done
-  created=()
-}
 trap cleanup EXIT
 trap 'echo "interrupted"; exit 1' INT TERM HUP
 
