@@ -382,6 +382,76 @@ void add_clamp_cases(Cases& cases) {
   }
 }
 
+// ---- axpby_ (in place) ----------------------------------------------------------------
+
+// y = alpha * y + beta * x, in y. The reference sums the two products in
+// double; the tolerance is arithmetic's, scaled by |alpha y| + |beta x| (a
+// near-cancelling sum keeps the products' rounding).
+void add_axpby_cases(Cases& cases) {
+  struct Coeffs {
+    double alpha, beta;
+  };
+  const std::vector<Coeffs> coeffs = {{0.9, 1.0}, {1.0, -0.1}, {0.0, 2.0}, {-1.5, 0.25}};
+  for (const DType dtype : kFloat) {
+    Rng rng(seed_of("axpby" + std::string(to_string(dtype))));
+    // `x_is_y`: x is y itself (the host runs the three ops instead).
+    auto add = [&](std::string name, HostTensor y, Operand x, Coeffs c, bool x_is_y = false) {
+      name += " alpha " + number(c.alpha) + " beta " + number(c.beta);
+      cases.push_back(
+          Case{"axpby", dtype, std::move(name), BP_OP_AXPBY, 0, [y, x, c, x_is_y](const Context& ctx) {
+                 const Tensor yt = upload(ctx.device, y);
+                 const Tensor flat = reshape(yt, {y.numel()});  // sees the update: in place
+                 axpby_(yt, c.alpha, x_is_y ? yt : x.on(ctx.device), c.beta);
+                 const HostTensor xv = x_is_y ? y : x.logical();
+                 std::vector<double> want(y.f.size()), scale(y.f.size());
+                 for (std::size_t k = 0; k < want.size(); ++k) {
+                   want[k] = c.alpha * y.f[k] + c.beta * xv.f[k];
+                   scale[k] = std::fabs(c.alpha * y.f[k]) + std::fabs(c.beta * xv.f[k]);
+                 }
+                 return check(ctx, flat, make_host(y.dtype, {y.numel()}, want),
+                              tolerance_for("axpby", y.dtype), &scale);
+               }});
+    };
+    for (const Coeffs& c : coeffs) {
+      for (const Dims& shape : std::vector<Dims>{{2, 3}, {}, {0, 4}, {300, 257}}) {
+        const HostTensor y = random_host(rng, dtype, shape, -10, 10);
+        add(shape_text(shape), y, plain(random_host(rng, dtype, shape, -10, 10)), c);
+      }
+    }
+    const Coeffs c{0.9, -0.5};
+    add("strided x " + transposed(random_host(rng, dtype, {5, 7}, -3, 3), 0, 1).describe(),
+        random_host(rng, dtype, {7, 5}, -3, 3), transposed(random_host(rng, dtype, {5, 7}, -3, 3), 0, 1), c);
+    add("x is y [4, 3]", random_host(rng, dtype, {4, 3}, -3, 3), plain(random_host(rng, dtype, {1}, 0, 1)), c,
+        true);
+    add("nan_inf", make_host(dtype, {6}, {kNaN, kInf, -kInf, 0.0, -0.0, 1}),
+        plain(make_host(dtype, {6}, {1, 1, 2, kNaN, kInf, -kInf})), {0.5, 2.0});
+    const HostTensor y = random_host(rng, dtype, {2, 3}, -1, 1);
+    cases.push_back(
+        Case{"axpby", dtype, "error: x of another shape", BP_OP_AXPBY, 0, [y](const Context& ctx) {
+               return expect_error(
+                   [&] { axpby_(upload(ctx.device, y), 1, transpose(upload(ctx.device, y), 0, 1), 1); },
+                   {Errc::shape_mismatch});
+             }});
+    cases.push_back(
+        Case{"axpby", dtype, "error: y strided", BP_OP_AXPBY, 0, [y](const Context& ctx) {
+               const Tensor t = upload(ctx.device, make_host(y.dtype, {3, 3}, std::vector<double>(9, 1)));
+               return expect_error([&] { axpby_(transpose(t, 0, 1), 1, t, 1); }, {Errc::invalid_argument});
+             }});
+    cases.push_back(Case{"axpby", dtype, "error: y requires grad", BP_OP_AXPBY, 0, [y](const Context& ctx) {
+                           const Tensor t = upload(ctx.device, y);
+                           t.require_grad();
+                           return expect_error([&] { axpby_(t, 1, upload(ctx.device, y), 1); },
+                                               {Errc::invalid_argument});
+                         }});
+  }
+  const HostTensor ints = make_host_int(DType::i32, {3}, {1, 2, 3});
+  cases.push_back(Case{"axpby", DType::i32, "error: i32 (axpby is for floats)", BP_OP_INVALID, 0,
+                       [ints](const Context& ctx) {
+                         const Tensor t = upload(ctx.device, ints);
+                         return expect_error([&] { axpby_(t, 1, t, 1); }, {Errc::dtype_mismatch});
+                       }});
+}
+
 }  // namespace
 
 void add_elementwise_cases(Cases& cases) {
@@ -389,6 +459,7 @@ void add_elementwise_cases(Cases& cases) {
   add_where_cases(cases);
   add_unary_cases(cases);
   add_clamp_cases(cases);
+  add_axpby_cases(cases);
 }
 
 }  // namespace backplane::conformance

@@ -15,7 +15,8 @@
 //                  argmin zeros ones full reshape permute
 //                  transpose slice cat index_select
 //                  gather cast contiguous to
-//  arithmetic      add sub mul div arange                rel 1e-6            rel 1e-12           exact, wraps
+//  arithmetic      add sub mul div arange axpby          rel 1e-6            rel 1e-12           exact, wraps
+//                  axpby's scale: |alpha y| + |beta x|
 //  pow             pow                                   rel 1e-5            rel 1e-9            exact, wraps
 //  transcendental  exp log sqrt tanh sigmoid sin cos erf rel 2e-6 abs 1e-6   rel 1e-9 abs 1e-12  -
 //  reduction       sum mean                              rel 1e-5 abs 1e-6   rel 1e-9 abs 1e-12  exact, wraps
@@ -76,6 +77,7 @@ Family family_of(bp_op op) {
     case BP_OP_MUL:
     case BP_OP_DIV:
     case BP_OP_ARANGE:
+    case BP_OP_AXPBY:  // scale: |alpha y| + |beta x|
       return Family::arithmetic;
     case BP_OP_POW:
       return Family::pow;
@@ -233,6 +235,8 @@ std::string op_kind_group(const std::string& plugin_op) {
       return "index";
     case BP_OP_KIND_COPY:
       return "copy";
+    case BP_OP_KIND_UPDATE:
+      return "update";
     default:
       return "other";
   }

@@ -152,7 +152,6 @@ SGD::SGD(std::vector<Tensor> params, double lr, double momentum, double weight_d
   check_rate(momentum, "nn::SGD", "momentum");
   check_rate(weight_decay, "nn::SGD", "weight_decay");
   velocity_.resize(params_.size());
-  constants_.resize(params_.size());
 }
 
 void SGD::step(const Gradients& gradients) {
@@ -161,20 +160,23 @@ void SGD::step(const Gradients& gradients) {
     const Tensor& p = params_[i];
     std::optional<Tensor> g0 = gradients.get(p);
     if (!g0) continue;
+    // In place (axpby_: one call per update where the device has it, no
+    // buffer allocated), rounding as PyTorch's SGD:
+    //   g' = g + wd p;  v = momentum v + g';  p = p - lr v
     Tensor g = *g0;
-    Constants& c = constants_[i];
-    if (!c.lr.defined()) {
-      if (weight_decay_ != 0) c.weight_decay = scalar(p, weight_decay_);
-      if (momentum_ != 0) c.momentum = scalar(p, momentum_);
-      c.lr = scalar(p, lr_);
+    if (weight_decay_ != 0) {
+      g = copy_of(g);
+      axpby_(g, 1.0, p, weight_decay_);
     }
-    if (weight_decay_ != 0) g = add(g, mul(c.weight_decay, p));
     if (momentum_ != 0) {
       Tensor& v = velocity_[i];
-      v = v.defined() ? add(mul(v, c.momentum), g) : contiguous(g);
+      if (v.defined())
+        axpby_(v, momentum_, g, 1.0);
+      else
+        v = weight_decay_ != 0 ? g : copy_of(g);  // the first step: v = g', a buffer of its own
       g = v;
     }
-    p.copy_(sub(p, mul(g, c.lr)));
+    axpby_(p, 1.0, g, -lr_);
   }
 }
 
@@ -210,7 +212,7 @@ Adam::Adam(std::vector<Tensor> params, double lr, double beta1, double beta2, do
   m_.resize(params_.size());
   v_.resize(params_.size());
   t_.assign(params_.size(), 0);
-  constants_.resize(params_.size());
+  eps_tensors_.resize(params_.size());
 }
 
 void Adam::step(const Gradients& gradients) {
@@ -224,22 +226,17 @@ void Adam::step(const Gradients& gradients) {
       m_[i] = zeros(p.device(), p.shape(), p.dtype());
       v_[i] = zeros(p.device(), p.shape(), p.dtype());
     }
-    Constants& c = constants_[i];
-    if (!c.eps.defined()) {
-      c.beta1 = scalar(p, beta1_);
-      c.one_minus_beta1 = scalar(p, 1 - beta1_);
-      c.beta2 = scalar(p, beta2_);
-      c.one_minus_beta2 = scalar(p, 1 - beta2_);
-      c.eps = scalar(p, eps_);
-    }
+    Tensor& eps = eps_tensors_[i];
+    if (!eps.defined()) eps = scalar(p, eps_);
     const int64_t t = ++t_[i];
-    m_[i] = add(mul(m_[i], c.beta1), mul(g, c.one_minus_beta1));
-    v_[i] = add(mul(v_[i], c.beta2), mul(mul(g, g), c.one_minus_beta2));
+    // m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2, in place (axpby_).
+    axpby_(m_[i], beta1_, g, 1 - beta1_);
+    axpby_(v_[i], beta2_, mul(g, g), 1 - beta2_);
     const double c1 = 1 - std::pow(beta1_, static_cast<double>(t));
     const double c2 = 1 - std::pow(beta2_, static_cast<double>(t));
     // p -= lr / c1 * m / (sqrt(v / c2) + eps)
-    const Tensor denom = add(sqrt(div(v_[i], scalar(p, c2))), c.eps);
-    p.copy_(sub(p, mul(div(m_[i], denom), scalar(p, lr_ / c1))));
+    const Tensor denom = add(sqrt(div(v_[i], scalar(p, c2))), eps);
+    axpby_(p, 1.0, div(m_[i], denom), -(lr_ / c1));
   }
 }
 

@@ -180,6 +180,56 @@ Tensor sin(const Tensor& t) { return tracked_unary(BP_OP_SIN, t); }
 Tensor cos(const Tensor& t) { return tracked_unary(BP_OP_COS, t); }
 Tensor erf(const Tensor& t) { return tracked_unary(BP_OP_ERF, t); }
 
+namespace {
+
+[[noreturn, gnu::cold]] void axpby_refused(const TensorImpl& y, const TensorImpl& x, const char* why) {
+  if (std::string_view(why) == "shape")
+    throw Error(Errc::shape_mismatch, "axpby_: x has shape " + x.shape.to_string() + " but y has shape " +
+                                          y.shape.to_string() + "; they must match (no broadcasting)");
+  if (std::string_view(why) == "strided")
+    throw Error(Errc::invalid_argument,
+                "axpby_: y must be contiguous (it is a strided view); update a contiguous tensor, or "
+                "write y.copy_(add(mul(y, a), mul(x, b)))");
+  throw Error(Errc::invalid_argument,
+              "axpby_ is not differentiable and would change a tensor autodiff tracks; call it under a "
+              "NoGradGuard (as an optimizer step does)");
+}
+
+}  // namespace
+
+void axpby_(const Tensor& y_, double alpha, const Tensor& x_, double beta) {
+  constexpr const char* api = "axpby_";
+  const TensorImpl& y = detail::operand(y_, api, "y");
+  const TensorImpl& x = detail::operand(x_, api, "x");
+  detail::same_device(y, x, api);
+  detail::same_dtype(y, x, api);
+  detail::require_op_dtype(BP_OP_AXPBY, y.dtype, api, "y");
+  if (!(y.shape == x.shape)) [[unlikely]]
+    axpby_refused(y, x, "shape");
+  if (!detail::is_contiguous(y)) [[unlikely]]
+    axpby_refused(y, x, "strided");
+  if (grad_enabled() && detail::any_requires_grad(y_, x_)) [[unlikely]]
+    axpby_refused(y, x, "grad");
+  if (y.shape.numel() == 0) return;
+  const auto xc = detail::as_contiguous(detail::Access::impl(x_), api);
+  const TensorImpl* operands[2] = {&y, xc.get()};
+  // One call where y's device runs axpby and x lies apart from y; otherwise
+  // the three ops it stands for (each placed by the one rule), then a copy.
+  if (y.storage != xc->storage && detail::runs_on_own_device(BP_OP_AXPBY, y.dtype, operands, 2)) [[likely]] {
+    bp_op_attrs attrs = detail::make_attrs();
+    attrs.scalar0 = alpha;
+    attrs.scalar1 = beta;
+    const bp_tensor in[2] = {detail::describe(y), detail::describe(*xc)};
+    detail::execute(*y.storage->backend, y.storage->device, BP_OP_AXPBY, in, 2, &in[0], &attrs);
+    return;
+  }
+  NoGradGuard no_grad;
+  const Device device = y_.device();
+  const Tensor a = full(device, Shape{}, alpha, y.dtype);
+  const Tensor b = full(device, Shape{}, beta, y.dtype);
+  y_.copy_(add(mul(y_, a), mul(detail::Access::make_tensor(xc), b)));
+}
+
 Tensor clamp(const Tensor& t, double lo, double hi) {
   if (std::isnan(lo) || std::isnan(hi))
     throw Error(Errc::invalid_argument, "clamp: bounds must not be NaN (got lo " +

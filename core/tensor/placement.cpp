@@ -111,6 +111,20 @@ bool runs(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
   return true;
 }
 
+}  // namespace
+
+bool runs_on_own_device(int32_t op, DType dtype, const TensorImpl* const* operands, int n) {
+  const Storage& s = *operands[0]->storage;
+  for (int i = 0; i < n; ++i) {
+    const Storage& o = *operands[i]->storage;
+    if (o.home != nullptr || o.backend != s.backend || o.device != s.device) return false;
+  }
+  if (s.backend->support_ready(s.device, op, static_cast<int32_t>(dtype))) return true;
+  return runs(*s.backend, s.device, op, dtype, dtype, operands, n);
+}
+
+namespace {
+
 // The typed error for what device d of b lacks (`lack`, not none): the
 // backend's load failure, the missing 'matmul' or dtype flag
 // (capability_missing), or supports_op's no (unsupported_op).

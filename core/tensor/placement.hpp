@@ -163,6 +163,13 @@ std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
                                            const std::shared_ptr<BackendImpl>& backend, int32_t device,
                                            const char* needed_by);
 
+// True when operands[0..n) all have their bytes on their own device, one
+// device, and that device runs (op, dtype) itself (lacks() says nothing; a
+// yes is cached, so the next call is one load). An op with no fallback of its
+// own asks this: axpby_ runs in place only there, and is otherwise the ops it
+// stands for, each placed as usual.
+bool runs_on_own_device(int32_t op, DType dtype, const TensorImpl* const* operands, int n);
+
 // True when BACKPLANE_OP_FALLBACK=error: every op fallback is off.
 bool op_fallback_disabled() noexcept;
 // What turns op fallback off for this thread now ("BACKPLANE_OP_FALLBACK=error",

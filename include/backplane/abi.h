@@ -31,6 +31,10 @@
  *  2.4  bp_host_api.trace_active and trace_event: a plugin adds events of
  *       its own (a collective's transport and its waits, a remote round
  *       trip) to the host's trace. NULL from a host of 2.3.
+ *  2.5  BP_OP_AXPBY (44) of the new kind UPDATE: y = alpha*y + beta*x in
+ *       place, an optimizer step as one call with no result to allocate.
+ *       A host of 2.4 never asks for it; a plugin of 2.4 answers
+ *       supports_op false and the host runs the same update as three ops.
  *
  * ---------------------------------------------------------------------------
  * Versioning
@@ -127,7 +131,8 @@
  *    passes an output that overlaps an input or another output (COPY's
  *    output is a view that never overlaps itself). The one exception is
  *    stated where it applies: all_reduce's input and output may be the very
- *    same view, and broadcast works in place; they never overlap partially.
+ *    same view, broadcast works in place, and an UPDATE op's output is its
+ *    first input; they never overlap partially.
  *    An in-process plugin may rely on all of this and need not check it
  *    again. [cpu, cuda]
  *  - What the host cannot know is the plugin's to check: data-dependent
@@ -234,7 +239,7 @@ extern "C" {
 #endif
 
 #define BP_ABI_MAJOR 2
-#define BP_ABI_MINOR 4
+#define BP_ABI_MINOR 5
 
 #define BP_PLUGIN_ENTRY_SYMBOL "bp_plugin_entry"
 
@@ -357,7 +362,13 @@ typedef enum bp_dtype {
  *   clamp     scalar0 = low, scalar1 = high.
  *   mean      an empty axis gives NaN; sum of an empty axis is 0.
  *   index_select, gather  an index out of range is an INVALID_ARGUMENT
- *             status naming it. */
+ *             status naming it.
+ *   axpby     y = scalar0 * y + scalar1 * x (inputs [y, x]), each product
+ *             rounded to the dtype before the sum, as mul, mul and add
+ *             would: the update must equal those three ops bit for bit
+ *             (no fused multiply-add), so that a plugin without it and one
+ *             with it train alike. Both scalars are first rounded to the
+ *             dtype. */
 #define BP_OP_TABLE(X)                                                                                \
   X(ADD, 1, add, BINARY, ARITHMETIC, 2, 0)                                                            \
   X(SUB, 2, sub, BINARY, ARITHMETIC, 2, 0)                                                            \
@@ -402,7 +413,8 @@ typedef enum bp_dtype {
   X(LOG_SOFTMAX, 40, log_softmax, SOFTMAX, FLOATING, 1, BP_OP_ATTR_AXIS)                              \
   X(INDEX_SELECT, 41, index_select, INDEX_SELECT, MOVING, 2, BP_OP_ATTR_AXIS)                         \
   X(GATHER, 42, gather, GATHER, MOVING, 2, BP_OP_ATTR_AXIS)                                           \
-  X(ERF, 43, erf, UNARY, FLOATING, 1, 0)
+  X(ERF, 43, erf, UNARY, FLOATING, 1, 0)                                                              \
+  X(AXPBY, 44, axpby, UPDATE, FLOATING, 2, BP_OP_ATTR_SCALAR0 | BP_OP_ATTR_SCALAR1)
 
 /* The bp_op_attrs fields an op reads (the table's last column). */
 #define BP_OP_ATTR_AXIS    (1u << 0)
@@ -452,7 +464,11 @@ typedef enum bp_op {
  *            x with extent len(index) on that axis.
  *   GATHER   inputs [x, index (I64, x's ndim)], attrs.axis; the output has
  *            the index's shape: out[i][j][k] = x[i][index[i][j][k]][k]
- *            (axis 1). */
+ *            (axis 1).
+ *   UPDATE   in place: inputs [y, x], both contiguous, of one shape and
+ *            dtype; outputs[0] is the very same view as inputs[0] (the
+ *            trust contract's one other exception), and x never overlaps
+ *            y. The op writes y. */
 typedef enum bp_op_kind {
   BP_OP_KIND_NONE = 0, /* not an op this header knows */
   BP_OP_KIND_BINARY,
@@ -469,6 +485,7 @@ typedef enum bp_op_kind {
   BP_OP_KIND_SOFTMAX,
   BP_OP_KIND_INDEX_SELECT,
   BP_OP_KIND_GATHER,
+  BP_OP_KIND_UPDATE,
   BP_OP_KIND_COUNT_
 } bp_op_kind;
 
@@ -504,8 +521,10 @@ typedef struct bp_op_attrs {
   int64_t axis;      /* reductions, softmax, index_select, gather        */
   int32_t dtype;     /* bp_dtype: target of a cast                       */
   int32_t reserved_; /* zero                                             */
-  double scalar0;    /* clamp low, fill value, arange start, rand low    */
-  double scalar1;    /* clamp high, arange step, rand high / std         */
+  double scalar0;    /* clamp low, fill value, arange start, rand low,
+                      * axpby alpha                                     */
+  double scalar1;    /* clamp high, arange step, rand high / std, axpby
+                      * beta                                            */
   uint64_t seed;     /* rand_uniform, randn                              */
 } bp_op_attrs;
 #define BP_OP_ATTRS_STRUCT_SIZE BP_STRUCT_SIZE(bp_op_attrs, seed)

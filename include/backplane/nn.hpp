@@ -86,13 +86,8 @@ class BACKPLANE_API SGD final : public Optimizer {
 
  private:
   double lr_, momentum_, weight_decay_;
-  std::vector<Tensor> velocity_;  // undefined until a parameter's first step
-  // lr, momentum and weight_decay as 0-d tensors on each parameter's device
-  // and dtype, made at its first step (not one fill and buffer each per step).
-  struct Constants {
-    Tensor lr, momentum, weight_decay;
-  };
-  std::vector<Constants> constants_;
+  // Undefined until a parameter's first step; updated in place after it.
+  std::vector<Tensor> velocity_;
 };
 
 // Adam (Kingma and Ba), with bias correction, as PyTorch's Adam.
@@ -106,14 +101,9 @@ class BACKPLANE_API Adam final : public Optimizer {
 
  private:
   double lr_, beta1_, beta2_, eps_;
-  std::vector<Tensor> m_, v_;
+  std::vector<Tensor> m_, v_;  // updated in place
   std::vector<int64_t> t_;
-  // beta1, 1 - beta1, beta2, 1 - beta2 and eps as 0-d tensors on each
-  // parameter's device and dtype, made at its first step.
-  struct Constants {
-    Tensor beta1, one_minus_beta1, beta2, one_minus_beta2, eps;
-  };
-  std::vector<Constants> constants_;
+  std::vector<Tensor> eps_tensors_;  // eps as a 0-d tensor of each parameter's device and dtype
 };
 
 }  // namespace backplane::nn

@@ -87,6 +87,14 @@ BACKPLANE_API Tensor erf(const Tensor& t);
 // Elementwise min(max(t, lo), hi); lo <= hi (Errc::invalid_argument otherwise).
 BACKPLANE_API Tensor clamp(const Tensor& t, double lo, double hi);
 
+// ---- in-place update -----------------------------------------------------------
+// y = alpha * y + beta * x, in y (f32/f64; x of y's shape, dtype and device; y
+// contiguous). Rounds as y.copy_(add(mul(y, alpha), mul(x, beta))) does, bit
+// for bit, and is that where y's device lacks the fused op (abi.h's axpby)
+// or x shares y's memory. Not differentiable: call it under a NoGradGuard,
+// as the optimizers do (Errc::invalid_argument otherwise).
+BACKPLANE_API void axpby_(const Tensor& y, double alpha, const Tensor& x, double beta);
+
 // ---- reductions --------------------------------------------------------------
 // Over one axis (keepdim keeps it with extent 1) or over all axes (a 0-d result).
 BACKPLANE_API Tensor sum(const Tensor& t, int64_t axis, bool keepdim = false);

@@ -452,6 +452,20 @@ struct ClampOp {
   }
 };
 
+// axpby's update, y = alpha * y + beta * x: each product rounded before the
+// sum, as mul, mul and add would round them (abi.h: no fused multiply-add;
+// the kernels build without -mfma and with -ffp-contract=off).
+template <class T>
+struct AxpbyOp {
+  T alpha;
+  T beta;
+  [[gnu::always_inline]] T operator()(T y, T x) const noexcept {
+    const T ay = alpha * y;
+    const T bx = beta * x;
+    return ay + bx;
+  }
+};
+
 #define BP_CPU_UNARY_LIBM(Name, expr)                         \
   struct Name {                                               \
     static constexpr int64_t kCost = 4;                       \

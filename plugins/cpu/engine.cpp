@@ -20,6 +20,7 @@ bp_status* execute(const bp_execute_args* args, int threads) {
       case BP_OP_KIND_COMPARE:
       case BP_OP_KIND_SELECT:
       case BP_OP_KIND_UNARY:
+      case BP_OP_KIND_UPDATE:
         return run_elementwise(call);
       case BP_OP_KIND_COPY:
       case BP_OP_KIND_CAST:

@@ -150,6 +150,29 @@ void unary_op(const OpCall& call, F f) {
   unary_typed<Set>(call, [f]<class T>() { return f; });
 }
 
+// axpby: inputs [y, x] contiguous, of one float dtype and shape; the output
+// is y itself (abi.h's UPDATE kind). Reading y[i] before writing it is the
+// only order the loop has, so the aliasing is safe.
+void axpby(const OpCall& call) {
+  expect_arity(call, 2);
+  const int32_t dtype = call.output().dtype;
+  dispatch<FloatDTypes>(dtype, call.name(), [&]<class T>() {
+    constexpr int32_t D = arithmetic_dtype<T>;
+    const TensorView out = output_view(call, D);
+    const TensorView y = input_view(call, 0, D);
+    const TensorView x = input_view(call, 1, D);
+    if (out.numel == 0) return;
+    if (!out.contiguous || !y.contiguous || !x.contiguous || out.data != y.data || x.numel != out.numel)
+        [[unlikely]]
+      plugin::fail(BP_STATUS_INVALID_ARGUMENT,
+                   "cpu: axpby: y, x and the output must be contiguous and the output must be y itself "
+                   "(abi.h's UPDATE kind)");
+    const bp_op_attrs& attrs = call.attrs();
+    const AxpbyOp<T> f{static_cast<T>(attrs.scalar0), static_cast<T>(attrs.scalar1)};
+    map2_flat(f, y.as<const T>(), false, x.as<const T>(), false, out.as<T>(), out.numel, call.threads);
+  });
+}
+
 }  // namespace
 
 void run_elementwise(const OpCall& call) {
@@ -210,6 +233,8 @@ void run_elementwise(const OpCall& call) {
       return unary_op<FloatDTypes>(call, CosOp{});
     case BP_OP_ERF:
       return unary_op<FloatDTypes>(call, ErfOp{});
+    case BP_OP_AXPBY:
+      return axpby(call);
     default:
       plugin::fail(BP_STATUS_INTERNAL,
                    "cpu: " + plugin::op_name(call.op()) + " reached the elementwise family");

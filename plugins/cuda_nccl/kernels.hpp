@@ -38,6 +38,11 @@ bool launch_where(const KernelContext& ctx, int32_t element_size, const IndexMap
 bool launch_unary(const KernelContext& ctx, int32_t dtype, const IndexMap<2>& map, int64_t n, void* out,
                   const void* in, uint64_t lo_bits, uint64_t hi_bits);
 
+// axpby in place: y = alpha * y + beta * x, both contiguous, n elements (floats;
+// the scalars are bits of the dtype, scalar_bits).
+bool launch_axpby(const KernelContext& ctx, int32_t dtype, int64_t n, void* y, const void* x,
+                  uint64_t alpha_bits, uint64_t beta_bits);
+
 // Data movement and creation (kernels_data.cu).
 bool launch_copy(const KernelContext& ctx, int32_t element_size, const IndexMap<2>& map, int64_t n, void* out,
                  const void* in);

@@ -221,6 +221,37 @@ struct UnaryFn {
   }
 };
 
+// axpby: y = alpha * y + beta * x over n contiguous elements, in place. Each
+// product is rounded to T before the sum and no multiply-add is fused
+// (__*mul_rn, __*add_rn), so the update equals mul, mul and add (abi.h).
+template <class C>
+__device__ __forceinline__ C mul_rn(C a, C b) {
+  if constexpr (std::is_same_v<C, double>)
+    return __dmul_rn(a, b);
+  else
+    return __fmul_rn(a, b);
+}
+template <class C>
+__device__ __forceinline__ C add_rn(C a, C b) {
+  if constexpr (std::is_same_v<C, double>)
+    return __dadd_rn(a, b);
+  else
+    return __fadd_rn(a, b);
+}
+
+template <class T>
+__global__ void __launch_bounds__(kBlockThreads) axpby_kernel(T* y, const T* x, int64_t n, T alpha, T beta) {
+  using C = compute_t<T>;
+  const C a = widen(alpha);
+  const C b = widen(beta);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const C ay = widen(narrow<T>(mul_rn(a, widen(y[i]))));
+    const C bx = widen(narrow<T>(mul_rn(b, widen(x[i]))));
+    y[i] = narrow<T>(add_rn(ay, bx));
+  }
+}
+
 }  // namespace
 
 bool launch_binary(const KernelContext& ctx, int32_t dtype, const IndexMap<3>& map, int64_t n, void* out,
@@ -256,6 +287,16 @@ bool launch_unary(const KernelContext& ctx, int32_t dtype, const IndexMap<2>& ma
     launch_strided(ctx, map, n,
                    UnaryFn<T>{static_cast<T*>(out), static_cast<const T*>(in), ctx.op, from_bits<T>(lo_bits),
                               from_bits<T>(hi_bits)});
+  });
+}
+
+bool launch_axpby(const KernelContext& ctx, int32_t dtype, int64_t n, void* y, const void* x,
+                  uint64_t alpha_bits, uint64_t beta_bits) {
+  const Launch l = launch_1d(n, ctx.sm_count);
+  return dispatch_dtype<false, true, false>(dtype, [&]<class T>() {
+    if (l.blocks == 0) return;
+    axpby_kernel<T><<<l.blocks, l.threads, 0, ctx.stream>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), n, from_bits<T>(alpha_bits), from_bits<T>(beta_bits));
   });
 }
 

@@ -99,6 +99,25 @@ void unary(const OpCall& call) {
            dtype);
 }
 
+// axpby: inputs [y, x] contiguous; the output is y itself (abi.h's UPDATE kind).
+void axpby(const OpCall& call) {
+  expect_arity(call, 2);
+  const int32_t dtype = call.output().dtype;
+  const TensorView out = out_view(call, dtype);
+  const TensorView y = in_view(call, 0, dtype);
+  const TensorView x = in_view(call, 1, dtype);
+  if (out.numel == 0) return;
+  if (!out.contiguous || !y.contiguous || !x.contiguous || out.data != y.data || x.numel != out.numel)
+    fail(
+        BP_STATUS_INVALID_ARGUMENT,
+        "cuda: axpby: y, x and the output must be contiguous and the output must be y itself (abi.h's UPDATE "
+        "kind)");
+  launched(call,
+           launch_axpby(call.kernels(), dtype, out.numel, out.data, x.data,
+                        scalar_bits(dtype, call.attrs().scalar0), scalar_bits(dtype, call.attrs().scalar1)),
+           dtype);
+}
+
 void copy(const OpCall& call) {
   expect_arity(call, 1);
   const int32_t dtype = call.output().dtype;
@@ -303,6 +322,8 @@ void run_op(const OpCall& call) {
       return where(call);
     case BP_OP_KIND_UNARY:
       return unary(call);
+    case BP_OP_KIND_UPDATE:
+      return axpby(call);
     case BP_OP_KIND_COPY:
       return copy(call);
     case BP_OP_KIND_CAST:

@@ -170,6 +170,7 @@ class Op(enum.Enum):
     index_select: int
     gather: int
     erf: int
+    axpby: int
 
 # ---- registry -------------------------------------------------------------------------------
 
@@ -320,6 +321,7 @@ class Tensor:
     def astype(self, dtype: DTypeLike) -> Tensor: ...
     def to(self, device_or_dtype: Union[DeviceLike, DTypeLike] = None, dtype: Optional[DTypeLike] = None) -> Tensor: ...
     def copy_(self, src: Operand) -> Tensor: ...
+    def axpby_(self, alpha: float, x: Tensor, beta: float) -> Tensor: ...  # self = alpha*self + beta*x, in place (under no_grad)
     # autodiff
     requires_grad: bool
     grad: Optional[Tensor]

@@ -582,6 +582,14 @@ void bind_tensor_class(py::class_<PyTensor>& cls) {
             return self;
           },
           py::arg("src"))
+      .def(
+          "axpby_",
+          [](py::object self, double alpha, const PyTensor& x, double beta) {
+            PyTensor& y = as_pytensor(self);
+            nogil([&] { axpby_(y.t, alpha, x.t, beta); });
+            return self;
+          },
+          py::arg("alpha"), py::arg("x"), py::arg("beta"))
       // ---- autodiff
       .def_property(
           "requires_grad", [](const PyTensor& t) { return t.t.requires_grad(); }, &set_requires_grad)

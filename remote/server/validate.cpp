@@ -326,13 +326,27 @@ void validate_execute(int32_t op, std::span<const bp_tensor> in, std::span<const
       require_shape(name, "the output", out[0], in[1], "the index");
       break;
     }
+    case BP_OP_KIND_UPDATE: {
+      // In place: outputs[0] is inputs[0] itself; x (inputs[1]) never overlaps it.
+      require_dtype(name, "inputs[1]", in[1], in[0].dtype);
+      require_dtype(name, "the output", out[0], in[0].dtype);
+      require_shape(name, "inputs[1]", in[1], in[0], "inputs[0]");
+      require_shape(name, "the output", out[0], in[0], "inputs[0]");
+      if (out[0].buffer != in[0].buffer || out[0].byte_offset != in[0].byte_offset)
+        refuse(std::string(name) + ": the output must be inputs[0] itself (an in-place update)");
+      for (int i = 0; i < 2; ++i)
+        if (!is_contiguous(in[static_cast<std::size_t>(i)]))
+          refuse(std::string(name) + ": inputs[" + std::to_string(i) + "] (shape " +
+                 shape_of(in[static_cast<std::size_t>(i)]) + ") must be contiguous");
+      break;
+    }
     default:
       refuse(std::string(name) + " is not an op this server can validate");
   }
 
   // Outputs: contiguous (the host allocates them), except COPY's, which may
   // be a strided view that never overlaps itself; none overlaps an input or
-  // another output.
+  // another output, except an UPDATE's, which is its first input.
   for (std::size_t o = 0; o < out.size(); ++o) {
     const bp_tensor& t = out[o];
     if (info.kind == BP_OP_KIND_COPY ? !self_disjoint(t) : !is_contiguous(t))
@@ -344,7 +358,8 @@ void validate_execute(int32_t op, std::span<const bp_tensor> in, std::span<const
       return u.buffer == t.buffer && r.first < r.last && s.first < s.last && r.first < s.last &&
              s.first < r.last;
     };
-    for (std::size_t i = 0; i < in.size(); ++i)
+    // An UPDATE's output is its first input (checked above); it may overlap no other.
+    for (std::size_t i = info.kind == BP_OP_KIND_UPDATE && o == 0 ? 1 : 0; i < in.size(); ++i)
       if (overlaps(in[i]))
         refuse(std::string(name) + ": outputs[" + std::to_string(o) + "] overlaps inputs[" +
                std::to_string(i) + "] in the same buffer");

@@ -377,13 +377,14 @@ static void check_ops(void) {
                   {BP_OP_LOG_SOFTMAX, "log_softmax"},
                   {BP_OP_INDEX_SELECT, "index_select"},
                   {BP_OP_GATHER, "gather"},
-                  {BP_OP_ERF, "erf"}};
+                  {BP_OP_ERF, "erf"},
+                  {BP_OP_AXPBY, "axpby"}};
   const size_t n = sizeof(expected) / sizeof(expected[0]);
   size_t i;
   int32_t a, b;
 
   EXPECT(BP_OP_INVALID == 0 && BP_OP_ADD == 1 && BP_OP_COPY == 6 && BP_OP_POW == 7 && BP_OP_GATHER == 42);
-  EXPECT(BP_OP_COUNT_ == 44);
+  EXPECT(BP_OP_COUNT_ == 45);
   EXPECT((size_t)BP_OP_COUNT_ == n + 1); /* every op is listed above */
   for (i = 0; i < n; ++i) EXPECT_NAME(bp_op_name(expected[i].op), expected[i].name);
   /* Names are distinct, so they can be parsed back. */
@@ -399,7 +400,7 @@ static void check_ops(void) {
    * order), its arity is its kind's, the ops that read an axis are the
    * axis kinds, and any other value gets the empty row. */
   {
-    static const int32_t kind_inputs[BP_OP_KIND_COUNT_] = {-1, 2, 2, 3, 1, 1, 1, 2, 0, 0, 1, 1, 1, 2, 2};
+    static const int32_t kind_inputs[BP_OP_KIND_COUNT_] = {-1, 2, 2, 3, 1, 1, 1, 2, 0, 0, 1, 1, 1, 2, 2, 2};
     int32_t op;
 #define CHECK_ROW_(N, v, s, k, d, in, at)                                                           \
   EXPECT(BP_OP_##N == (v));                                                                         \

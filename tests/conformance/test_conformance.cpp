@@ -113,7 +113,7 @@ namespace {
 // The family tests below take their ops from here, so the coverage test can
 // prove that no op of the suite is left out of them.
 const std::vector<std::string> kCreation = {"zeros", "ones", "full", "arange", "rand_uniform", "randn"};
-const std::vector<std::string> kBinary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum"};
+const std::vector<std::string> kBinary = {"add", "sub", "mul", "div", "pow", "maximum", "minimum", "axpby"};
 const std::vector<std::string> kCompare = {"eq", "ne", "lt", "le", "gt", "ge", "where"};
 const std::vector<std::string> kUnary = {"neg",     "abs",  "exp", "log", "sqrt", "tanh",
                                          "sigmoid", "relu", "sin", "cos", "erf",  "clamp"};
@@ -127,7 +127,7 @@ const std::vector<const std::vector<std::string>*> kFamilies = {&kCreation, &kBi
 }  // namespace
 
 TEST_CASE("cpu: creation (zeros ones full arange rand_uniform randn)") { check_family(kCreation); }
-TEST_CASE("cpu: binary arithmetic (add sub mul div pow maximum minimum)") { check_family(kBinary); }
+TEST_CASE("cpu: binary arithmetic (add sub mul div pow maximum minimum axpby)") { check_family(kBinary); }
 TEST_CASE("cpu: comparisons and where (eq ne lt le gt ge where)") { check_family(kCompare); }
 TEST_CASE("cpu: unary (neg abs exp log sqrt tanh sigmoid relu sin cos erf clamp)") { check_family(kUnary); }
 TEST_CASE("cpu: reductions (sum mean max min argmax argmin)") { check_family(kReduce); }

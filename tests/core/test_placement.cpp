@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -320,4 +321,37 @@ TEST_CASE("placement: an error on the fallback device is typed and names both de
   BP_CHECK_CONTAINS(e.message(), "small");
   BP_CHECK_CONTAINS(e.message(), "opaque");
   BP_CHECK_CONTAINS(e.message(), "host:opaque");
+}
+
+TEST_CASE(
+    "placement: axpby_ on a device without it is mul, mul, add and a copy, bit for bit as cpu's kernel") {
+  const bp::Registry r = placement_registry();
+  // Values whose products round: the fused kernel must round as the three ops do.
+  std::vector<float> y0(1000), x0(1000);
+  for (std::size_t i = 0; i < y0.size(); ++i) {
+    y0[i] = 0.1f * static_cast<float>(i % 97) - 3.3f + 1e-3f * static_cast<float>(i);
+    x0[i] = 1.7f - 0.013f * static_cast<float>(i % 131);
+  }
+  auto update = [&](const bp::Device& d) {
+    const bp::Tensor y = bp::Tensor::from_vector<float>(d, {10, 100}, y0);
+    const bp::Tensor x = bp::Tensor::from_vector<float>(d, {10, 100}, x0);
+    bp::axpby_(y, 0.9, x, -0.1);
+    bp::axpby_(y, 1.0, x, 0.3);
+    return y.to_vector<float>();
+  };
+  const std::vector<float> fused = update(r.backend("cpu").device());
+  std::vector<float> want(y0.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    const float a = 0.9f * y0[i], b = -0.1f * x0[i];
+    const float y1 = a + b;
+    const float c = 1.0f * y1, e = 0.3f * x0[i];
+    want[i] = c + e;
+  }
+  CHECK(std::memcmp(fused.data(), want.data(), want.size() * sizeof(float)) == 0);
+  for (const char* backend : {"small", "opaque"}) {
+    CAPTURE(backend);
+    CHECK_FALSE(r.backend(backend).device().supports(bp::Op::axpby, bp::DType::f32));
+    const std::vector<float> composed = update(r.backend(backend).device());
+    CHECK(std::memcmp(composed.data(), fused.data(), fused.size() * sizeof(float)) == 0);
+  }
 }
