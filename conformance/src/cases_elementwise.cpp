@@ -415,14 +415,16 @@ void add_axpby_cases(Cases& cases) {
     for (const Coeffs& c : coeffs) {
       for (const Dims& shape : std::vector<Dims>{{2, 3}, {}, {0, 4}, {300, 257}}) {
         const HostTensor y = random_host(rng, dtype, shape, -10, 10);
-        add(shape_text(shape), y, plain(random_host(rng, dtype, shape, -10, 10)), c);
+        const HostTensor x = random_host(rng, dtype, shape, -10, 10);
+        add(shape_text(shape), y, plain(x), c);
       }
     }
     const Coeffs c{0.9, -0.5};
-    add("strided x " + transposed(random_host(rng, dtype, {5, 7}, -3, 3), 0, 1).describe(),
-        random_host(rng, dtype, {7, 5}, -3, 3), transposed(random_host(rng, dtype, {5, 7}, -3, 3), 0, 1), c);
-    add("x is y [4, 3]", random_host(rng, dtype, {4, 3}, -3, 3), plain(random_host(rng, dtype, {1}, 0, 1)), c,
-        true);
+    const HostTensor y_of_strided = random_host(rng, dtype, {7, 5}, -3, 3);
+    const Operand strided_x = transposed(random_host(rng, dtype, {5, 7}, -3, 3), 0, 1);
+    add("strided x " + strided_x.describe(), y_of_strided, strided_x, c);
+    const HostTensor y_alone = random_host(rng, dtype, {4, 3}, -3, 3);
+    add("x is y [4, 3]", y_alone, plain(y_alone), c, true);
     add("nan_inf", make_host(dtype, {6}, {kNaN, kInf, -kInf, 0.0, -0.0, 1}),
         plain(make_host(dtype, {6}, {1, 1, 2, kNaN, kInf, -kInf})), {0.5, 2.0});
     const HostTensor y = random_host(rng, dtype, {2, 3}, -1, 1);

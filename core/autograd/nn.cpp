@@ -3,6 +3,8 @@
 #include <backplane/nn.hpp>
 #include <backplane/ops.hpp>
 
+#include "tensor/op_common.hpp"
+
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
@@ -71,11 +73,9 @@ std::size_t state_index(const char* who, const std::string& name,
   return index;
 }
 
-// A tensor of its own with `t`'s values.
+// A tensor of its own with `t`'s values: one COPY on t's device.
 Tensor copy_of(const Tensor& t) {
-  Tensor c = Tensor::empty(t.device(), t.shape(), t.dtype());
-  c.copy_(t);
-  return c;
+  return detail::Access::make_tensor(detail::copy_contiguous(*detail::Access::impl(t), "nn optimizer state"));
 }
 
 // A state entry that must match parameter `p` in shape, dtype and device.

@@ -42,7 +42,7 @@ TrainingRequirements training_requirements(const TrainingSetup& setup) {
       {Op::fill, dtype, "scalars and zeros (backward, optimizers)"},
       {Op::div, dtype, adam ? "backward of mean, Adam" : "backward of mean"},
       {Op::mul, dtype, "backward of log_softmax and gather, optimizers"},
-      {Op::sub, dtype, "backward of log_softmax, optimizers"},
+      {Op::sub, dtype, "backward of log_softmax"},
       {Op::exp, dtype, "backward of log_softmax"},
       {Op::gt, dtype, "backward of relu", kBool},
       {Op::where, dtype, "backward of relu", kBool},

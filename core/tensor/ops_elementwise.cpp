@@ -213,21 +213,25 @@ void axpby_(const Tensor& y_, double alpha, const Tensor& x_, double beta) {
   if (y.shape.numel() == 0) return;
   const auto xc = detail::as_contiguous(detail::Access::impl(x_), api);
   const TensorImpl* operands[2] = {&y, xc.get()};
-  // One call where y's device runs axpby and x lies apart from y; otherwise
-  // the three ops it stands for (each placed by the one rule), then a copy.
+  // One call where y's device runs axpby and x lies apart from y (another
+  // storage); otherwise the ops it stands for (each placed by the one rule),
+  // then a copy_ into y.
   if (y.storage != xc->storage && detail::runs_on_own_device(BP_OP_AXPBY, y.dtype, operands, 2)) [[likely]] {
     bp_op_attrs attrs = detail::make_attrs();
     attrs.scalar0 = alpha;
     attrs.scalar1 = beta;
     const bp_tensor in[2] = {detail::describe(y), detail::describe(*xc)};
     detail::execute(*y.storage->backend, y.storage->device, BP_OP_AXPBY, in, 2, &in[0], &attrs);
+    y.storage->invalidate_replica();  // a fallback device's copy of y is stale now
     return;
   }
   NoGradGuard no_grad;
   const Device device = y_.device();
-  const Tensor a = full(device, Shape{}, alpha, y.dtype);
-  const Tensor b = full(device, Shape{}, beta, y.dtype);
-  y_.copy_(add(mul(y_, a), mul(detail::Access::make_tensor(xc), b)));
+  // A factor of 1 is exact: no op for it, the same bits.
+  auto scaled = [&](const Tensor& t, double c) {
+    return c == 1.0 ? t : mul(t, full(device, Shape{}, c, y.dtype));
+  };
+  y_.copy_(add(scaled(y_, alpha), scaled(detail::Access::make_tensor(xc), beta)));
 }
 
 Tensor clamp(const Tensor& t, double lo, double hi) {

@@ -43,7 +43,7 @@ BACKPLANE_API Tensor cross_entropy(const Tensor& logits, const Tensor& labels);
 // The fraction of rows whose argmax equals the label (no grad).
 BACKPLANE_API double accuracy(const Tensor& logits, const Tensor& labels);
 
-// Updates parameters in place (Tensor::copy_) from a backward()'s
+// Updates parameters in place (axpby_) from a backward()'s
 // Gradients; a parameter without a gradient is left as it is. Parameters
 // must be contiguous leaves (require_grad()).
 class BACKPLANE_API Optimizer {

@@ -24,8 +24,8 @@
 //
 // Thread-safety: every function may be called from many threads at once,
 // also with the same input tensors: an op reads its inputs and returns new
-// tensors. Calls on one device are ordered as they enter its plugin. An input
-// must not be overwritten (Tensor::copy_) or re-marked (require_grad,
+// tensors (axpby_ alone writes one of its own, y, as Tensor::copy_ does). Calls on one device are ordered as
+// they enter its plugin. An input must not be overwritten (Tensor::copy_) or re-marked (require_grad,
 // set_distributed_params) by another thread while an op reads it. Autodiff
 // recording follows the calling thread's grad mode (<backplane/autograd.hpp>).
 #ifndef BACKPLANE_OPS_HPP_
@@ -91,8 +91,11 @@ BACKPLANE_API Tensor clamp(const Tensor& t, double lo, double hi);
 // y = alpha * y + beta * x, in y (f32/f64; x of y's shape, dtype and device; y
 // contiguous). Rounds as y.copy_(add(mul(y, alpha), mul(x, beta))) does, bit
 // for bit, and is that where y's device lacks the fused op (abi.h's axpby)
-// or x shares y's memory. Not differentiable: call it under a NoGradGuard,
-// as the optimizers do (Errc::invalid_argument otherwise).
+// or x shares y's storage. Not differentiable: call it under a NoGradGuard,
+// as the optimizers do (Errc::invalid_argument otherwise). x and y must not
+// be two tensors over one memory that backplane sees as two storages (two
+// DLPack imports of overlapping bytes): as with any in-place op, the result
+// would then depend on the order of the elementwise writes.
 BACKPLANE_API void axpby_(const Tensor& y, double alpha, const Tensor& x, double beta);
 
 // ---- reductions --------------------------------------------------------------

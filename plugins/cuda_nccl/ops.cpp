@@ -17,11 +17,17 @@ using plugin::Role;
        std::string("cuda: ") + call.name() + ": no kernel for dtype " + plugin::dtype_name(dtype));
 }
 
+// CUDA's launch error, named after the op: the message is made only here.
+[[gnu::cold, gnu::noinline]] void launch_failed(const OpCall& call, cudaError_t error) {
+  call.device.check(error, std::string(call.name()) + ": kernel launch");
+}
+
 // Checks the launch: a refused dtype, or CUDA's launch error.
 void launched(const OpCall& call, bool ok, int32_t dtype) {
   if (!ok) [[unlikely]]
     launch_refused(call, dtype);
-  call.device.check_launch(std::string(call.name()) + ": kernel launch");
+  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) [[unlikely]]
+    launch_failed(call, error);
 }
 
 // Row-major strides of a shape (elements).

@@ -342,9 +342,10 @@ TEST_CASE(
   const std::vector<float> fused = update(r.backend("cpu").device());
   std::vector<float> want(y0.size());
   for (std::size_t i = 0; i < want.size(); ++i) {
-    const float a = 0.9f * y0[i], b = -0.1f * x0[i];
-    const float y1 = a + b;
-    const float c = 1.0f * y1, e = 0.3f * x0[i];
+    // volatile: each product rounded to float, never fused into a multiply-add.
+    const volatile float a = 0.9f * y0[i], b = -0.1f * x0[i];
+    const volatile float y1 = a + b;
+    const volatile float c = 1.0f * y1, e = 0.3f * x0[i];
     want[i] = c + e;
   }
   CHECK(std::memcmp(fused.data(), want.data(), want.size() * sizeof(float)) == 0);

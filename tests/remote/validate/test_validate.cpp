@@ -197,6 +197,22 @@ TEST_CASE("validate_execute refuses outputs that overlap, alias themselves, are 
   CHECK(contains(execute(BP_OP_SUM, {&repeated}, {&r}, attrs), "repeats one element 1000000 times"));
 }
 
+TEST_CASE("validate_execute: axpby's output is its first input itself, and x lies apart from it") {
+  const View y(1, BP_DTYPE_F32, {4}), x(2, BP_DTYPE_F32, {4});
+  CHECK(execute(BP_OP_AXPBY, {&y, &x}, {&y}) == "");
+  const View other(3, BP_DTYPE_F32, {4}), shifted(1, BP_DTYPE_F32, {4}, {1}, 16);
+  CHECK(contains(execute(BP_OP_AXPBY, {&y, &x}, {&other}), "the output must be inputs[0] itself"));
+  CHECK(contains(execute(BP_OP_AXPBY, {&y, &x}, {&shifted}), "the output must be inputs[0] itself"));
+  const View x_in_y(1, BP_DTYPE_F32, {4}, {1}, 8);  // y's buffer, half over y
+  CHECK(contains(execute(BP_OP_AXPBY, {&y, &x_in_y}, {&y}), "outputs[0] overlaps inputs[1]"));
+  const View ys(1, BP_DTYPE_F32, {2, 2}, {1, 2}), xs(2, BP_DTYPE_F32, {2, 2});
+  CHECK(contains(execute(BP_OP_AXPBY, {&ys, &xs}, {&ys}), "must be contiguous"));
+  const View xi(2, BP_DTYPE_I32, {4});
+  CHECK(contains(execute(BP_OP_AXPBY, {&y, &xi}, {&y}), "inputs[1] is i32, expected f32"));
+  const View yi(1, BP_DTYPE_I32, {4});
+  CHECK(contains(execute(BP_OP_AXPBY, {&yi, &xi}, {&yi}), "axpby is for float dtypes"));
+}
+
 TEST_CASE("validate_collective checks tensors, roots and reduce ops") {
   const View in(1, BP_DTYPE_F32, {4}), out(2, BP_DTYPE_F32, {4}), big(2, BP_DTYPE_F32, {8}, {1}, 64);
   auto run = [](wire::CollectiveKind k, const View* i, const View* o, int32_t reduce, int32_t root) {
