@@ -45,6 +45,21 @@ const char* to_string(ReduceOp op) noexcept {
 
 namespace {
 
+// The calls that reduce, named with their op ("all_reduce_(sum)") for errors
+// and traces: literals, so that a collective builds no string.
+enum class Reducing { all_reduce, all_reduce_, reduce_scatter, reduce_scatter_into };
+const char* reducing_name(Reducing call, ReduceOp op) noexcept {
+  static constexpr const char* kNames[4][5] = {
+      {"all_reduce(sum)", "all_reduce(mean)", "all_reduce(min)", "all_reduce(max)", "all_reduce(prod)"},
+      {"all_reduce_(sum)", "all_reduce_(mean)", "all_reduce_(min)", "all_reduce_(max)", "all_reduce_(prod)"},
+      {"reduce_scatter(sum)", "reduce_scatter(mean)", "reduce_scatter(min)", "reduce_scatter(max)",
+       "reduce_scatter(prod)"},
+      {"reduce_scatter_into(sum)", "reduce_scatter_into(mean)", "reduce_scatter_into(min)",
+       "reduce_scatter_into(max)", "reduce_scatter_into(prod)"}};
+  const auto i = static_cast<std::size_t>(op);
+  return i < 5 ? kNames[static_cast<std::size_t>(call)][i] : "?";
+}
+
 using detail::BackendImpl;
 using detail::CollectiveRoute;
 using detail::TensorImpl;
@@ -333,7 +348,11 @@ struct ProcessGroup::Impl {
     if (direct)
       x.storage->invalidate_replica();
     else
-      detail::copy_dense(work, x, where(op) + ": copy back");
+      try {
+        detail::copy_dense(work, x, op);
+      } catch (const Error& e) {  // the group's context is built only here
+        detail::rethrow_with_context(e, where(op) + ": copy back");
+      }
   }
   // An `into` collective: `input` in, the caller's `output` (checked as
   // `out`) written. Directly when its bytes are on the collective device;
@@ -419,14 +438,14 @@ struct ProcessGroup::Impl {
 
   // The out-of-place collectives: `tensor` (dense, on the collective device)
   // in, a fresh `out_shape` tensor out, back on the caller's device.
-  Tensor out_of_place(const Tensor& tensor, const Shape& out_shape, const std::string& name,
+  Tensor out_of_place(const Tensor& tensor, const Shape& out_shape, const char* name,
                       bp_status* (*entry)(bp_collective_args*), const char* entry_name, int32_t reduce_op) {
-    require_not_aborted(name.c_str());
-    auto in = on_collective_device(tensor, ("ProcessGroup::" + name).c_str());
+    require_not_aborted(name);
+    auto in = on_collective_device(tensor, name);
     auto out = allocate(out_shape, in->dtype);
     const bp_tensor di = detail::describe(*in);
     const bp_tensor dout = detail::describe(*out);
-    run(entry, entry_name, &di, &dout, reduce_op, 0, name.c_str());
+    run(entry, entry_name, &di, &dout, reduce_op, 0, name);
     return result(std::move(out));
   }
 };
@@ -508,8 +527,8 @@ Tensor ProcessGroup::all_reduce(const Tensor& tensor, ReduceOp op) {
   const TensorImpl& x0 = g.operand(tensor, "all_reduce");
   const int32_t rop = abi_reduce_op(op);
   if (g.local()) return detail::Access::make_tensor(detail::copy_contiguous(x0, "ProcessGroup::all_reduce"));
-  return g.out_of_place(tensor, x0.shape, std::string("all_reduce(") + to_string(op) + ")",
-                        g.coll().api.all_reduce, "all_reduce", rop);
+  return g.out_of_place(tensor, x0.shape, reducing_name(Reducing::all_reduce, op), g.coll().api.all_reduce,
+                        "all_reduce", rop);
 }
 
 void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
@@ -522,15 +541,15 @@ void ProcessGroup::all_reduce_(Tensor& tensor, ReduceOp op) {
                 "ProcessGroup::all_reduce_: the tensor must be contiguous (it is reduced in "
                 "place); use all_reduce, which returns a new tensor");
   if (g.local()) return;
-  const std::string name = std::string("all_reduce_(") + to_string(op) + ")";
-  g.require_not_aborted(name.c_str());
+  const char* name = reducing_name(Reducing::all_reduce_, op);
+  g.require_not_aborted(name);
   // In place on the caller's bytes when they are on the collective device;
   // otherwise on a private copy there, copied back.
   bool direct = false;
   std::shared_ptr<TensorImpl> work = g.writable(x, tensor, "ProcessGroup::all_reduce_", direct);
   const bp_tensor d = detail::describe(*work);
-  g.run(g.coll().api.all_reduce, "all_reduce", &d, &d, rop, 0, name.c_str());
-  g.finish(direct, *work, x, name.c_str());
+  g.run(g.coll().api.all_reduce, "all_reduce", &d, &d, rop, 0, name);
+  g.finish(direct, *work, x, name);
 }
 
 void ProcessGroup::broadcast_(Tensor& tensor, int32_t root) {
@@ -584,8 +603,8 @@ void ProcessGroup::reduce_scatter_into(const Tensor& input, Tensor& output, Redu
         "ProcessGroup::reduce_scatter_into");
     return;
   }
-  const std::string name = std::string("reduce_scatter_into(") + to_string(op) + ")";
-  g.into(g.coll().api.reduce_scatter, "reduce_scatter", input, out, output, rop, name.c_str());
+  g.into(g.coll().api.reduce_scatter, "reduce_scatter", input, out, output, rop,
+         reducing_name(Reducing::reduce_scatter_into, op));
 }
 
 Tensor ProcessGroup::broadcast(const Tensor& tensor, int32_t root) {
@@ -637,7 +656,7 @@ Tensor ProcessGroup::reduce_scatter(const Tensor& tensor, ReduceOp op) {
   if (g.local())
     return reshape(detail::Access::make_tensor(detail::copy_contiguous(x0, "ProcessGroup::reduce_scatter")),
                    dims);
-  return g.out_of_place(tensor, out_shape, std::string("reduce_scatter(") + to_string(op) + ")",
+  return g.out_of_place(tensor, out_shape, reducing_name(Reducing::reduce_scatter, op),
                         g.coll().api.reduce_scatter, "reduce_scatter", rop);
 }
 

@@ -7,12 +7,14 @@
 #include "tensor/tensor_impl.hpp"
 #include "trace/recorder.hpp"
 
+#include <backplane/error.hpp>
 #include <backplane/ops.hpp>
 #include <backplane/tensor.hpp>
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace backplane::detail {
@@ -150,8 +152,13 @@ std::shared_ptr<TensorImpl> as_contiguous(const std::shared_ptr<TensorImpl>& x, 
 
 // Copies x's elements into out: both contiguous with the same byte size,
 // on any two devices (memcpy between host-visible ones, buffer_read/write
-// otherwise). Synchronises both devices first. `what` prefixes errors.
-void copy_dense(const TensorImpl& x, const TensorImpl& out, const std::string& what);
+// otherwise). Synchronises both devices first. `what` prefixes errors (see
+// copy_bytes).
+void copy_dense(const TensorImpl& x, const TensorImpl& out, std::string_view what);
+
+// Throws e again with " (context)" appended: how a caller adds what only it
+// knows to an error from below, on the failure path alone.
+[[noreturn]] [[gnu::cold]] void rethrow_with_context(const Error& e, std::string_view context);
 
 // "[2, -1, 3]" for a user-given shape or dim list.
 std::string list_to_string(const std::vector<int64_t>& v);

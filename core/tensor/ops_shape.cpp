@@ -247,7 +247,7 @@ static Tensor contiguous_forward(const Tensor& t) {
 
 namespace detail {
 
-void copy_dense(const TensorImpl& x, const TensorImpl& out, const std::string& what) {
+void copy_dense(const TensorImpl& x, const TensorImpl& out, std::string_view what) {
   const uint64_t bytes = static_cast<uint64_t>(x.shape.numel()) * dtype_size(x.dtype);
   copy_bytes(*x.storage, x.byte_offset, *out.storage, out.byte_offset, bytes, what);
   out.storage->invalidate_replica();
@@ -269,7 +269,7 @@ static Tensor to_forward(const Tensor& t, const Device& device) {
   if (bytes == 0) return detail::Access::make_tensor(std::move(out));
   // Dense bytes on the source first (a COPY on the source device when strided).
   const auto x = detail::as_contiguous(detail::Access::impl(t), "to");
-  detail::copy_dense(*x, *out, "to(" + dst_backend->device_id(dst_device) + ")");
+  detail::copy_dense(*x, *out, "to");
   return detail::Access::make_tensor(std::move(out));
 }
 
@@ -351,8 +351,7 @@ const Tensor& Tensor::copy_(const Tensor& src) const {
                 "Tensor::copy_: the destination must be contiguous (it is a strided view)");
   if (&dst == &s0) return *this;
   const auto x = detail::as_contiguous(detail::Access::impl(src), "Tensor::copy_");
-  detail::copy_dense(
-      *x, dst, "Tensor::copy_ into " + dst.storage->home_backend()->device_id(dst.storage->home_index()));
+  detail::copy_dense(*x, dst, "Tensor::copy_");
   return *this;
 }
 

@@ -193,7 +193,7 @@ std::string replica_what(const Storage& s, const BackendImpl& exec, int32_t dev)
     if (p == nullptr) return nullptr;
     s.backend->synchronize_if_async(s.device, "op_fallback");
   } catch (const Error& e) {  // the message names the device; the context is added only here
-    throw Error(e.code(), e.message() + " (" + replica_what(s, exec, dev) + ")");
+    rethrow_with_context(e, replica_what(s, exec, dev));
   }
   bp_buffer_import_args args{};
   args.struct_size = BP_BUFFER_IMPORT_ARGS_STRUCT_SIZE;
@@ -232,7 +232,6 @@ uint64_t make_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& e
     }
   }
   const auto t0 = Clock::now();
-  const std::string what = replica_what(s, *exec, dev);
   r->storage = &r->owned.emplace(exec, dev, s.nbytes);
   trace::detail::Span span(trace::detail::kCatCopy, "copy");
   if (span.on()) [[unlikely]] {
@@ -243,7 +242,11 @@ uint64_t make_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& e
     e.text_key = "needed_by";  // the op that needed the bytes (the caller's text: copied)
     e.text = trace::detail::intern(needed_by);
   }
-  copy_bytes(s, 0, *r->storage, 0, s.nbytes, what);
+  try {
+    copy_bytes(s, 0, *r->storage, 0, s.nbytes, "op_fallback");
+  } catch (const Error& e) {  // the context is built only here
+    rethrow_with_context(e, replica_what(s, *exec, dev));
+  }
   if (copy_ns != nullptr) *copy_ns += nanoseconds_since(t0);
   out = std::move(r);
   alias = false;
@@ -499,8 +502,8 @@ void Placement::execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_
     detail::execute(**exec_, device_, op, inputs, num_inputs, output, attrs, fallback_for);
   } catch (const Error& e) {
     if (!state_->placed) throw;
-    throw Error(e.code(), e.message() + " (run there for " + home.device_id(state_->home_device) +
-                              " by its op_fallback \"" + spelling(home) + "\")");
+    rethrow_with_context(e, "run there for " + home.device_id(state_->home_device) +
+                                " by its op_fallback \"" + spelling(home) + "\"");
   }
 }
 
@@ -517,8 +520,12 @@ std::shared_ptr<TensorImpl> allocate_on(const std::shared_ptr<BackendImpl>& back
   return out;
 }
 
+void rethrow_with_context(const Error& e, std::string_view context) {
+  throw Error(e.code(), e.message() + " (" + std::string(context) + ")");
+}
+
 void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uint64_t dst_offset,
-                uint64_t bytes, const std::string& what) {
+                uint64_t bytes, std::string_view what) {
   if (bytes == 0) return;
   BackendImpl& sb = *src.backend;
   BackendImpl& db = *dst.backend;
@@ -533,17 +540,25 @@ void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uin
   if (d != nullptr) db.synchronize_if_async(dst.device, what);
   if (s != nullptr && d != nullptr) {
     std::memmove(d + dst_offset, s + src_offset, static_cast<std::size_t>(bytes));  // views may overlap
-  } else if (s != nullptr) {
-    db.write(dst.buffer, dst_offset, s + src_offset, bytes, what + ": buffer_write");
-  } else if (d != nullptr) {
-    sb.read(src.buffer, src_offset, d + dst_offset, bytes,
-            what + ": buffer_read from " + sb.device_id(src.device));
-  } else {
-    std::vector<std::byte> staging(static_cast<std::size_t>(bytes));
-    sb.read(src.buffer, src_offset, staging.data(), bytes,
-            what + ": buffer_read from " + sb.device_id(src.device));
-    db.write(dst.buffer, dst_offset, staging.data(), bytes, what + ": buffer_write");
+    return;
   }
+  // Through the plugins' buffer_read/buffer_write; a failure's message names
+  // the device and is built only then (check_on is cold).
+  if (d != nullptr) {  // into host memory
+    if (bp_status* st = sb.read_status(src.buffer, src_offset, d + dst_offset, bytes)) [[unlikely]]
+      sb.check_on(st, what, ": buffer_read from ", src.device);
+    return;
+  }
+  std::vector<std::byte> staging;
+  const std::byte* from = s != nullptr ? s + src_offset : nullptr;
+  if (from == nullptr) {  // between two devices without host pointers: staged through host memory
+    staging.resize(static_cast<std::size_t>(bytes));
+    if (bp_status* st = sb.read_status(src.buffer, src_offset, staging.data(), bytes)) [[unlikely]]
+      sb.check_on(st, what, ": buffer_read from ", src.device);
+    from = staging.data();
+  }
+  if (bp_status* st = db.write_status(dst.buffer, dst_offset, from, bytes)) [[unlikely]]
+    db.check_on(st, what, ": buffer_write to ", dst.device);
 }
 
 std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,

@@ -151,9 +151,11 @@ std::shared_ptr<TensorImpl> allocate_on(const std::shared_ptr<BackendImpl>& back
 
 // Copies `bytes` from (src, src_offset) to (dst, dst_offset) between any two
 // devices: memmove between host-visible ones, buffer_read/buffer_write
-// otherwise. Synchronises both devices first. `what` prefixes errors.
+// otherwise. Synchronises both devices first. `what` (the caller's name, a
+// literal: nothing is built unless a call fails) prefixes errors, which name
+// the device that failed.
 void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uint64_t dst_offset,
-                uint64_t bytes, const std::string& what);
+                uint64_t bytes, std::string_view what);
 
 // x's bytes on (backend, device): x itself when they are there, else a view
 // of x's replica there (made on demand). Counted in the fallback report as

@@ -488,7 +488,7 @@ TEST_CASE("loader: options reach the plugin's create") {
   expect_loaded(r.backend("calm"));
   expect_adds(r.backend("calm").device(0));
   const std::string msg = expect_failed(r.backend("bogus"), Errc::plugin_load_failed);
-  BP_CHECK_CONTAINS(msg, "throw_in must be device_info, execute or nothing");
+  BP_CHECK_CONTAINS(msg, "throw_in must be device_info, execute, buffer_read or nothing");
 }
 
 TEST_CASE("loader: an unresolved symbol fails at load time naming it") {

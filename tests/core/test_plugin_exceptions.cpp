@@ -153,6 +153,23 @@ TEST_CASE("plugin_exceptions: a buffer_pointer that throws while copying between
   expect_adds(r.backend("good").device(0));
 }
 
+TEST_CASE("plugin_exceptions: a failed copy between devices names the call, the step and the device") {
+  // cpp_throws fails buffer_read with a status (its exception, through the
+  // SDK) and is not host_visible then: to() and copy_ read through it.
+  Registry r = load(
+      config_json({backend_json("throws", "cpp_throws", false, R"("options": {"throw_in": "buffer_read"})"),
+                   backend_json("good", "good_c")}));
+  const Device good = r.backend("good").device(0);
+  const Tensor t = Tensor::from_vector<float>(r.backend("throws").device(0), {2}, {1.0F, 2.0F});
+  const Error to_error = error_from([&] { (void)t.to(good); });
+  BP_CHECK_CONTAINS(to_error.message(), "to: buffer_read from throws:0");
+  BP_CHECK_CONTAINS(to_error.message(), "cpp_throws: buffer_read exploded");
+  const Tensor dst = zeros(good, {2});
+  const Error copy_error = error_from([&] { dst.copy_(t); });
+  BP_CHECK_CONTAINS(copy_error.message(), "Tensor::copy_: buffer_read from throws:0");
+  CHECK(dst.to_vector<float>() == std::vector<float>{0.0F, 0.0F});  // nothing half-written
+}
+
 TEST_CASE("plugin_exceptions: a buffer_free that throws is logged when the tensor goes away") {
   LogCapture log(LogLevel::warning);
   {
