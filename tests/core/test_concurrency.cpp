@@ -102,3 +102,33 @@ TEST_CASE("concurrency: large buffers are recycled correctly across threads and 
   for (auto& th : threads) th.join();
   CHECK(wrong.load() == 0);
 }
+
+TEST_CASE("concurrency: tensors made on one thread and freed on another keep their values") {
+  // The core keeps freed tensor blocks in a list per thread: a block freed on
+  // another thread joins that thread's list, and is handed out again there
+  // (or freed when that thread ends). Values must never leak between tensors.
+  bp::Registry reg = bptest::load(bptest::config_json({bptest::backend_json("cpu", "backplane_cpu", true)}),
+                                  bp::RequiredPolicy::throw_on_failure);
+  const bp::Device cpu = reg.backend("cpu").device(0);
+  std::atomic<int> wrong{0};
+  for (int round = 0; round < 3; ++round) {
+    std::vector<bp::Tensor> made;
+    std::thread maker([&] {
+      for (int i = 0; i < 600; ++i) made.push_back(bp::full(cpu, {4}, static_cast<float>(round * 1000 + i)));
+    });
+    maker.join();  // its list is gone; the tensors live on
+    std::thread user([&] {
+      for (int i = 0; i < 600; ++i) {
+        const bp::Tensor t = made[static_cast<std::size_t>(i)] + bp::zeros(cpu, {4});
+        if (t.to_vector<float>() != std::vector<float>(4, static_cast<float>(round * 1000 + i))) ++wrong;
+      }
+      made.clear();  // freed here: this thread's list takes up to its bound, the rest is freed
+      for (int i = 0; i < 600; ++i) {
+        const bp::Tensor t = bp::full(cpu, {4}, static_cast<float>(-i)) * bp::ones(cpu, {4});
+        if (t.to_vector<float>() != std::vector<float>(4, static_cast<float>(-i))) ++wrong;
+      }
+    });
+    user.join();
+  }
+  CHECK(wrong.load() == 0);
+}
