@@ -146,14 +146,10 @@ namespace {
   return n;
 }
 
-}  // namespace
-
-namespace {
-
 // TensorImpl blocks (allocate_shared's one allocation: the control block with
-// the object) come from a per-thread free list. Every op's output is one, and
-// their malloc/free was most of the core's per-op cost over the plugin. A
-// block freed on another thread joins that thread's list; each list is
+// the object) come from a per-thread free list. Every op's output is one; a
+// malloc and free of it were about 4 of the core's 63 ns over the plugin for
+// a small add (bench_dispatch). A block freed on another thread joins that thread's list; each list is
 // bounded, and emptied when its thread ends. Under AddressSanitizer blocks go
 // straight back to the heap, so that a use after free is still reported.
 #if defined(__SANITIZE_ADDRESS__)
