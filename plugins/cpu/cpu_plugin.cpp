@@ -11,6 +11,7 @@
 
 #include "device.hpp"
 #include "engine.hpp"
+#include "fp_mode.hpp"
 #include "host_buffer.hpp"
 #include "op_dtypes.hpp"
 #include "options.hpp"
@@ -50,13 +51,14 @@ class CpuPlugin {
     dtypes_ = options.dtypes;
     narrowed_ = !ops_.all() || dtypes_ != HeldDTypes::capabilities();
     network_ = std::move(options.network);
+    fp_mode_ = options.flush_denormals ? kFlushDenormalBits : 0u;
   }
 
   int32_t device_count() { return 1; }
 
   plugin::DeviceInfo device_info(int32_t device) {
     check_device(device);
-    return probe_device(threads_, collective_, network_.shared_memory, ops_, dtypes_);
+    return probe_device(threads_, collective_, network_.shared_memory, ops_, dtypes_, fp_mode_ != 0);
   }
 
   bool supports_op(int32_t device, int32_t op, int32_t dtype) {
@@ -134,6 +136,11 @@ class CpuPlugin {
   void execute(const bp_execute_args& args) {
     if (narrowed_) [[unlikely]]
       check_claimed(args);
+    if (fp_mode_ != 0) [[unlikely]] {
+      const FpModeScope fp(fp_mode_);
+      rethrow(engine().execute(&args, threads_));
+      return;
+    }
     rethrow(engine().execute(&args, threads_));
   }
 
@@ -209,6 +216,7 @@ class CpuPlugin {
   uint64_t dtypes_ = 0;     // option "dtypes": the dtype flags the device declares
   bool narrowed_ = false;   // "ops" or "dtypes" narrows the device: execute checks what it is sent
   NetworkOptions network_;  // where collectives listen (options "hostname" / "interface")
+  unsigned fp_mode_ = 0;    // option "flush_denormals": the MXCSR bits ops run with (fp_mode.hpp)
 };
 
 }  // namespace

@@ -101,7 +101,7 @@ int default_thread_count() noexcept {
 }
 
 plugin::DeviceInfo probe_device(int threads, bool collective, bool shared_memory, const OpSet& ops,
-                                uint64_t dtypes) {
+                                uint64_t dtypes, bool flush_denormals) {
   plugin::DeviceInfo info;
   info.name = "host (" + std::to_string(threads) + " threads)";
   info.capabilities = BP_CAP_HOST_VISIBLE | (dtypes & HeldDTypes::capabilities());
@@ -131,6 +131,9 @@ plugin::DeviceInfo probe_device(int threads, bool collective, bool shared_memory
     info.attributes.emplace_back("cpu_model", std::move(model));
   if (!ops.all()) info.attributes.emplace_back("ops", restricted_ops(ops));
   if (dtypes != HeldDTypes::capabilities()) info.attributes.emplace_back("dtypes", restricted_dtypes(dtypes));
+  if (flush_denormals)
+    info.attributes.emplace_back("flush_denormals",
+                                 "subnormal floats read and written as zero (option \"flush_denormals\")");
   return info;
 }
 

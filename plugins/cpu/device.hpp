@@ -22,9 +22,9 @@ int default_thread_count() noexcept;
 // "ops" / "dtypes"; by default every dtype the device holds), BP_CAP_COLLECTIVE
 // when `collective`, and attributes (threads, blas, blas_threads, simd,
 // vector_math, rng, collectives, openmp, max_ndim, cpu_model; ops and dtypes when
-// the options narrow them).
+// the options narrow them; flush_denormals when that option is on).
 plugin::DeviceInfo probe_device(int threads, bool collective, bool shared_memory, const OpSet& ops,
-                                uint64_t dtypes);
+                                uint64_t dtypes, bool flush_denormals);
 
 // MemAvailable / MemTotal of /proc/meminfo (sysinfo where that cannot be read).
 plugin::MemoryInfo host_memory();

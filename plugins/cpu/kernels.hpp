@@ -11,6 +11,8 @@
 
 #include <backplane/plugin/strided.hpp>
 
+#include "fp_mode.hpp"
+
 #ifdef _OPENMP
 #include <omp.h>
 #define BP_CPU_PRAGMA(x) _Pragma(#x)
@@ -56,7 +58,9 @@ bool run_chunks(int64_t n, int team, Fn&& fn) {
   if (team <= 1) return fn(int64_t{0}, n);
   bool ok = true;
 #ifdef _OPENMP
+  const unsigned mode = fp_mode();  // the team computes as the caller does (fp_mode.hpp)
   BP_CPU_PRAGMA(omp parallel num_threads(team) reduction(&& : ok)) {
+    const FpModeScope fp(mode);
     const int64_t nt = omp_get_num_threads();
     const int64_t per = ((n + nt - 1) / nt + 63) / 64 * 64;
     const int64_t lo = std::min(n, omp_get_thread_num() * per);
@@ -82,7 +86,9 @@ bool parallel_for_rows(int64_t rows, int64_t row_elements, int threads, Fn&& fn)
   if (t <= 1 || rows < 2) return fn(int64_t{0}, rows);
   bool ok = true;
 #ifdef _OPENMP
+  const unsigned mode = fp_mode();
   BP_CPU_PRAGMA(omp parallel num_threads(static_cast<int>(std::min<int64_t>(t, rows))) reduction(&& : ok)) {
+    const FpModeScope fp(mode);
     const int64_t nt = omp_get_num_threads();
     const int64_t id = omp_get_thread_num();
     const int64_t lo = rows * id / nt;

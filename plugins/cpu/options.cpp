@@ -1,6 +1,8 @@
 // Parsing of the cpu plugin's options object.
 #include "options.hpp"
 
+#include "fp_mode.hpp"
+
 #include <backplane/plugin/status.hpp>
 #include <nlohmann/json.hpp>
 
@@ -113,6 +115,13 @@ Options parse_options(const std::string& json_text) {
       parsed.dtypes = dtypes_option(value);
     } else if (key == "shared_memory") {
       parsed.network.shared_memory = bool_option(key, value);
+    } else if (key == "flush_denormals") {
+      parsed.flush_denormals = bool_option(key, value);
+      if (parsed.flush_denormals && !kCanFlushDenormals)
+        fail(BP_STATUS_UNSUPPORTED,
+             "cpu: option \"flush_denormals\": this build cannot switch the floating-point mode (x86-64 "
+             "only); "
+             "remove the option");
     } else if (key == "hierarchical") {
       parsed.network.hierarchical = bool_option(key, value);
     } else if (key == "hostname") {
@@ -123,7 +132,7 @@ Options parse_options(const std::string& json_text) {
       fail(BP_STATUS_INVALID_ARGUMENT,
            "cpu: unknown option " + nlohmann::json(key).dump() +
                " (accepted: \"threads\", \"collective\", \"ops\", \"dtypes\", \"hostname\", \"interface\", "
-               "\"shared_memory\", \"hierarchical\")");
+               "\"shared_memory\", \"hierarchical\", \"flush_denormals\")");
     }
   }
   if (!parsed.network.hostname.empty() && !parsed.network.interface.empty())

@@ -29,6 +29,9 @@ struct Options {
   // model a partial backend (and the host's op_fallback) with the real kernels.
   OpSet ops = OpSet().set();                     // "ops": the ops supports_op may accept
   uint64_t dtypes = HeldDTypes::capabilities();  // "dtypes": the BP_CAP_DTYPE flags the device declares
+  // "flush_denormals": ops read subnormal floats as zero and give zero for
+  // them (fp_mode.hpp); off (the default): IEEE, as PyTorch.
+  bool flush_denormals = false;
 };
 
 // Parses the options JSON text ("{}" or "null" for none). Unknown keys and

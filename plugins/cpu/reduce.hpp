@@ -332,7 +332,9 @@ void reduce_contiguous(const T* x, typename Reducer<Op, T>::Out* out, int64_t ou
       int64_t index = -1;
     };
     std::vector<Partial> parts(2 * static_cast<std::size_t>(team));
+    const unsigned mode = fp_mode();  // the team computes as the caller does (fp_mode.hpp)
     BP_CPU_PRAGMA(omp parallel num_threads(team)) {
+      const FpModeScope fp(mode);
       const int64_t id = omp_get_thread_num();
       int64_t lo, hi;
       share(outer * n, omp_get_num_threads(), id, lo, hi);
@@ -412,7 +414,9 @@ void reduce_vertical(const T* x, typename Reducer<Op, T>::Out* out, int64_t oute
       int64_t index[kTile];
     };
     std::vector<Partial> parts(2 * static_cast<std::size_t>(team));
+    const unsigned mode = fp_mode();  // the team computes as the caller does (fp_mode.hpp)
     BP_CPU_PRAGMA(omp parallel num_threads(team)) {
+      const FpModeScope fp(mode);
       const int64_t id = omp_get_thread_num();
       int64_t lo, hi;
       share(units * n, omp_get_num_threads(), id, lo, hi);

@@ -1,17 +1,23 @@
 // The cpu plugin's op side through its ABI table alone (dlopen + bp_plugin_entry,
 // no core): lazy start (listing loads no kernel library), the device's flags and
 // supports_op against execute, the options that narrow what the device claims,
-// DLPack import, data-dependent errors, and softmax of widely spread logits.
+// flush_denormals, DLPack import, data-dependent errors, and softmax of widely spread logits.
 // Requests are the ones a host would send.
 #include <backplane/abi.h>
 #include <dlfcn.h>
 #include <doctest/doctest.h>
 #include <link.h>
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
+
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+#endif
 
 namespace {
 
@@ -403,6 +409,91 @@ TEST_CASE("cpu: option dtypes narrows the dtype flags and supports_op to the lis
     CHECK((q.info().capabilities & BP_CAP_MATMUL) == 0);
   }
 }
+
+#if defined(__x86_64__)
+// MXCSR's flush-to-zero and denormals-are-zero bits of the calling thread.
+unsigned flush_bits() { return _mm_getcsr() & 0x8040u; }
+
+// n subnormal f32 values (1e-40) through mul by 1, sum, and sum over the rows
+// of the values as a matrix of `cols` columns (the reduction's tiled path).
+struct Subnormals {
+  int64_t kept = 0;          // elements of the product still 1e-40
+  float sum = 0;             // of all
+  int64_t zero_columns = 0;  // column sums that came out as zero
+};
+Subnormals subnormal_results(Plugin& p, int64_t n, int64_t cols) {
+  const float tiny = 1e-40f;
+  std::vector<int64_t> shape{n}, one{1}, matrix{n / cols, cols}, row{cols}, sa, sb, so, ss, sm, sc;
+  bp_buffer* a = p.upload(std::vector<float>(static_cast<size_t>(n), tiny));
+  bp_buffer* b = p.upload(std::vector<float>(static_cast<size_t>(n), 1.0f));
+  bp_buffer* o = p.alloc(static_cast<uint64_t>(n) * sizeof(float));
+  bp_buffer* s = p.alloc(sizeof(float));
+  bp_buffer* c = p.alloc(static_cast<uint64_t>(cols) * sizeof(float));
+  const bp_tensor x = dense(a, BP_DTYPE_F32, shape, sa);
+  REQUIRE(
+      p.execute(BP_OP_MUL, {x, dense(b, BP_DTYPE_F32, shape, sb)}, dense(o, BP_DTYPE_F32, shape, so)).code ==
+      BP_STATUS_OK);
+  bp_op_attrs attrs{};
+  attrs.axis = 0;
+  Outcome r = p.execute(BP_OP_SUM, {x}, dense(s, BP_DTYPE_F32, one, ss), attrs);
+  REQUIRE_MESSAGE(r.code == BP_STATUS_OK, r.message);
+  r = p.execute(BP_OP_SUM, {dense(a, BP_DTYPE_F32, matrix, sm)}, dense(c, BP_DTYPE_F32, row, sc), attrs);
+  REQUIRE_MESSAGE(r.code == BP_STATUS_OK, r.message);
+  // Compared as bits: a caller with denormals-are-zero set would see 1e-40 == 0.
+  Subnormals got;
+  const std::vector<uint32_t> out = p.download<uint32_t>(o, static_cast<size_t>(n));
+  got.kept = std::count(out.begin(), out.end(), std::bit_cast<uint32_t>(tiny));
+  got.sum = p.download<float>(s, 1)[0];
+  const std::vector<uint32_t> columns = p.download<uint32_t>(c, static_cast<size_t>(cols));
+  got.zero_columns = std::count(columns.begin(), columns.end(), 0u);
+  return got;
+}
+
+TEST_CASE(
+    "cpu: option flush_denormals makes subnormal floats zero, on every thread of a team, and leaves the "
+    "caller's mode as it was") {
+  REQUIRE(std::fpclassify(1e-40f) == FP_SUBNORMAL);
+  // 3 elements run on the calling thread; 2^17 on a team of two (over the team threshold).
+  for (const int64_t n : {int64_t{3}, int64_t{1} << 17}) {
+    CAPTURE(n);
+    const int64_t cols = n == 3 ? 3 : 64;
+    const unsigned before = flush_bits();
+    for (const bool flush : {false, true}) {
+      CAPTURE(flush);
+      Plugin p(flush ? R"({"threads": 2, "flush_denormals": true})" : R"({"threads": 2})");
+      const Subnormals got = subnormal_results(p, n, cols);
+      if (flush) {
+        CHECK(got.kept == 0);  // every element, whichever thread ran it
+        CHECK(got.sum == 0.0f);
+        CHECK(got.zero_columns == cols);
+      } else {
+        CHECK(got.kept == n);
+        CHECK(got.sum == doctest::Approx(1e-40 * static_cast<double>(n)).epsilon(1e-3));
+        CHECK(got.zero_columns == 0);
+      }
+      CHECK(flush_bits() == before);  // the host's mode is untouched
+      CHECK(p.attribute("flush_denormals").empty() == !flush);
+    }
+  }
+  // A caller that flushes already keeps flushing with the option off (the team follows it too).
+  {
+    struct Flushing {  // the caller's mode for this block, restored however it ends
+      unsigned saved = _mm_getcsr();
+      Flushing() { _mm_setcsr(saved | 0x8040u); }
+      ~Flushing() { _mm_setcsr(saved); }
+    } flushing;
+    Plugin p;
+    const Subnormals got = subnormal_results(p, int64_t{1} << 17, 64);
+    CHECK(got.kept == 0);
+    CHECK(std::bit_cast<uint32_t>(got.sum) == 0u);
+    CHECK(got.zero_columns == 64);
+  }
+
+  const Outcome r = create(R"({"flush_denormals": "yes"})");
+  CHECK(r.code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(r.message.find("option \"flush_denormals\" must be true or false, got \"yes\"") != std::string::npos);
+}
+#endif
 
 TEST_CASE(
     "cpu: options ops and dtypes reject bad values, naming the option, the value and the names accepted") {
