@@ -89,17 +89,19 @@ class PartReader {
   bool ended_ = false;
 };
 
-void append_int(std::string& out, int64_t v) {
+template <class Int>
+void append_int(std::string& out, Int v) {
   char buf[24];
   const auto r = std::to_chars(buf, buf + sizeof buf, v);
   out.append(buf, static_cast<std::size_t>(r.ptr - buf));
 }
 
 // Nanoseconds as microseconds with three decimals ("1234.567").
-void append_ts(std::string& out, int64_t ns) {
-  if (ns < 0) {
+void append_ts(std::string& out, int64_t signed_ns) {
+  uint64_t ns = static_cast<uint64_t>(signed_ns);
+  if (signed_ns < 0) {
     out += '-';
-    ns = -ns;
+    ns = 0 - ns;  // the magnitude, INT64_MIN's too
   }
   append_int(out, ns / 1000);
   const auto frac = static_cast<int>(ns % 1000);
@@ -117,18 +119,15 @@ std::string_view text_of(const StringTable& t, uint32_t id) {
   return it != t.end() ? std::string_view(it->second) : std::string_view("?");
 }
 
-// An event record as a Trace Event Format event; false when it is malformed.
+// An event record as a Trace Event Format event, its t0 read after prev_t0
+// (and set to it); false when it is malformed.
 bool append_event(std::string& out, const std::string& record, const StringTable& t, int64_t pid,
-                  int64_t offset_ns) {
-  EventHead h;
-  if (record.size() < sizeof h) return false;
-  std::memcpy(&h, record.data(), sizeof h);
-  if (h.nshapes > Event::kMaxShapes || record.size() < sizeof h + h.nshapes || h.kind > 3) return false;
-  const auto* ndim = reinterpret_cast<const uint8_t*>(record.data() + sizeof h);
-  std::size_t dims = 0;
-  for (int i = 0; i < h.nshapes; ++i) dims += ndim[i];
-  if (record.size() != sizeof h + h.nshapes + dims * sizeof(int64_t)) return false;
-  const char* dim_bytes = record.data() + sizeof h + h.nshapes;
+                  int64_t offset_ns, int64_t& prev_t0) {
+  EventFields h;
+  uint8_t ndim[kMaxEventShapes] = {};
+  int64_t dim_values[kMaxEventDims] = {};
+  if (!decode_event(record, prev_t0, h, ndim, dim_values)) return false;
+  prev_t0 = h.t0;
   const auto kind = static_cast<Kind>(h.kind);
   const std::string_view cat = text_of(t, h.cat);
   out += "{\"ph\":\"";
@@ -142,10 +141,10 @@ bool append_event(std::string& out, const std::string& record, const StringTable
   out += ",\"tid\":";
   append_int(out, h.tid);
   out += ",\"ts\":";
-  append_ts(out, h.t0 + offset_ns);
+  append_ts(out, wrap_add(h.t0, offset_ns));
   if (kind == Kind::span) {
     out += ",\"dur\":";
-    append_ts(out, h.t1 - h.t0);
+    append_ts(out, wrap_sub(h.t1, h.t0));
   } else if (kind == Kind::instant) {
     out += ",\"s\":\"t\"";
   } else {
@@ -188,14 +187,12 @@ bool append_event(std::string& out, const std::string& record, const StringTable
       out += '[';
       for (int j = 0; j < ndim[i]; ++j) {
         if (j > 0) out += ',';
-        int64_t d = 0;
-        std::memcpy(&d, dim_bytes + sizeof(int64_t) * at++, sizeof d);
-        append_int(out, d);
+        append_int(out, dim_values[at++]);
       }
       out += ']';
     }
     out += ']';
-    if (h.shapes_cut != 0) {
+    if (h.shapes_cut) {
       key("shapes_cut");
       out += "true";
     }
@@ -510,6 +507,8 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
         detail::StringTable strings;
         detail::Record type{};
         std::string payload;
+        int64_t prev_t0 = 0;      // events' times are chained (trace_format.hpp)
+        bool chain_lost = false;  // after a malformed event the later events' times are unknown
         while (reader.next(type, payload)) {
           if (type == detail::Record::string) {
             uint32_t id = 0;
@@ -520,9 +519,12 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
             std::memcpy(&id, payload.data(), sizeof id);
             strings[id] = payload.substr(sizeof id);
           } else if (type == detail::Record::event) {
+            if (chain_lost) continue;
             line.clear();
-            if (!detail::append_event(line, payload, strings, info.rank + info.pid_shift, info.offset_ns)) {
+            if (!detail::append_event(line, payload, strings, info.rank + info.pid_shift, info.offset_ns,
+                                      prev_t0)) {
               ++info.torn;
+              chain_lost = true;
               continue;
             }
             emit(line);

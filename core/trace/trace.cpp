@@ -164,6 +164,7 @@ struct State {
   int64_t tick_ref = 0;
   int64_t ns_ref = 0;
   double ns_per_tick = 1.0;
+  int64_t prev_t0 = 0;  // the last event's t0 in the part: the next one's is written after it
   std::string write_error;
 };
 
@@ -306,35 +307,42 @@ uint32_t interned_id(State& s, uint32_t id) {
   return id;
 }
 
+static_assert(Event::kMaxShapes == kMaxEventShapes && Event::kMaxDims == kMaxEventDims,
+              "an event's shapes fit its record");
+
 void append_event(State& s, int64_t tid, const Event& e) {
-  EventHead h;
-  h.t0 = e.ticks ? ticks_to_ns(s, e.t0) : e.t0;
-  h.t1 = e.ticks ? ticks_to_ns(s, e.t1) : e.t1;
-  h.bytes = e.bytes;
-  h.count = e.count_key != nullptr ? e.count : -1;
-  h.flow = e.flow;
-  h.tid = tid;
-  h.cat = pointer_id(s, e.cat);
-  h.name = e.name != nullptr ? pointer_id(s, e.name) : interned_id(s, e.name_id);
-  h.device = interned_id(s, e.device);
-  h.peer = interned_id(s, e.peer);
-  h.text_key = pointer_id(s, e.text_key);
-  h.text = h.text_key != 0 ? interned_id(s, e.text) : 0;
-  h.count_key = pointer_id(s, e.count_key);
-  h.dtype = e.dtype;
-  h.kind = static_cast<uint8_t>(e.kind);
-  h.nshapes = std::min<uint8_t>(e.nshapes, Event::kMaxShapes);
-  h.shapes_cut = e.shapes_cut ? 1 : 0;
+  EventFields f;
+  f.t0 = e.ticks ? ticks_to_ns(s, e.t0) : e.t0;
+  f.t1 = e.ticks ? ticks_to_ns(s, e.t1) : e.t1;
+  f.bytes = e.bytes;
+  f.count = e.count;
+  f.flow = e.flow;
+  f.tid = tid;
+  f.cat = pointer_id(s, e.cat);
+  f.name = e.name != nullptr ? pointer_id(s, e.name) : interned_id(s, e.name_id);
+  f.device = interned_id(s, e.device);
+  f.peer = interned_id(s, e.peer);
+  f.text_key = pointer_id(s, e.text_key);
+  f.text = f.text_key != 0 ? interned_id(s, e.text) : 0;
+  f.count_key = e.count_key != nullptr ? pointer_id(s, e.count_key) : 0;
+  f.dtype = e.dtype;
+  f.kind = static_cast<uint8_t>(e.kind);
+  f.nshapes = std::min<uint8_t>(e.nshapes, Event::kMaxShapes);
+  f.shapes_cut = e.shapes_cut;
+  uint8_t ndim[Event::kMaxShapes];
   int dims = 0;
-  for (int i = 0; i < h.nshapes; ++i) dims += e.ndim[i];
-  dims = std::min(dims, Event::kMaxDims);
-  const auto size =
-      static_cast<uint32_t>(sizeof h + h.nshapes + sizeof(int64_t) * static_cast<std::size_t>(dims));
-  s.out.append(reinterpret_cast<const char*>(&size), sizeof size);
-  s.out += static_cast<char>(Record::event);
-  s.out.append(reinterpret_cast<const char*>(&h), sizeof h);
-  s.out.append(reinterpret_cast<const char*>(e.ndim), h.nshapes);
-  s.out.append(reinterpret_cast<const char*>(e.dims), sizeof(int64_t) * static_cast<std::size_t>(dims));
+  for (int i = 0; i < f.nshapes; ++i) {
+    ndim[i] = static_cast<uint8_t>(std::min<int>(e.ndim[i], Event::kMaxDims - dims));
+    dims += ndim[i];
+  }
+  // The record (trace_format.hpp) built in place: its header, then the payload.
+  unsigned char record[kRecordHeader + kMaxEventPayload];
+  const std::size_t payload = encode_event(record + kRecordHeader, f, ndim, e.dims, s.prev_t0);
+  s.prev_t0 = f.t0;
+  const auto size = static_cast<uint32_t>(payload);
+  std::memcpy(record, &size, sizeof size);
+  record[4] = static_cast<unsigned char>(Record::event);
+  s.out.append(reinterpret_cast<const char*>(record), kRecordHeader + payload);
 }
 
 void append_metadata(std::string& out, const State& s, const char* name, int64_t tid, const std::string& args,

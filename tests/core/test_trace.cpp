@@ -3,6 +3,7 @@
 // ranges around what they contain), per-thread order and nesting, the event
 // cap, a killed process's part, and the merge.
 #include "test_support.hpp"
+#include "trace/trace_format.hpp"
 
 #include <backplane/backplane.hpp>
 #include <backplane/trace.hpp>
@@ -15,10 +16,12 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -65,6 +68,84 @@ std::vector<json> events(const json& trace, const std::string& ph) {
 }
 
 }  // namespace
+
+TEST_CASE(
+    "trace: an event record's varints give back every field, extremes included, and a record cut short or "
+    "with bytes left over is refused") {
+  namespace d = bp::trace::detail;
+  constexpr int64_t lo = std::numeric_limits<int64_t>::min();
+  constexpr int64_t hi = std::numeric_limits<int64_t>::max();
+  d::EventFields e;
+  e.t0 = hi - 5;
+  e.t1 = hi;
+  e.bytes = hi;
+  e.count = lo;
+  e.count_key = 0xffffffffu;
+  e.flow = std::numeric_limits<uint64_t>::max();
+  e.tid = 4194304;
+  e.cat = 65537;
+  e.name = 0xfffffffeu;
+  e.device = 3;
+  e.peer = 7;
+  e.text_key = 65600;
+  e.text = 1;
+  e.dtype = BP_DTYPE_BF16;
+  e.kind = 0;
+  e.nshapes = 4;
+  e.shapes_cut = true;
+  const uint8_t ndim[4] = {0, 1, 7, 8};
+  int64_t dims[16];
+  for (int i = 0; i < 16; ++i) dims[i] = i % 2 == 0 ? hi - i : lo + i;
+  unsigned char buf[d::kMaxEventPayload];
+  const int64_t prev = lo + 3;  // the chained time difference overflows both ways
+  const std::size_t n = d::encode_event(buf, e, ndim, dims, prev);
+  REQUIRE(n <= d::kMaxEventPayload);
+  const std::string payload(reinterpret_cast<const char*>(buf), n);
+  d::EventFields g;
+  uint8_t gndim[4] = {};
+  int64_t gdims[16] = {};
+  REQUIRE(d::decode_event(payload, prev, g, gndim, gdims));
+  CHECK(g.t0 == e.t0);
+  CHECK(g.t1 == e.t1);
+  CHECK(g.bytes == e.bytes);
+  CHECK(g.count == e.count);
+  CHECK(g.count_key == e.count_key);
+  CHECK(g.flow == e.flow);
+  CHECK(g.tid == e.tid);
+  CHECK(g.cat == e.cat);
+  CHECK(g.name == e.name);
+  CHECK(g.device == e.device);
+  CHECK(g.peer == e.peer);
+  CHECK(g.text_key == e.text_key);
+  CHECK(g.text == e.text);
+  CHECK(g.dtype == e.dtype);
+  CHECK(g.kind == e.kind);
+  CHECK(g.nshapes == 4);
+  CHECK(g.shapes_cut);
+  CHECK(std::memcmp(gndim, ndim, sizeof ndim) == 0);
+  CHECK(std::memcmp(gdims, dims, sizeof dims) == 0);
+  for (std::size_t cut = 0; cut < n; ++cut) {
+    CAPTURE(cut);
+    CHECK_FALSE(d::decode_event(payload.substr(0, cut), prev, g, gndim, gdims));
+  }
+  CHECK_FALSE(d::decode_event(payload + '\0', prev, g, gndim, gdims));
+
+  // An instant with nothing optional: no duration, -1 and 0 for what is absent.
+  d::EventFields i;
+  i.t0 = 1000;
+  i.kind = 1;
+  const std::size_t m = d::encode_event(buf, i, nullptr, nullptr, 990);
+  CHECK(m <= 8);
+  REQUIRE(d::decode_event(std::string(reinterpret_cast<const char*>(buf), m), 990, g, gndim, gdims));
+  CHECK(g.t0 == 1000);
+  CHECK(g.t1 == 1000);
+  CHECK(g.bytes == -1);
+  CHECK(g.count == -1);
+  CHECK(g.count_key == 0);
+  CHECK(g.dtype == -1);
+  CHECK(g.nshapes == 0);
+  CHECK_FALSE(g.shapes_cut);
+}
 
 TEST_CASE("trace: ops are recorded with device, dtype and shapes, in order per thread, inside their ranges") {
   const bp::Registry r = trace_registry();
@@ -298,22 +379,26 @@ TEST_CASE(
     bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
   // A clock record, as a rank's alignment writes it: 5 us behind rank 0.
-  const std::string magic = "backplane trace part 2\n";
+  const std::string magic = "backplane trace part 3\n";
   const std::string clock =
       R"({"ph":"M","name":"backplane_clock","pid":0,"tid":0,"args":{"offset_ns":5000,"error_ns":100,"rounds":8}})";
   const auto clock_size = static_cast<uint32_t>(clock.size());
   bytes.insert(magic.size(), std::string(reinterpret_cast<const char*>(&clock_size), 4) + "M" + clock);
   // Walk the records (u32 size, u8 type, payload) to the last event's.
-  std::size_t at = magic.size(), last_event = 0;
+  std::size_t at = magic.size(), last_event = 0, last_size = 0;
   while (at + 5 <= bytes.size()) {
     uint32_t size = 0;
     std::memcpy(&size, bytes.data() + at, 4);
-    if (bytes[at + 4] == 'E') last_event = at;
+    if (bytes[at + 4] == 'E') {
+      last_event = at;
+      last_size = size;
+    }
     if (bytes[at + 4] == 'Z') break;
     at += 5 + size;
   }
   REQUIRE(last_event > 0);
-  bytes.resize(last_event + 20);
+  REQUIRE(last_size > 2);
+  bytes.resize(last_event + 5 + last_size / 2);  // the record cut in its middle
   std::ofstream(torn, std::ios::binary | std::ios::trunc) << bytes;
   const bp::trace::MergeResult m = bp::trace::merge({torn.string()}, (dir / "out.json").string());
   CHECK(m.events == 1);
