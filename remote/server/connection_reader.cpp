@@ -120,7 +120,8 @@ void Connection::read_payload() {
     const wire::Message* m = wire::GetMessage(message_.data());  // verified in on_message
     if (const auto target = session_->direct_write(*m->body_as_Write())) {
       if (got != 0) std::memcpy(target->data(), payload_.data(), got);
-      give_spare(std::move(payload_));
+      // Freed, not kept as a spare: the worker is idle, and an idle session
+      // holds nothing but its buffers against --max-total-bytes.
       payload_ = ByteBuffer();
       if (read_direct(target->subspan(got))) pump();
       return;
