@@ -310,6 +310,11 @@ PartInfo read_info_unchecked(const std::string& path) {
   std::string line;
   if (!std::getline(in, line)) unreadable(path, "it is empty");
   info.merged = line == kMergedHead;
+  if (line.rfind("backplane trace part ", 0) == 0)
+    throw Error(Errc::invalid_argument, "trace merge: '" + path + "' is a trace part of another version (\"" +
+                                            line + "\", this build reads \"" +
+                                            std::string(kPartMagic.substr(0, kPartMagic.size() - 1)) +
+                                            "\"); merge it with the backplane that wrote it");
   if (line == "[") {
     std::string second;
     if (std::getline(in, second) && second.find("\"backplane_part\"") != std::string::npos)
@@ -519,7 +524,10 @@ MergeResult merge(const std::vector<std::string>& parts, const std::string& outp
             std::memcpy(&id, payload.data(), sizeof id);
             strings[id] = payload.substr(sizeof id);
           } else if (type == detail::Record::event) {
-            if (chain_lost) continue;
+            if (chain_lost) {  // counted: what the part held and the trace does not show
+              ++info.torn;
+              continue;
+            }
             line.clear();
             if (!detail::append_event(line, payload, strings, info.rank + info.pid_shift, info.offset_ns,
                                       prev_t0)) {

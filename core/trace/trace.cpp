@@ -558,7 +558,7 @@ void start(Options options) {
   s->generation = g_generation.fetch_add(1) + 1;
   s->out = kPartMagic;
   append_metadata(s->out, *s, kMetaPart, 0,
-                  "\"format\":2,\"rank\":" + std::to_string(s->rank) +
+                  "\"format\":3,\"rank\":" + std::to_string(s->rank) +
                       ",\"world\":" + std::to_string(s->world) + ",\"pid\":" + std::to_string(::getpid()) +
                       ",\"max_events\":" + std::to_string(s->max_events) +
                       ",\"start\":" + std::to_string(s->start));

@@ -179,7 +179,7 @@ inline std::size_t encode_event(unsigned char* out, const EventFields& e, const 
   *p++ = flags;
   *p++ = static_cast<unsigned char>((e.kind & 3) | (e.nshapes << 2));
   p = put_varint(p, zigzag(wrap_sub(e.t0, prev_t0)));
-  if (e.kind == 0) p = put_varint(p, zigzag(wrap_sub(e.t1, e.t0)));
+  if ((e.kind & 3) == 0) p = put_varint(p, zigzag(wrap_sub(e.t1, e.t0)));
   p = put_varint(p, static_cast<uint64_t>(e.tid));
   p = put_varint(p, e.cat);
   p = put_varint(p, e.name);

@@ -136,12 +136,13 @@ class CpuPlugin {
   void execute(const bp_execute_args& args) {
     if (narrowed_) [[unlikely]]
       check_claimed(args);
+    const EngineApi& kernels = engine();  // loaded (with OpenBLAS's threads) in the host's mode
     if (fp_mode_ != 0) [[unlikely]] {
       const FpModeScope fp(fp_mode_);
-      rethrow(engine().execute(&args, threads_));
+      rethrow(kernels.execute(&args, threads_));
       return;
     }
-    rethrow(engine().execute(&args, threads_));
+    rethrow(kernels.execute(&args, threads_));
   }
 
   // Collectives: forwarded to the Communicator (collectives.hpp) inside the engine.

@@ -132,8 +132,9 @@ plugin::DeviceInfo probe_device(int threads, bool collective, bool shared_memory
   if (!ops.all()) info.attributes.emplace_back("ops", restricted_ops(ops));
   if (dtypes != HeldDTypes::capabilities()) info.attributes.emplace_back("dtypes", restricted_dtypes(dtypes));
   if (flush_denormals)
-    info.attributes.emplace_back("flush_denormals",
-                                 "subnormal floats read and written as zero (option \"flush_denormals\")");
+    info.attributes.emplace_back(
+        "flush_denormals",
+        "f32/f64 arithmetic reads and gives subnormals as zero (option \"flush_denormals\")");
   return info;
 }
 

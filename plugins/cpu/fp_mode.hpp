@@ -7,9 +7,12 @@
 // TensorFlow and XLA do by default and torch.set_flush_denormal(True) asks.
 //
 // The mode is a thread's: the plugin switches it on the calling thread for
-// one op and switches back (leaving the host's floating-point environment as
-// it found it, exception flags included), and each OpenMP team thread runs
-// its chunk in the mode of the thread that started the team.
+// one op and puts the two bits back after (exception flags the op raised
+// stay raised, as they would without the option), and each OpenMP team
+// thread runs its chunk in the mode of the thread that started the team.
+// A thread created while a thread flushes inherits its mode (Linux threads
+// start with their creator's MXCSR): libgomp's workers, when a flushed op
+// opens the process's first team, keep flushing outside these ops.
 #ifndef BACKPLANE_PLUGINS_CPU_FP_MODE_HPP_
 #define BACKPLANE_PLUGINS_CPU_FP_MODE_HPP_
 

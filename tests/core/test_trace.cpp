@@ -20,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -130,6 +131,27 @@ TEST_CASE(
   }
   CHECK_FALSE(d::decode_event(payload + '\0', prev, g, gndim, gdims));
 
+  // The chained difference overflowing the other way.
+  e.t0 = lo + 5;
+  e.t1 = lo + 9;
+  const std::size_t back = d::encode_event(buf, e, ndim, dims, hi - 3);
+  REQUIRE(d::decode_event(std::string(reinterpret_cast<const char*>(buf), back), hi - 3, g, gndim, gdims));
+  CHECK(g.t0 == lo + 5);
+  CHECK(g.t1 == lo + 9);
+
+  // Hostile records: a varint of 11 bytes, more than 4 shapes, dims counts past 16.
+  const auto bytes = [](std::initializer_list<int> v) {
+    std::string r;
+    for (const int b : v) r += static_cast<char>(b);
+    return r;
+  };
+  std::string long_varint = bytes({0, 1});  // flags, an instant with no shapes
+  long_varint.append(10, static_cast<char>(0x80));
+  long_varint += '\x01';
+  CHECK_FALSE(d::decode_event(long_varint, 0, g, gndim, gdims));
+  CHECK_FALSE(d::decode_event(bytes({0, (5 << 2) | 1, 0, 0, 0, 0, 0}), 0, g, gndim, gdims));
+  CHECK_FALSE(d::decode_event(bytes({0, 4 << 2, 0, 0, 0, 0, 0, 0, 5, 5, 5, 5}), 0, g, gndim, gdims));
+
   // An instant with nothing optional: no duration, -1 and 0 for what is absent.
   d::EventFields i;
   i.t0 = 1000;
@@ -145,6 +167,23 @@ TEST_CASE(
   CHECK(g.dtype == -1);
   CHECK(g.nshapes == 0);
   CHECK_FALSE(g.shapes_cut);
+}
+
+TEST_CASE("trace: a part another version wrote is refused, naming both versions") {
+  const fs::path dir = fs::temp_directory_path() / ("bp_trace_v2_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path part = dir / "old.json.rank0.part";
+  std::ofstream(part, std::ios::binary) << "backplane trace part 2\n" << std::string(16, '\0');
+  try {
+    bp::trace::merge({part.string()}, (dir / "out.json").string());
+    FAIL("merged a part of another version");
+  } catch (const bp::Error& e) {
+    CHECK(e.code() == bp::Errc::invalid_argument);
+    CHECK_MESSAGE(std::string(e.what()).find("another version (\"backplane trace part 2\", this build reads "
+                                             "\"backplane trace part 3\")") != std::string::npos,
+                  e.what());
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("trace: ops are recorded with device, dtype and shapes, in order per thread, inside their ranges") {
