@@ -324,7 +324,7 @@ void append_event(State& s, int64_t tid, const Event& e) {
   f.peer = interned_id(s, e.peer);
   f.text_key = pointer_id(s, e.text_key);
   f.text = f.text_key != 0 ? interned_id(s, e.text) : 0;
-  f.count_key = e.count_key != nullptr ? pointer_id(s, e.count_key) : 0;
+  f.count_key = pointer_id(s, e.count_key);  // 0 for none, as text_key
   f.dtype = e.dtype;
   f.kind = static_cast<uint8_t>(e.kind);
   f.nshapes = std::min<uint8_t>(e.nshapes, Event::kMaxShapes);

@@ -7,7 +7,7 @@
 // formats at the end). It is the magic line kPartMagic, then records, each a
 // little-endian u32 payload size, a u8 Record type and the payload:
 //  - string: a u32 id and the text (JSON-escaped) the part's events name by it;
-//  - event: an event in varints (EventCoding below): about 30 bytes for an
+//  - event: an event in varints (EventFields and encode_event below): about 30 bytes for an
 //    op where the fixed layout of part 2 took 140;
 //  - meta: a Trace Event Format metadata event as JSON text: backplane_part
 //    (rank, world, pid), backplane_clock, backplane_dropped, thread and
