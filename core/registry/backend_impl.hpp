@@ -73,6 +73,10 @@ struct BackendImpl {
   // below calls ensure_loaded() first; a Device exists only for a loaded
   // backend, so everything reached through one is loaded already.
   mutable std::once_flag load_once;
+  // Set (release) when load_once has run: ensure_loaded's fast path, one
+  // load instead of std::call_once (which goes through thread-locals and
+  // pthread_once on every call).
+  mutable std::atomic<bool> load_done{false};
   mutable std::function<void(BackendImpl&)> loader;  // set by the registry; dropped once run
   // Loads the backend unless that happened (or was tried) already; never
   // throws: a failure is the status. Thread-safe.

@@ -79,10 +79,13 @@ void BackendImpl::check(bp_status* status, std::string_view what) const {
 }
 
 void BackendImpl::ensure_loaded() const {
+  if (load_done.load(std::memory_order_acquire)) [[likely]]
+    return;
   std::call_once(load_once, [this] {
     // Never a const object: every BackendImpl is made by make_shared.
     auto& self = const_cast<BackendImpl&>(*this);
     if (auto load = std::exchange(self.loader, nullptr)) load(self);
+    load_done.store(true, std::memory_order_release);
   });
 }
 

@@ -35,6 +35,11 @@ class OpFallbackState {
     std::atomic<uint64_t> timed_nanoseconds{0};  // their time
     std::atomic<uint64_t> copy_nanoseconds{0};   // time in copies back home (every one timed)
     std::atomic<bool> logged{false};             // the first fallback of the pair is logged once
+    // The target found to run the pair (with a result of the same dtype) for
+    // a home device that surely lacks it (the matmul or dtype rule, or
+    // supports_op's no): placement's decision in one load, made again when
+    // the target changes (a pointer into keep_, unique per target).
+    std::atomic<const std::shared_ptr<BackendImpl>*> runs_there{nullptr};
   };
   static constexpr std::size_t kSlots = static_cast<std::size_t>(BP_OP_COUNT_) * BP_DTYPE_COUNT_;
 

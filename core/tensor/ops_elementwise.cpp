@@ -213,17 +213,22 @@ void axpby_(const Tensor& y_, double alpha, const Tensor& x_, double beta) {
   if (y.shape.numel() == 0) return;
   const auto xc = detail::as_contiguous(detail::Access::impl(x_), api);
   const TensorImpl* operands[2] = {&y, xc.get()};
-  // One call where y's device runs axpby and x lies apart from y (another
-  // storage); otherwise the ops it stands for (each placed by the one rule),
-  // then a copy_ into y.
-  if (y.storage != xc->storage && detail::runs_on_own_device(BP_OP_AXPBY, y.dtype, operands, 2)) [[likely]] {
-    bp_op_attrs attrs = detail::make_attrs();
-    attrs.scalar0 = alpha;
-    attrs.scalar1 = beta;
-    const bp_tensor in[2] = {detail::describe(y), detail::describe(*xc)};
-    detail::execute(*y.storage->backend, y.storage->device, BP_OP_AXPBY, in, 2, &in[0], &attrs);
-    y.storage->invalidate_replica();  // a fallback device's copy of y is stale now
-    return;
+  // One call where x lies apart from y (another storage) and a device runs
+  // axpby on y's own memory: y's device, or its op_fallback device when that
+  // holds y's bytes or imports them (the one rule, see Placement::InPlace).
+  // Otherwise the ops it stands for (each placed by the rule), then a copy_
+  // into y.
+  if (y.storage != xc->storage) [[likely]] {
+    const detail::Placement p(detail::Placement::InPlace{}, BP_OP_AXPBY, y.dtype, api, operands, 2);
+    if (p.ok()) [[likely]] {
+      bp_op_attrs attrs = detail::make_attrs();
+      attrs.scalar0 = alpha;
+      attrs.scalar1 = beta;
+      const bp_tensor in[2] = {detail::describe(p[0]), detail::describe(p[1])};
+      p.execute(BP_OP_AXPBY, in, 2, &in[0], &attrs);
+      y.storage->invalidate_replica();  // a copy of y on another device is stale now
+      return;
+    }
   }
   NoGradGuard no_grad;
   const Device device = y_.device();

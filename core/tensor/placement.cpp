@@ -7,6 +7,7 @@
 #include <backplane/log.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -47,23 +48,26 @@ uint64_t nanoseconds_since(Clock::time_point start) noexcept {
 // Whether this placed op of a pair that has had `calls` is timed. Reading a
 // clock costs 30-50 ns under a hypervisor (twice per op: a good part of
 // what a placed op costs), so the report times each pair's first
-// kTimedFirst calls and then one call in kTimedEvery, drawn at random (a
-// fixed stride would keep timing the same op of a step that repeats), and
-// scales the sample's mean to all calls.
+// kTimedFirst calls and then one call in 2^kTimedEveryLog2, picked by a hash of
+// the count (a fixed stride would keep timing the same op of a step that
+// repeats; the hash spreads the picks without per-thread state), and scales
+// the sample's mean to all calls.
 constexpr uint64_t kTimedFirst = 16;
-constexpr uint32_t kTimedEvery = 16;
+constexpr int kTimedEveryLog2 = 4;  // one call in 16
 
 bool timed(uint64_t calls) noexcept {
   if (calls < kTimedFirst) return true;
-  thread_local uint32_t state = 0x9e3779b9U;  // xorshift32: cheap, and good enough to spread samples
-  state ^= state << 13;
-  state ^= state >> 17;
-  state ^= state << 5;
-  return state % kTimedEvery == 0;
+  // Fibonacci hashing: the top bits of calls * 2^64/phi are spread evenly
+  // over any run of calls, and over every residue of them (a pair called
+  // k times a step is timed at each of its k places alike).
+  return (calls * 0x9e3779b97f4a7c15ULL) >> (64 - kTimedEveryLog2) == 0;
 }
 
-// OpFallbackOff's switch for this thread.
+// OpFallbackOff's switch for this thread, and how many are alive in the
+// process: a fallback decision reads the thread-local only when one is (a
+// thread-local in a shared library costs a call per read).
 thread_local bool off_in_this_thread = false;
+std::atomic<int> off_guards{0};
 
 // b's op_fallback as backends.json spells it.
 std::string spelling(const BackendImpl& b) { return b.op_fallback.configured().to_string(); }
@@ -78,6 +82,13 @@ bool ready(const BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_d
   if (op == BP_OP_CAST && !b.support_ready(d, op, static_cast<int32_t>(out_dtype))) return false;
   for (int i = 0; i < n; ++i)
     if (!b.holds(d, operands[i]->dtype)) return false;
+  return true;
+}
+
+// Whether device 0 of b holds every operand's dtype (the dtype rule).
+bool holds_all(const BackendImpl& b, const TensorImpl* const* operands, int n) noexcept {
+  for (int i = 0; i < n; ++i)
+    if (!b.holds(0, operands[i]->dtype)) return false;
   return true;
 }
 
@@ -112,16 +123,6 @@ bool runs(BackendImpl& b, int32_t d, int32_t op, DType dtype, DType out_dtype,
 }
 
 }  // namespace
-
-bool runs_on_own_device(int32_t op, DType dtype, const TensorImpl* const* operands, int n) {
-  const Storage& s = *operands[0]->storage;
-  for (int i = 0; i < n; ++i) {
-    const Storage& o = *operands[i]->storage;
-    if (o.home != nullptr || o.backend != s.backend || o.device != s.device) return false;
-  }
-  if (s.backend->support_ready(s.device, op, static_cast<int32_t>(dtype))) return true;
-  return runs(*s.backend, s.device, op, dtype, dtype, operands, n);
-}
 
 namespace {
 
@@ -209,6 +210,15 @@ std::string replica_what(const Storage& s, const BackendImpl& exec, int32_t dev)
   return nullptr;
 }
 
+// Whether exec's device dev may import s's memory instead of copying it:
+// both host_visible, neither remote, exec has buffer_import. (The import can
+// still be refused; make_replica then copies.)
+bool may_import(const Storage& s, const BackendImpl& exec, int32_t dev) noexcept {
+  return s.nbytes > 0 && exec.api.buffer_import != nullptr && exec.has(dev, Capability::host_visible) &&
+         !exec.has(dev, Capability::remote) && s.backend->has(s.device, Capability::host_visible) &&
+         !s.backend->has(s.device, Capability::remote);
+}
+
 // A buffer on (exec, dev) holding s's bytes, as a tensor laid out as x (an
 // operand over s): exec's import of s's host memory when both are
 // host_visible (no copy; `alias` set), else a copy, whose time is added to
@@ -217,13 +227,12 @@ uint64_t make_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& e
                       std::shared_ptr<TensorImpl>& out, bool& alias, const char* needed_by,
                       uint64_t* copy_ns) {
   const Storage& s = *x.storage;
-  auto r = std::make_shared<TensorImpl>();
+  auto r = new_impl();
   r->shape = x.shape;
   r->strides = x.strides;
   r->byte_offset = x.byte_offset;
   r->dtype = x.dtype;
-  if (s.nbytes > 0 && exec->api.buffer_import != nullptr && exec->has(dev, Capability::host_visible) &&
-      !exec->has(dev, Capability::remote)) {
+  if (may_import(s, *exec, dev)) {
     if (bp_buffer* imported = import_host_bytes(s, *exec, dev)) {
       r->storage = &r->owned.emplace(exec, dev, imported, s.nbytes);
       out = std::move(r);
@@ -253,16 +262,6 @@ uint64_t make_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& e
   return s.nbytes;
 }
 
-// s's replica slot, made on first use (one wins a race; the others free theirs).
-Storage::ReplicaSlot& replica_slot(const Storage& s) {
-  Storage::ReplicaSlot* slot = s.replica_slot.load(std::memory_order_acquire);
-  if (slot != nullptr) return *slot;
-  auto fresh = std::make_unique<Storage::ReplicaSlot>();
-  if (s.replica_slot.compare_exchange_strong(slot, fresh.get(), std::memory_order_acq_rel))
-    return *fresh.release();
-  return *slot;  // another thread's
-}
-
 bool same_layout(const TensorImpl& a, const TensorImpl& b) noexcept {
   return a.dtype == b.dtype && a.byte_offset == b.byte_offset && a.shape == b.shape && a.strides == b.strides;
 }
@@ -270,12 +269,13 @@ bool same_layout(const TensorImpl& a, const TensorImpl& b) noexcept {
 // x's bytes on (exec, dev): s's replica there (made now when missing or
 // elsewhere) when it has x's layout, else a view of it (the slot keeps the
 // last one, so an operand seen again allocates nothing). `moved` gets the
-// bytes copied, *copy_ns (when given) the copy's time.
+// bytes copied, *copy_ns (when given) the copy's time, *alias (when given)
+// whether the replica is x's own memory (an import).
 std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::shared_ptr<BackendImpl>& exec,
                                                int32_t dev, uint64_t& moved, const char* needed_by,
-                                               uint64_t* copy_ns = nullptr) {
+                                               uint64_t* copy_ns = nullptr, bool* alias_out = nullptr) {
   const Storage& s = *x.storage;
-  Storage::ReplicaSlot& slot = replica_slot(s);
+  Storage::ReplicaSlot& slot = s.replica();
   std::shared_ptr<TensorImpl> dropped, dropped_view;  // freed outside the lock
   std::lock_guard lock(slot.mutex);
   if (!slot.replica || slot.replica->storage->backend != exec || slot.replica->storage->device != dev) {
@@ -285,11 +285,13 @@ std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::s
     dropped = std::exchange(slot.replica, std::move(r));
     dropped_view = std::move(slot.view);
     slot.alias = alias;
+    if (alias_out != nullptr) *alias_out = alias;
     return slot.replica;
   }
+  if (alias_out != nullptr) *alias_out = slot.alias;
   if (same_layout(*slot.replica, x)) return slot.replica;
   if (slot.view && same_layout(*slot.view, x)) return slot.view;
-  auto v = std::make_shared<TensorImpl>();
+  auto v = new_impl();
   v->base = slot.replica;
   v->storage = slot.replica->storage;
   v->shape = x.shape;
@@ -326,7 +328,8 @@ bool op_fallback_disabled() noexcept {
 
 const char* op_fallback_off_reason() noexcept {
   if (op_fallback_disabled()) return "BACKPLANE_OP_FALLBACK=error";
-  if (off_in_this_thread) return "an OpFallbackOff on this thread";
+  if (off_guards.load(std::memory_order_relaxed) != 0 && off_in_this_thread)
+    return "an OpFallbackOff on this thread";
   return nullptr;
 }
 
@@ -400,7 +403,7 @@ void Storage::invalidate_replica() const noexcept {
 }
 
 void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
-                      const std::shared_ptr<BackendImpl>* home, int32_t home_device) {
+                      const std::shared_ptr<BackendImpl>* home, int32_t home_device, bool in_place) {
   PlacedState& st = state_.emplace();
   st.home = home;
   st.home_device = home_device;
@@ -413,24 +416,51 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
   }
   BackendImpl& h = **home;
   h.require_loaded();
-  // The decision, from cached answers first: the home device runs it (ready),
-  // surely does not (lacks_pair), or runs() asks.
-  if (ready(h, home_device, op, dtype, out_dtype, operands_, n_) ||
-      (!lacks_pair(h, home_device, op, dtype) && runs(h, home_device, op, dtype, out_dtype, operands_, n_))) {
+  OpFallbackState::Counter& c = counter(h, op, dtype);
+  // The decision. A pair the home device surely lacks, found running on the
+  // current target before: one load (and the operands' dtype flags there).
+  const std::shared_ptr<BackendImpl>* known = c.runs_there.load(std::memory_order_relaxed);
+  if (known != nullptr && out_dtype == dtype && known == fallback_target(h) &&
+      holds_all(**known, operands_, n_)) {
+    st.exec = known;
+    device_ = 0;
+    st.placed = true;
+  } else if (const bool surely_not = !ready(h, home_device, op, dtype, out_dtype, operands_, n_) &&
+                                     lacks_pair(h, home_device, op, dtype);
+             !surely_not && runs(h, home_device, op, dtype, out_dtype, operands_, n_)) {
+    // From cached answers first: the home device runs it (ready), surely
+    // does not (lacks_pair), or runs() asks.
     st.exec = home;
     device_ = home_device;
   } else {
     const std::shared_ptr<BackendImpl>* host = fallback_target(h);
     if (host == nullptr || !(ready(**host, 0, op, dtype, out_dtype, operands_, n_) ||
-                             runs(**host, 0, op, dtype, out_dtype, operands_, n_)))
+                             runs(**host, 0, op, dtype, out_dtype, operands_, n_))) {
+      if (in_place) {  // the caller composes it
+        state_.reset();
+        return;
+      }
       cannot_place(h, home_device, host != nullptr ? host->get() : nullptr, op, dtype, out_dtype, operands_,
                    n_, api);
+    }
+    if (surely_not && out_dtype == dtype) c.runs_there.store(host, std::memory_order_relaxed);
     st.exec = host;
     device_ = 0;
     st.placed = true;
   }
+  if (in_place) {
+    // Operand 0 is written: it must be its own memory there (held there, or
+    // imported), never a copy that the op would update instead.
+    const Storage& y = *operands_[0]->storage;
+    if ((y.backend != *st.exec || y.device != device_) && !may_import(y, **st.exec, device_)) {
+      state_.reset();
+      return;
+    }
+  }
   exec_ = st.exec;
-  if (st.placed && timed(counter(h, op, dtype).calls.load(std::memory_order_relaxed))) {
+  // Counted here, not when the op ends: the count's one atomic add also says
+  // whether this call is timed. (An op that then fails is counted either way.)
+  if (st.placed && timed(c.calls.fetch_add(1, std::memory_order_relaxed))) {
     st.timed = true;
     st.start = Clock::now();
   }
@@ -445,8 +475,9 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     const Storage& s = *x.storage;
     if (s.backend == exec && s.device == device_) continue;
     uint64_t moved = 0;
+    bool alias = false;
     if (st.placed) {
-      st.operand(i) = replica_view(x, exec, device_, moved, op_name(op));
+      st.set_operand(i, replica_view(x, exec, device_, moved, op_name(op), nullptr, &alias));
       to_host += moved;
     } else {
       // Back home (x's bytes are on the fallback device: s.home is set):
@@ -455,32 +486,34 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
       // whichever op made the bytes next). An import (no bytes copied)
       // costs next to nothing and is not filed.
       uint64_t copy_ns = 0;
-      st.operand(i) = replica_view(x, exec, device_, moved, op_name(op), &copy_ns);
+      st.set_operand(i, replica_view(x, exec, device_, moved, op_name(op), &copy_ns, &alias));
       if (moved > 0) {
-        OpFallbackState::Counter& c = counter(h, op, dtype);
         c.bytes_from_host.fetch_add(moved, std::memory_order_relaxed);
         c.copy_nanoseconds.fetch_add(copy_ns, std::memory_order_relaxed);
       }
     }
+    if (in_place && i == 0 && !alias) [[unlikely]] {  // the import was refused: a copy was made
+      state_.reset();
+      exec_ = nullptr;
+      return;
+    }
   }
   if (st.placed) {
-    if (to_host > 0) counter(h, op, dtype).bytes_to_host.fetch_add(to_host, std::memory_order_relaxed);
+    if (to_host > 0) c.bytes_to_host.fetch_add(to_host, std::memory_order_relaxed);
     log_first(h, home_device, *exec, op, dtype, api);
   }
 }
 
 void Placement::finish() noexcept {
-  if (!state_->placed) return;
-  OpFallbackState::Counter& c = counter(**state_->home, state_->op, state_->dtype);
-  c.calls.fetch_add(1, std::memory_order_relaxed);
   if (!state_->timed) return;
+  OpFallbackState::Counter& c = counter(**state_->home, state_->op, state_->dtype);
   c.timed_calls.fetch_add(1, std::memory_order_relaxed);
   c.timed_nanoseconds.fetch_add(nanoseconds_since(state_->start), std::memory_order_relaxed);
 }
 
 const TensorImpl& Placement::placed_operand(int i) const noexcept {
-  const auto& v = state_->operand(i);
-  return v ? *v : *operands_[i];
+  const TensorImpl* v = state_->operand(i);
+  return v != nullptr ? *v : *operands_[i];
 }
 
 void Placement::stamp(TensorImpl& out) const {
@@ -581,8 +614,13 @@ std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
 
 namespace backplane {
 
-OpFallbackOff::OpFallbackOff() noexcept : previous_(std::exchange(detail::off_in_this_thread, true)) {}
-OpFallbackOff::~OpFallbackOff() { detail::off_in_this_thread = previous_; }
+OpFallbackOff::OpFallbackOff() noexcept : previous_(std::exchange(detail::off_in_this_thread, true)) {
+  detail::off_guards.fetch_add(1, std::memory_order_relaxed);
+}
+OpFallbackOff::~OpFallbackOff() {
+  detail::off_in_this_thread = previous_;
+  detail::off_guards.fetch_sub(1, std::memory_order_relaxed);
+}
 
 OpFallback Backend::op_fallback() const {
   if (detail::op_fallback_disabled()) return {};

@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <new>
 #include <optional>
 #include <span>
 #include <string>
@@ -35,19 +36,41 @@ struct PlacedState {
   int32_t op = 0;
   DType dtype = DType::f32;
   bool placed = false;  // exec is not home: the op fell back
+  bool timed = false;   // a placed op whose time the report samples (start is set)
+  uint8_t held = 0;     // bit i: inline operand i is constructed
+  std::chrono::steady_clock::time_point start;
+  std::unique_ptr<std::shared_ptr<const TensorImpl>[]> more;  // operands kInline.. when n > kInline
+
+  // Constructed only when set: a placed op with one replica pays for one
+  // shared_ptr, not for zeroing all of them (a few ns on every placed op).
+  PlacedState() noexcept {}
+  PlacedState(const PlacedState&) = delete;
+  PlacedState& operator=(const PlacedState&) = delete;
+  ~PlacedState() {
+    for (int i = 0; i < kInline; ++i)
+      if ((held >> i & 1U) != 0) operands[i].~shared_ptr();
+  }
   // Operand i's bytes on exec (a replica, or a view of one); null: the
   // caller's operand as it is.
-  std::shared_ptr<const TensorImpl> operands[kInline];
-  std::unique_ptr<std::shared_ptr<const TensorImpl>[]> more;  // operands kInline.. when n > kInline
-  bool timed = false;  // a placed op whose time the report samples (start is set)
-  std::chrono::steady_clock::time_point start;
+  const TensorImpl* operand(int i) const noexcept {
+    if (i >= kInline) return more[static_cast<std::size_t>(i - kInline)].get();
+    return (held >> i & 1U) != 0 ? operands[i].get() : nullptr;
+  }
+  void set_operand(int i, std::shared_ptr<const TensorImpl> v) noexcept {
+    if (i >= kInline) {
+      more[static_cast<std::size_t>(i - kInline)] = std::move(v);
+    } else if ((held >> i & 1U) != 0) {
+      operands[i] = std::move(v);
+    } else {
+      new (&operands[i]) std::shared_ptr<const TensorImpl>(std::move(v));
+      held = static_cast<uint8_t>(held | 1U << i);
+    }
+  }
 
-  std::shared_ptr<const TensorImpl>& operand(int i) noexcept {
-    return i < kInline ? operands[i] : more[static_cast<std::size_t>(i - kInline)];
-  }
-  const std::shared_ptr<const TensorImpl>& operand(int i) const noexcept {
-    return i < kInline ? operands[i] : more[static_cast<std::size_t>(i - kInline)];
-  }
+ private:
+  union {
+    std::shared_ptr<const TensorImpl> operands[kInline];
+  };
 };
 
 // One op's placement; lives for the op (construct, allocate the result,
@@ -61,22 +84,20 @@ class Placement {
   Placement(int32_t op, DType dtype, DType out_dtype, const char* api, const TensorImpl* const* operands,
             int n)
       : operands_(operands), n_(n) {
-    const Storage& s = *operands[0]->storage;
-    BackendImpl& b = *s.backend;
-    const int32_t d = s.device;
-    bool fast =
-        s.home == nullptr && b.support_ready(d, op, static_cast<int32_t>(dtype)) && b.holds(d, out_dtype);
-    if (op == BP_OP_CAST) fast = fast && b.support_ready(d, op, static_cast<int32_t>(out_dtype));
-    for (int i = 1; fast && i < n; ++i) {
-      const Storage& o = *operands[i]->storage;
-      fast = o.backend.get() == &b && o.device == d && o.home == nullptr;
-    }
-    if (fast) [[likely]] {
-      exec_ = &s.backend;
-      device_ = d;
-      return;
-    }
-    place(op, dtype, out_dtype, api, s.home ? &s.home : &s.backend, s.home_index());
+    if (!on_own_device(op, dtype, out_dtype)) [[unlikely]]
+      place_slow(op, dtype, out_dtype, api, false);
+  }
+  // An op that writes operands[0] in place (axpby_). Placed by the same
+  // rule, but it runs only where its operand 0 is operands[0]'s own memory:
+  // on the device holding those bytes, or on one that imports them without a
+  // copy (both host_visible). When the rule picks a device that would need a
+  // copy, or no device runs the op, ok() is false and nothing was thrown or
+  // counted: the caller composes the op from others.
+  struct InPlace {};
+  Placement(InPlace, int32_t op, DType dtype, const char* api, const TensorImpl* const* operands, int n)
+      : operands_(operands), n_(n) {
+    if (!on_own_device(op, dtype, dtype)) [[unlikely]]
+      place_slow(op, dtype, dtype, api, true);
   }
   // A creation op (no operands) on `device` of `backend`.
   Placement(int32_t op, DType dtype, const std::shared_ptr<BackendImpl>& backend, int32_t device,
@@ -96,6 +117,8 @@ class Placement {
       finish();
   }
 
+  // False only for an InPlace op that runs nowhere in place (see there).
+  bool ok() const noexcept { return exec_ != nullptr; }
   // The device that runs the op.
   const std::shared_ptr<BackendImpl>& backend() const noexcept { return *exec_; }
   int32_t device() const noexcept { return device_; }
@@ -125,10 +148,33 @@ class Placement {
   }
 
  private:
+  // The fast path: every operand's bytes on its own device, one device, which
+  // runs (op, dtype) and holds out_dtype (the cached answers: a few loads).
+  bool on_own_device(int32_t op, DType dtype, DType out_dtype) noexcept {
+    const Storage& s = *operands_[0]->storage;
+    BackendImpl& b = *s.backend;
+    const int32_t d = s.device;
+    bool fast =
+        s.home == nullptr && b.support_ready(d, op, static_cast<int32_t>(dtype)) && b.holds(d, out_dtype);
+    if (op == BP_OP_CAST) fast = fast && b.support_ready(d, op, static_cast<int32_t>(out_dtype));
+    for (int i = 1; fast && i < n_; ++i) {
+      const Storage& o = *operands_[i]->storage;
+      fast = o.backend.get() == &b && o.device == d && o.home == nullptr;
+    }
+    if (!fast) return false;
+    exec_ = &s.backend;
+    device_ = d;
+    return true;
+  }
+  void place_slow(int32_t op, DType dtype, DType out_dtype, const char* api, bool in_place) {
+    const Storage& s = *operands_[0]->storage;
+    place(op, dtype, out_dtype, api, s.home ? &s.home : &s.backend, s.home_index(), in_place);
+  }
   // Out of line but not cold: a backend with an op_fallback takes this path
   // on most of its ops, so it is compiled for speed like the rest.
   [[gnu::noinline]] void place(int32_t op, DType dtype, DType out_dtype, const char* api,
-                               const std::shared_ptr<BackendImpl>* home, int32_t home_device);
+                               const std::shared_ptr<BackendImpl>* home, int32_t home_device,
+                               bool in_place = false);
   [[gnu::noinline]] void finish() noexcept;
   const TensorImpl& placed_operand(int i) const noexcept;
   void stamp(TensorImpl& out) const;
@@ -164,13 +210,6 @@ void copy_bytes(const Storage& src, uint64_t src_offset, const Storage& dst, uin
 std::shared_ptr<const TensorImpl> bytes_on(const std::shared_ptr<TensorImpl>& x,
                                            const std::shared_ptr<BackendImpl>& backend, int32_t device,
                                            const char* needed_by);
-
-// True when operands[0..n) all have their bytes on their own device, one
-// device, and that device runs (op, dtype) itself (lacks() says nothing; a
-// yes is cached, so the next call is one load). An op with no fallback of its
-// own asks this: axpby_ runs in place only there, and is otherwise the ops it
-// stands for, each placed as usual.
-bool runs_on_own_device(int32_t op, DType dtype, const TensorImpl* const* operands, int n);
 
 // True when BACKPLANE_OP_FALLBACK=error: every op fallback is off.
 bool op_fallback_disabled() noexcept;

@@ -49,6 +49,9 @@ namespace {
   }
 }
 
+// Back to the pool Storage::replica took it from (defined with the pool).
+void free_replica_slot(Storage::ReplicaSlot* slot) noexcept;
+
 [[gnu::cold, gnu::noinline]] void free_threw(const Error& e) noexcept {
   try {
     log(LogLevel::warning, e.message());
@@ -77,7 +80,7 @@ Storage::Storage(std::shared_ptr<BackendImpl> b, int32_t dev, bp_buffer* adopted
 Storage::~Storage() {
   // A replica may import these bytes: it goes first.
   if (ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire)) [[unlikely]]
-    delete slot;
+    free_replica_slot(slot);
   bp_buffer_free_args args{};
   args.struct_size = BP_BUFFER_FREE_ARGS_STRUCT_SIZE;
   args.plugin = backend->plugin;
@@ -227,6 +230,11 @@ struct PoolAllocator {
   }
 };
 
+void free_replica_slot(Storage::ReplicaSlot* slot) noexcept {
+  slot->~ReplicaSlot();
+  PoolAllocator<Storage::ReplicaSlot>{}.deallocate(slot, 1);
+}
+
 }  // namespace
 
 int64_t checked_numel(const Shape& shape, DType dtype, std::string_view what) {
@@ -263,9 +271,23 @@ bool is_contiguous(const TensorImpl& t) noexcept {
   return true;
 }
 
+std::shared_ptr<TensorImpl> new_impl() {
+  return std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>{});
+}
+
+Storage::ReplicaSlot& Storage::replica() const {
+  ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire);
+  if (slot != nullptr) return *slot;
+  PoolAllocator<ReplicaSlot> pool;
+  ReplicaSlot* fresh = new (pool.allocate(1)) ReplicaSlot();
+  if (replica_slot.compare_exchange_strong(slot, fresh, std::memory_order_acq_rel)) return *fresh;
+  free_replica_slot(fresh);
+  return *slot;  // another thread's
+}
+
 std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape,
                                       const Shape& strides, uint64_t byte_offset) {
-  auto v = std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>{});
+  auto v = new_impl();
   v->base = t->base ? t->base : std::shared_ptr<const TensorImpl>(t);
   v->storage = t->storage;
   v->shape = shape;

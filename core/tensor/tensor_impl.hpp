@@ -56,6 +56,9 @@ struct Storage {
   int32_t home_index() const noexcept { return home ? home_device : device; }
   // Called after the bytes were written in place (copy_, collectives).
   void invalidate_replica() const noexcept;
+  // The replica slot, made on first use (one thread wins a race; the others'
+  // go back): from a per-thread pool, as TensorImpls are.
+  ReplicaSlot& replica() const;
 
   Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size);
   // Takes ownership of `adopted`, a buffer the plugin already made (e.g. by
@@ -119,6 +122,9 @@ inline bp_tensor describe(const TensorImpl& t) noexcept {
 // True when t's elements lie densely in row-major order from byte_offset
 // (strides of extent-1 dims are ignored; an empty tensor is contiguous).
 bool is_contiguous(const TensorImpl& t) noexcept;
+// An empty TensorImpl (no storage yet) from the per-thread pool every op's
+// output comes from: for views and replicas, which the caller fills in.
+std::shared_ptr<TensorImpl> new_impl();
 // A view of `t`'s storage with the given layout, keeping the root owner alive.
 std::shared_ptr<TensorImpl> make_view(const std::shared_ptr<TensorImpl>& t, const Shape& shape,
                                       const Shape& strides, uint64_t byte_offset);

@@ -90,8 +90,10 @@ BACKPLANE_API Tensor clamp(const Tensor& t, double lo, double hi);
 // ---- in-place update -----------------------------------------------------------
 // y = alpha * y + beta * x, in y (f32/f64; x of y's shape, dtype and device; y
 // contiguous). Rounds as y.copy_(add(mul(y, alpha), mul(x, beta))) does, bit
-// for bit, and is that where y's device lacks the fused op (abi.h's axpby)
-// or x shares y's storage. Not differentiable: call it under a NoGradGuard,
+// for bit. Where y's device lacks the fused op (abi.h's axpby), it runs on
+// the backend's op_fallback device when that device reaches y's own memory
+// (it holds y's bytes, or both are host_visible); otherwise, or when x
+// shares y's storage, it is those three ops and the copy. Not differentiable: call it under a NoGradGuard,
 // as the optimizers do (Errc::invalid_argument otherwise). x and y must not
 // be two tensors over one memory that backplane sees as two storages (two
 // DLPack imports of overlapping bytes): as with any in-place op, the result

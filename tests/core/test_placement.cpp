@@ -324,7 +324,8 @@ TEST_CASE("placement: an error on the fallback device is typed and names both de
 }
 
 TEST_CASE(
-    "placement: axpby_ on a device without it is mul, mul, add and a copy, bit for bit as cpu's kernel") {
+    "placement: axpby_ on a device without it runs in place on its fallback where y's memory is reachable, "
+    "else as mul, mul, add and a copy, bit for bit as cpu's kernel") {
   const bp::Registry r = placement_registry();
   // Values whose products round: the fused kernel must round as the three ops do.
   std::vector<float> y0(1000), x0(1000);
@@ -352,7 +353,54 @@ TEST_CASE(
   for (const char* backend : {"small", "opaque"}) {
     CAPTURE(backend);
     CHECK_FALSE(r.backend(backend).device().supports(bp::Op::axpby, bp::DType::f32));
+    r.backend(backend).reset_op_fallback_stats();
     const std::vector<float> composed = update(r.backend(backend).device());
     CHECK(std::memcmp(composed.data(), fused.data(), fused.size() * sizeof(float)) == 0);
+    const auto stats = r.backend(backend).op_fallback_stats();
+    const bp::OpFallbackStats* axpby = find_stats(stats, bp::Op::axpby, bp::DType::f32);
+    if (std::string(backend) == "small") {
+      // host_visible: cpu imports y's memory and updates it there, one call
+      // per update, nothing copied.
+      REQUIRE(axpby != nullptr);
+      CHECK(axpby->calls == 2);
+      CHECK(axpby->bytes_moved() == 0);
+      CHECK(find_stats(stats, bp::Op::add, bp::DType::f32) == nullptr);
+    } else {
+      // Not host_visible: cpu would update a copy, so it is composed on
+      // opaque (which runs add and mul itself).
+      CHECK(axpby == nullptr);
+    }
+  }
+}
+
+TEST_CASE(
+    "placement: axpby_ on a tensor whose bytes live on the fallback device updates them there, and a "
+    "copy of them elsewhere is not read stale") {
+  const bp::Registry r = placement_registry();
+  const bp::Device opaque = r.backend("opaque").device();
+  const bp::Tensor t = bp::Tensor::from_vector<float>(opaque, {4}, {0, 1, 2, 3});
+  const bp::Tensor y = bp::exp(t);  // opaque lacks exp: y's bytes are on cpu, y belongs to opaque
+  const bp::Tensor x = bp::Tensor::from_vector<float>(opaque, {4}, {10, 20, 30, 40});
+  // opaque runs add: y's bytes are copied to opaque (a replica) for it.
+  const std::vector<float> before = bp::add(y, y).to_vector<float>();
+  r.backend("opaque").reset_op_fallback_stats();
+  bp::axpby_(y, 0.5, x, 2.0);  // on cpu, in y's own memory: no copy either way
+  const auto stats = r.backend("opaque").op_fallback_stats();
+  const bp::OpFallbackStats* axpby = find_stats(stats, bp::Op::axpby, bp::DType::f32);
+  REQUIRE(axpby != nullptr);
+  CHECK(axpby->calls == 1);
+  CHECK(axpby->bytes_from_host == 0);
+  const std::vector<float> y_now = y.to_vector<float>();
+  const std::vector<float> xs{10, 20, 30, 40};
+  for (std::size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    CHECK(y_now[i] == doctest::Approx(0.5f * std::exp(static_cast<float>(i)) + 2.0f * xs[i]));
+  }
+  // The replica on opaque was dropped: add sees the update.
+  const std::vector<float> after = bp::add(y, y).to_vector<float>();
+  for (std::size_t i = 0; i < 4; ++i) {
+    CAPTURE(i);
+    CHECK(after[i] == doctest::Approx(2 * y_now[i]));
+    CHECK(after[i] != doctest::Approx(before[i]));
   }
 }
