@@ -233,13 +233,13 @@ void exchange_all(Transport& t, Region& from, SendOffsetFn send_offset, Region& 
   }
 }
 
-// out = blocks[0] (op) blocks[1] (op) ... in rank order, so every rank computes
-// bit-identical results. `blocks` holds n blocks of `count` elements.
-void reduce_in_rank_order(CombineFn combine, unsigned char* out, const unsigned char* blocks, uint64_t count,
-                          int esize, int n) {
-  const uint64_t bytes = count * esize;
-  combine(out, blocks, blocks + bytes, count);
-  for (int p = 2; p < n; ++p) combine(out, out, blocks + p * bytes, count);
+// out = block(0) (op) block(1) (op) ... in rank order, so every rank computes
+// bit-identical results; block(p) is rank p's `count` elements. out may be
+// block(0) or block(1) (combine is elementwise), never a later one.
+template <class BlockFn>
+void reduce_in_rank_order(CombineFn combine, unsigned char* out, BlockFn block, uint64_t count, int n) {
+  combine(out, block(0), block(1), count);
+  for (int p = 2; p < n; ++p) combine(out, out, block(p), count);
 }
 
 }  // namespace
@@ -261,11 +261,19 @@ void all_reduce(Transport& t, Scratch& scratch, const Tuning& tuning, Elements i
   }
   if (use_direct_round(tuning, bytes, n)) {
     unsigned char* blocks = scratch.bytes(bytes * n);
-    std::memcpy(blocks + r * bytes, in.data, bytes);
+    // This rank's block is sent and reduced where it is, unless the result
+    // overwrites it before the reduction reads it (in place on rank 2 and up).
+    const bool copy_own = in.data == out.data && r >= 2;
+    if (copy_own) std::memcpy(blocks + r * bytes, in.data, bytes);
     Region& b = t.region(blocks, bytes * n);
+    Region& own = copy_own ? b : t.region(in.data, bytes);
+    const uint64_t own_offset = copy_own ? r * bytes : 0;
     exchange_all(
-        t, b, [&](int) { return r * bytes; }, b, bytes, 0);
-    reduce_in_rank_order(red.combine, out.data, blocks, out.count, esize, n);
+        t, own, [&](int) { return own_offset; }, b, bytes, 0);
+    auto block = [&](int p) -> const unsigned char* {
+      return p == r && !copy_own ? in.data : blocks + p * bytes;
+    };
+    reduce_in_rank_order(red.combine, out.data, block, out.count, n);
     if (red.divide != nullptr) red.divide(out.data, out.count, n);
     return;
   }
@@ -530,14 +538,20 @@ void reduce_scatter(Transport& t, Scratch& scratch, const Tuning& tuning, Elemen
   Region& in_region = t.region(in.data, in.bytes());
   if (use_direct_round(tuning, block, n)) {
     unsigned char* blocks = scratch.bytes(block * n);
-    std::memcpy(blocks + r * block, in.data + r * block, block);
+    // This rank's own block is reduced where it is, unless the output
+    // overlaps the input (the reduction would overwrite it before reading).
+    const bool copy_own = overlap(in, out);
+    if (copy_own) std::memcpy(blocks + r * block, in.data + r * block, block);
     Region& b = t.region(blocks, block * n);
     // Peer p gets block p of the input.
     exchange_all(
         t, in_region, [&](int p) { return p * block; }, b, block, 0);
     // Every send has completed, so writing the output cannot disturb one even
     // if the output overlaps the input.
-    reduce_in_rank_order(red.combine, out.data, blocks, out.count, esize, n);
+    auto own_or_received = [&](int p) -> const unsigned char* {
+      return p == r && !copy_own ? in.data + r * block : blocks + p * block;
+    };
+    reduce_in_rank_order(red.combine, out.data, own_or_received, out.count, n);
     if (red.divide != nullptr) red.divide(out.data, out.count, n);
     return;
   }

@@ -102,10 +102,20 @@ BP_CPU_CLONES void combine(void* out, const void* a, const void* b, std::size_t 
 }
 
 template <class S>
-void divide(void* data, std::size_t n, int64_t divisor) noexcept {
+BP_CPU_CLONES void divide(void* data, std::size_t n, int64_t divisor) noexcept {
   using R = Repr<S>;
   using C = typename R::Compute;
   auto* d = static_cast<S*>(data);
+  if constexpr (std::is_floating_point_v<C>) {
+    // A power of two: x * (1 / 2^k) is x / 2^k bit for bit (the same real
+    // number, rounded once; 1 / 2^k is exact), and a multiply costs a
+    // fraction of a divide (about 3.5 us of a 2-rank mean over 37.5 KiB).
+    if (divisor > 0 && (divisor & (divisor - 1)) == 0) {
+      const C scale = C{1} / static_cast<C>(divisor);
+      for (std::size_t i = 0; i < n; ++i) d[i] = R::store(static_cast<C>(R::load(d[i]) * scale));
+      return;
+    }
+  }
   const C by = static_cast<C>(divisor);  // exact: divisor is a world size
   for (std::size_t i = 0; i < n; ++i) d[i] = R::store(static_cast<C>(R::load(d[i]) / by));
 }

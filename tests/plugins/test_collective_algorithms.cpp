@@ -364,7 +364,9 @@ TEST_CASE("collective_algorithms: reduce_scatter gives rank r block r, also into
   for (int world = 1; world <= 5; ++world)
     for (const Tuning& tuning : {Tuning{}, small_tuning()})
       for (uint64_t count : kCounts)
-        for (bool overlapping : {false, true}) {
+        // The output: separate (0), the input's first block (1), or this
+        // rank's own block of the input (2: in place).
+        for (int overlapping : {0, 1, 2}) {
           CAPTURE(world);
           CAPTURE(count);
           CAPTURE(overlapping);
@@ -372,7 +374,9 @@ TEST_CASE("collective_algorithms: reduce_scatter gives rank r block r, also into
           const auto errors = run_ranks(world, [&](Transport& t, Scratch& scratch) {
             std::vector<int64_t> in = rank_values<int64_t>(t.rank(), count * world);
             std::vector<int64_t> separate(count, -1);
-            Elements out = overlapping ? elements(in, 0, count) : elements(separate);
+            Elements out = overlapping == 0   ? elements(separate)
+                           : overlapping == 1 ? elements(in, 0, count)
+                                              : elements(in, t.rank() * count, count);
             reduce_scatter(t, scratch, tuning, elements(in), out, reduction<int64_t>(Op::sum));
             const int64_t* got = reinterpret_cast<const int64_t*>(out.data);
             for (uint64_t i = 0; i < count; ++i)

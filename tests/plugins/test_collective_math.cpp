@@ -141,3 +141,54 @@ TEST_CASE("collective_math: f16 and bf16 reduce in f32 and round once") {
   CHECK(bf16_to_f32(out[0]) == 2.0f);
   CHECK(bf16_to_f32(out[1]) == 0.5f);
 }
+
+TEST_CASE("collective_math: the float mean's division gives the bits of x / n for every world size") {
+  // Powers of two take a multiply by 1/n: it must round exactly as the
+  // division, subnormals, infinities and NaN included.
+  std::vector<float> f;
+  std::vector<double> g;
+  uint32_t bits = 0x9e3779b9U;
+  for (int i = 0; i < 4000; ++i) {
+    bits = bits * 1664525U + 1013904223U;  // every exponent, subnormals and NaNs among them
+    f.push_back(std::bit_cast<float>(bits));
+    g.push_back(std::bit_cast<double>((static_cast<uint64_t>(bits) << 32) | (bits ^ 0x5bd1e995U)));
+  }
+  for (float v : {0.0f, -0.0f, 1e-45f, -3e-39f, 3.4e38f, std::numeric_limits<float>::infinity()})
+    f.push_back(v);
+  for (int64_t n : {1, 2, 3, 4, 5, 8, 64, 1024}) {
+    CAPTURE(n);
+    std::vector<float> fo = f;
+    divide_for(BP_DTYPE_F32)(fo.data(), fo.size(), n);
+    std::vector<double> go = g;
+    divide_for(BP_DTYPE_F64)(go.data(), go.size(), n);
+    int wrong = 0;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      const float want = f[i] / static_cast<float>(n);
+      if (std::bit_cast<uint32_t>(fo[i]) != std::bit_cast<uint32_t>(want) &&
+          !(std::isnan(want) && std::isnan(fo[i])))
+        ++wrong;
+    }
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      const double want = g[i] / static_cast<double>(n);
+      if (std::bit_cast<uint64_t>(go[i]) != std::bit_cast<uint64_t>(want) &&
+          !(std::isnan(want) && std::isnan(go[i])))
+        ++wrong;
+    }
+    CHECK(wrong == 0);
+    std::vector<uint16_t> h, b;
+    for (std::size_t i = 0; i < 2000; ++i) {
+      h.push_back(static_cast<uint16_t>(i * 33));
+      b.push_back(static_cast<uint16_t>(i * 33));
+    }
+    std::vector<uint16_t> ho = h, bo = b;
+    divide_for(BP_DTYPE_F16)(ho.data(), ho.size(), n);
+    divide_for(BP_DTYPE_BF16)(bo.data(), bo.size(), n);
+    for (std::size_t i = 0; i < h.size(); ++i) {
+      const uint16_t want_h = f32_to_f16(f16_to_f32(h[i]) / static_cast<float>(n));
+      const uint16_t want_b = f32_to_bf16(bf16_to_f32(b[i]) / static_cast<float>(n));
+      if (ho[i] != want_h && !std::isnan(f16_to_f32(want_h))) ++wrong;
+      if (bo[i] != want_b && !std::isnan(bf16_to_f32(want_b))) ++wrong;
+    }
+    CHECK(wrong == 0);
+  }
+}
