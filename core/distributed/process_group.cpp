@@ -290,7 +290,7 @@ struct ProcessGroup::Impl {
   // A collective's span: the collective device, the dtype, the bytes in.
   [[gnu::cold]] void describe_for_trace(trace::detail::Event& e, const bp_tensor* input) const {
     BackendImpl& b = coll();
-    e.device = trace::detail::device_label(b.serial, b.name, route.device);
+    e.device = b.trace_label(route.device);
     e.count_key = "world";
     e.count = world_size;
     if (input == nullptr) return;  // barrier

@@ -113,6 +113,9 @@ struct BackendImpl {
   // flags never change after loading, so a ready slot never goes stale.
   static constexpr uint8_t kSupportReady = 3;
   std::unique_ptr<std::atomic<uint8_t>[]> op_support;
+  // Per device: its trace label's interned id ("cpu:0"), 0 until a trace
+  // first asks (trace_label()). Interned ids last the process.
+  std::unique_ptr<std::atomic<uint32_t>[]> trace_labels;
 
   BackendImpl() = default;
   BackendImpl(const BackendImpl&) = delete;
@@ -135,6 +138,8 @@ struct BackendImpl {
   }
   // "cpu:0"
   std::string device_id(int32_t device) const { return name + ":" + std::to_string(device); }
+  // The trace's label of a device: one load once known (no thread-local).
+  uint32_t trace_label(int32_t device) const noexcept;
   // Throws backplane::Error for a non-NULL status, freeing it. `what` says
   // which call failed ("execute add on cpu:0").
   void check(bp_status* status, std::string_view what) const;

@@ -394,6 +394,8 @@ void load_backend(BackendImpl& b, const BackendConfig& entry, const Config& conf
   const std::size_t slots = b.devices.size() * BP_OP_COUNT_ * BP_DTYPE_COUNT_;
   b.op_support = std::make_unique<std::atomic<uint8_t>[]>(slots);
   for (std::size_t i = 0; i < slots; ++i) b.op_support[i].store(0, std::memory_order_relaxed);
+  b.trace_labels = std::make_unique<std::atomic<uint32_t>[]>(b.devices.size());
+  for (std::size_t d = 0; d < b.devices.size(); ++d) b.trace_labels[d].store(0, std::memory_order_relaxed);
   b.status = Backend::Status::loaded;
 }
 

@@ -89,6 +89,18 @@ void BackendImpl::ensure_loaded() const {
   });
 }
 
+uint32_t BackendImpl::trace_label(int32_t device) const noexcept {
+  if (trace_labels == nullptr || device < 0 || static_cast<std::size_t>(device) >= devices.size())
+    return trace::detail::device_label(serial, name, device);
+  std::atomic<uint32_t>& slot = trace_labels[static_cast<std::size_t>(device)];
+  uint32_t id = slot.load(std::memory_order_relaxed);
+  if (id == 0) {
+    id = trace::detail::device_label(serial, name, device);
+    slot.store(id, std::memory_order_relaxed);
+  }
+  return id;
+}
+
 void BackendImpl::require_loaded() const {
   ensure_loaded();
   if (status == Backend::Status::loaded) return;

@@ -99,7 +99,7 @@ void traced_execute(BackendImpl& backend, bp_execute_args& args, uint32_t fallba
   namespace tr = trace::detail;
   tr::Span span(fallback_for != 0 ? tr::kCatFallback : tr::kCatOp, op_name(args.op));
   tr::Event& e = span.event();
-  e.device = tr::device_label(backend.serial, backend.name, args.device);
+  e.device = backend.trace_label(args.device);
   e.peer = fallback_for;
   e.dtype = static_cast<int16_t>(args.num_inputs > 0 ? args.inputs[0].dtype : args.outputs[0].dtype);
   for (int32_t i = 0; i < args.num_inputs; ++i) tr::add_shape(e, args.inputs[i]);

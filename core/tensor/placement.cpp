@@ -245,8 +245,8 @@ uint64_t make_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& e
   trace::detail::Span span(trace::detail::kCatCopy, "copy");
   if (span.on()) [[unlikely]] {
     trace::detail::Event& e = span.event();
-    e.device = trace::detail::device_label(s.backend->serial, s.backend->name, s.device);
-    e.peer = trace::detail::device_label(exec->serial, exec->name, dev);
+    e.device = s.backend->trace_label(s.device);
+    e.peer = exec->trace_label(dev);
     e.bytes = static_cast<int64_t>(s.nbytes);
     e.text_key = "needed_by";  // the op that needed the bytes (the caller's text: copied)
     e.text = trace::detail::intern(needed_by);
@@ -528,9 +528,8 @@ void Placement::stamp(TensorImpl& out) const {
 void Placement::execute_placed(int32_t op, const bp_tensor* inputs, int32_t num_inputs,
                                const bp_tensor* output, const bp_op_attrs* attrs) const {
   const BackendImpl& home = **state_->home;
-  const uint32_t fallback_for = trace::detail::active() && state_->placed
-                                    ? trace::detail::device_label(home.serial, home.name, state_->home_device)
-                                    : 0;
+  const uint32_t fallback_for =
+      trace::detail::active() && state_->placed ? home.trace_label(state_->home_device) : 0;
   try {
     detail::execute(**exec_, device_, op, inputs, num_inputs, output, attrs, fallback_for);
   } catch (const Error& e) {

@@ -6,7 +6,9 @@
 #define BACKPLANE_CORE_TRACE_RECORDER_HPP_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ctime>
 #include <string_view>
 
@@ -79,8 +81,31 @@ struct Event {
   bool shapes_cut = false;
   bool ticks = false;  // t0 and t1 are span_clock() ticks, not nanoseconds
   uint8_t ndim[kMaxShapes] = {};
-  int64_t dims[kMaxDims] = {};
+  // dims[0 .. used_dims()) are the shapes' extents (add_shape writes them in
+  // order); the rest is never read, so neither zeroed nor copied: an event
+  // is made and copied once per op while tracing.
+  int64_t dims[kMaxDims];
+
+  Event() noexcept {}
+  Event(const Event& other) noexcept { copy_from(other); }
+  Event& operator=(const Event& other) noexcept {
+    if (this != &other) copy_from(other);
+    return *this;
+  }
+  int used_dims() const noexcept {
+    int n = 0;
+    for (int i = 0; i < nshapes && i < kMaxShapes; ++i) n += ndim[i];
+    return n < kMaxDims ? n : kMaxDims;
+  }
+
+ private:
+  void copy_from(const Event& other) noexcept;
 };
+
+inline void Event::copy_from(const Event& other) noexcept {
+  std::memcpy(static_cast<void*>(this), &other, offsetof(Event, dims));
+  std::memcpy(dims, other.dims, sizeof(int64_t) * static_cast<std::size_t>(other.used_dims()));
+}
 
 // Appends `e` to this thread's buffer (or counts it as dropped past the
 // session's max_events). A no-op when no session records.
