@@ -12,10 +12,7 @@ namespace {
 using detail::TensorImpl;
 
 // The batch dims of a [...,R,C] shape.
-Shape batch_of(const Shape& s) {
-  std::vector<int64_t> b(s.begin(), s.end() - 2);
-  return Shape(b);
-}
+Shape batch_of(const Shape& s) { return Shape(std::span<const int64_t>(s.begin(), s.size() - 2)); }
 
 // `t` read with the output's batch dims: shape batch + t's last two,
 // broadcast strides on the batch dims.
@@ -72,10 +69,13 @@ static Tensor matmul_forward(const Tensor& a, const Tensor& b) {
                     " and " + batch_of(y.shape).to_string() + " of " + y.shape.to_string() +
                     " cannot be broadcast together (each must match or be 1, NumPy rules)");
   }
-  std::vector<int64_t> out_dims(batch.begin(), batch.end());
-  out_dims.push_back(m);
-  out_dims.push_back(n);
-  const Shape out_shape(out_dims);
+  // The batch dims, then [m, n]: on the stack (a vector here was a malloc per matmul).
+  int64_t out_dims[Shape::kMaxRank + 2];
+  const std::size_t out_rank = batch.size() + 2;
+  std::copy(batch.begin(), batch.end(), out_dims);
+  out_dims[batch.size()] = m;
+  out_dims[batch.size() + 1] = n;
+  const Shape out_shape(std::span<const int64_t>(out_dims, out_rank));
 
   const TensorImpl* operands[2] = {&x, &y};
   const detail::Placement p(BP_OP_MATMUL, x.dtype, x.dtype, "matmul", operands, 2);
