@@ -189,7 +189,11 @@ void Server::Impl::accept() {
       return;
     }
     if (accept_backoff.count() != 0) {
-      log_limited(LogLevel::warning, "accepting connections again");
+      if (backoff_shown)
+        log_line(LogLevel::warning, "accepting connections again");
+      else
+        log_limited(LogLevel::warning, "accepting connections again");
+      backoff_shown = false;
       accept_backoff = milliseconds(0);
     }
     error_code ignored;
@@ -341,11 +345,11 @@ void Server::Impl::handshake_ended(const asio::ip::address& address) {
 void Server::Impl::on_accept_error(const error_code& ec) {
   if (ec == asio::error::operation_aborted) return;
   if (accept_backoff.count() == 0)
-    log_limited(LogLevel::warning, "accepting a connection failed: " + ec.message() +
-                                       (ec.value() == EMFILE || ec.value() == ENFILE
-                                            ? " (out of file descriptors; raise `ulimit -n`)"
-                                            : "") +
-                                       "; retrying with backoff");
+    backoff_shown = log_limited(LogLevel::warning, "accepting a connection failed: " + ec.message() +
+                                                       (ec.value() == EMFILE || ec.value() == ENFILE
+                                                            ? " (out of file descriptors; raise `ulimit -n`)"
+                                                            : "") +
+                                                       "; retrying with backoff");
   accept_backoff = std::min(kMaxAcceptBackoff, std::max(milliseconds(10), accept_backoff * 2));
   accept_retry.expires_after(accept_backoff);
   accept_retry.async_wait([this](const error_code& e) {
@@ -361,7 +365,7 @@ void Server::Impl::on_accept_error(const error_code& ec) {
 // Connections that never authenticate can come by the thousand: at most
 // kMaxLinesPerSecond lines a second about them (and about accepting,
 // pausing and resuming), then one line saying how many were not shown.
-void Server::Impl::log_limited(LogLevel level, const std::string& line) {
+bool Server::Impl::log_limited(LogLevel level, const std::string& line) {
   constexpr int kMaxLinesPerSecond = 10;
   uint64_t suppressed = 0;
   {
@@ -375,7 +379,7 @@ void Server::Impl::log_limited(LogLevel level, const std::string& line) {
     }
     if (logged_in_window >= kMaxLinesPerSecond) {
       ++log_suppressed;
-      return;
+      return false;
     }
     ++logged_in_window;
   }
@@ -386,6 +390,7 @@ void Server::Impl::log_limited(LogLevel level, const std::string& line) {
             " more line(s) about connections that did not authenticate, or about accepting them, were not "
             "shown");
   log_line(level, line);
+  return true;
 }
 
 void Server::Impl::remove(const std::shared_ptr<Connection>& c) {

@@ -63,7 +63,8 @@ struct Server::Impl {
   void on_accept_error(const error_code& ec);
   void remove(const std::shared_ptr<Connection>& c);
   void stop();
-  void log_limited(LogLevel level, const std::string& line);
+  // Logs `line` unless this second's lines are used up; true when it was shown.
+  bool log_limited(LogLevel level, const std::string& line);
   // A new connection waits (parked) until it may start its handshake; on accept_strand.
   void park(tcp::socket socket, asio::ip::address address);
   // Starts the handshakes of waiting connections while slots are free (those
@@ -84,6 +85,10 @@ struct Server::Impl {
   tcp::acceptor acceptor;
   asio::steady_timer accept_retry;
   milliseconds accept_backoff{0};
+  // The line that began the current backoff was shown: the line that ends it
+  // is then shown too, past the rate limit (one per shown start), so that a
+  // reader who saw "out of file descriptors" also sees that it is over.
+  bool backoff_shown = false;
   // With max_waiting connections waiting, each of which has sent something,
   // the acceptor waits: set and cleared on accept_strand.
   std::atomic<bool> accept_paused{false};
