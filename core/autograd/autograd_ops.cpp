@@ -489,6 +489,7 @@ std::shared_ptr<Node> node_for(const Tensor& input, Args&&... args) {
 void record_binary(int32_t op, const Tensor& a, const Tensor& b, Tensor& out) {
   if (!recordable(out)) return;
   auto node = std::make_shared<BinaryNode>(op);
+  node->inputs.reserve(2);  // one allocation, not two
   node->add_input(a);
   node->add_input(b);
   const bool na = node->needs_grad(0), nb = node->needs_grad(1);
@@ -520,6 +521,7 @@ void record_binary(int32_t op, const Tensor& a, const Tensor& b, Tensor& out) {
 void record_where(const Tensor& cond, const Tensor& a, const Tensor& b, Tensor& out) {
   if (!recordable(out)) return;
   auto node = std::make_shared<WhereNode>();
+  node->inputs.reserve(2);  // one allocation, not two
   node->add_input(a);
   node->add_input(b);
   node->cond = cond;
@@ -566,6 +568,7 @@ void record_reduce_all(int32_t op, const Tensor& x, Tensor& out) {
 void record_matmul(const Tensor& a, const Tensor& b, Tensor& out) {
   if (!recordable(out)) return;
   auto node = std::make_shared<MatmulNode>();
+  node->inputs.reserve(2);  // one allocation, not two
   node->add_input(a);
   node->add_input(b);
   if (node->needs_grad(0)) node->b = b;
@@ -614,6 +617,7 @@ void record_slice(const Tensor& x, int64_t axis_arg, int64_t start, int64_t /*en
 void record_cat(const std::vector<Tensor>& xs, int64_t axis, Tensor& out) {
   if (!recordable(out)) return;
   auto node = std::make_shared<CatNode>(normalize_axis(axis, xs.front().rank(), "cat"));
+  node->inputs.reserve(xs.size());
   for (const Tensor& x : xs) node->add_input(x);
   attach(out, std::move(node));
 }

@@ -57,10 +57,14 @@ constexpr int kTimedEveryLog2 = 4;  // one call in 16
 
 bool timed(uint64_t calls) noexcept {
   if (calls < kTimedFirst) return true;
-  // Fibonacci hashing: the top bits of calls * 2^64/phi are spread evenly
-  // over any run of calls, and over every residue of them (a pair called
-  // k times a step is timed at each of its k places alike).
-  return (calls * 0x9e3779b97f4a7c15ULL) >> (64 - kTimedEveryLog2) == 0;
+  // splitmix64's finaliser: every bit of the count moves the top ones, so a
+  // pair called k times a step is timed at each of its k places alike, for
+  // any k (a multiplicative hash alone favours a few places when k is near
+  // a Fibonacci number).
+  uint64_t h = calls * 0x9e3779b97f4a7c15ULL;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+  return (h ^ (h >> 31)) >> (64 - kTimedEveryLog2) == 0;
 }
 
 // OpFallbackOff's switch for this thread, and how many are alive in the
@@ -289,6 +293,9 @@ std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::s
     return slot.replica;
   }
   if (alias_out != nullptr) *alias_out = slot.alias;
+  // An import reads (or, in place, writes) s's own memory: work queued on
+  // s's device must have landed first, as when the import was made.
+  if (slot.alias) s.backend->synchronize_if_async(s.device, "op_fallback");
   if (same_layout(*slot.replica, x)) return slot.replica;
   if (slot.view && same_layout(*slot.view, x)) return slot.view;
   auto v = new_impl();
@@ -417,9 +424,11 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
   BackendImpl& h = **home;
   h.require_loaded();
   OpFallbackState::Counter& c = counter(h, op, dtype);
-  // The decision. A pair the home device surely lacks, found running on the
-  // current target before: one load (and the operands' dtype flags there).
-  const std::shared_ptr<BackendImpl>* known = c.runs_there.load(std::memory_order_relaxed);
+  // The decision. A pair device 0 surely lacks, found running on the current
+  // target before: one load (and the operands' dtype flags there). Kept for
+  // device 0 alone: a backend's devices may differ in flags and answers.
+  const std::shared_ptr<BackendImpl>* known =
+      home_device == 0 ? c.runs_there.load(std::memory_order_relaxed) : nullptr;
   if (known != nullptr && out_dtype == dtype && known == fallback_target(h) &&
       holds_all(**known, operands_, n_)) {
     st.exec = known;
@@ -443,7 +452,8 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
       cannot_place(h, home_device, host != nullptr ? host->get() : nullptr, op, dtype, out_dtype, operands_,
                    n_, api);
     }
-    if (surely_not && out_dtype == dtype) c.runs_there.store(host, std::memory_order_relaxed);
+    if (surely_not && out_dtype == dtype && home_device == 0)
+      c.runs_there.store(host, std::memory_order_relaxed);
     st.exec = host;
     device_ = 0;
     st.placed = true;
@@ -458,9 +468,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     }
   }
   exec_ = st.exec;
-  // Counted here, not when the op ends: the count's one atomic add also says
-  // whether this call is timed. (An op that then fails is counted either way.)
-  if (st.placed && timed(c.calls.fetch_add(1, std::memory_order_relaxed))) {
+  if (st.placed && timed(c.calls.load(std::memory_order_relaxed))) {
     st.timed = true;
     st.start = Clock::now();
   }
@@ -499,6 +507,9 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     }
   }
   if (st.placed) {
+    // Counted once its operands are there (the op runs now), here rather
+    // than when it ends: the counter's line is at hand.
+    c.calls.fetch_add(1, std::memory_order_relaxed);
     if (to_host > 0) c.bytes_to_host.fetch_add(to_host, std::memory_order_relaxed);
     log_first(h, home_device, *exec, op, dtype, api);
   }

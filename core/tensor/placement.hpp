@@ -91,8 +91,8 @@ class Placement {
   // rule, but it runs only where its operand 0 is operands[0]'s own memory:
   // on the device holding those bytes, or on one that imports them without a
   // copy (both host_visible). When the rule picks a device that would need a
-  // copy, or no device runs the op, ok() is false and nothing was thrown or
-  // counted: the caller composes the op from others.
+  // copy, or no device runs the op, ok() is false, nothing was thrown and the
+  // op is not counted as a fallback: the caller composes it from others.
   struct InPlace {};
   Placement(InPlace, int32_t op, DType dtype, const char* api, const TensorImpl* const* operands, int n)
       : operands_(operands), n_(n) {
