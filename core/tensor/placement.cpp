@@ -424,6 +424,12 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
   BackendImpl& h = **home;
   h.require_loaded();
   OpFallbackState::Counter& c = counter(h, op, dtype);
+  // An in-place op that runs nowhere in place: nothing placed or counted
+  // (ok() is false; the caller composes it). `st` is gone after this.
+  auto not_in_place = [this] {
+    state_.reset();
+    exec_ = nullptr;
+  };
   // The decision. A pair device 0 surely lacks, found running on the current
   // target before: one load (and the operands' dtype flags there). Kept for
   // device 0 alone: a backend's devices may differ in flags and answers.
@@ -445,10 +451,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     const std::shared_ptr<BackendImpl>* host = fallback_target(h);
     if (host == nullptr || !(ready(**host, 0, op, dtype, out_dtype, operands_, n_) ||
                              runs(**host, 0, op, dtype, out_dtype, operands_, n_))) {
-      if (in_place) {  // the caller composes it
-        state_.reset();
-        return;
-      }
+      if (in_place) return not_in_place();
       cannot_place(h, home_device, host != nullptr ? host->get() : nullptr, op, dtype, out_dtype, operands_,
                    n_, api);
     }
@@ -462,10 +465,8 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     // Operand 0 is written: it must be its own memory there (held there, or
     // imported), never a copy that the op would update instead.
     const Storage& y = *operands_[0]->storage;
-    if ((y.backend != *st.exec || y.device != device_) && !may_import(y, **st.exec, device_)) {
-      state_.reset();
-      return;
-    }
+    if ((y.backend != *st.exec || y.device != device_) && !may_import(y, **st.exec, device_))
+      return not_in_place();
   }
   exec_ = st.exec;
   if (st.placed && timed(c.calls.load(std::memory_order_relaxed))) {
@@ -500,11 +501,8 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
         c.copy_nanoseconds.fetch_add(copy_ns, std::memory_order_relaxed);
       }
     }
-    if (in_place && i == 0 && !alias) [[unlikely]] {  // the import was refused: a copy was made
-      state_.reset();
-      exec_ = nullptr;
-      return;
-    }
+    if (in_place && i == 0 && !alias) [[unlikely]]  // the import was refused: a copy was made
+      return not_in_place();
   }
   if (st.placed) {
     // Counted once its operands are there (the op runs now), here rather
