@@ -2,13 +2,18 @@
 // memory (its default there) and over Gloo's TCP, against PyTorch's gloo
 // process group and the loopback TCP floor, all in the same run.
 //
-//   bench_collectives [iterations]     (default 15)
+//   bench_collectives [iterations] [ranks]     (default 15, 2)
 //
 // Runs `backplane launch -n 2` three times: twice on this program in worker
 // mode (shared memory, then TCP), once on a PyTorch script (skipped with a
 // note when python3-torch is missing). The floor is the time to move the buffer both ways at once over
 // one loopback TCP connection: a 2-rank ring all_reduce moves exactly that
 // much per rank (half in reduce-scatter, half in all-gather).
+//
+// With more ranks it compares the two shared-memory layouts and Gloo's TCP
+// on that group: the default (a ring per pair up to 16 ranks, an inbox per
+// rank above), the other layout forced through "shared_memory_pair_rings"
+// (pairs for up to 32 ranks, inboxes for any), and TCP.
 #include "bench_util.hpp"
 
 #include <backplane/backplane.hpp>
@@ -36,8 +41,9 @@ constexpr int64_t kSmallElems = 1024;              // 4 KiB of f32
 // ---- worker: one rank -------------------------------------------------------
 
 // `transport`: "shm" (the defaults: shared memory for ranks on one host,
-// hierarchical across hosts), "tcp" (Gloo only) or "flat" (shared memory on
-// one host, but across hosts Gloo only: "hierarchical" off). Any number of
+// hierarchical across hosts), "tcp" (Gloo only), "flat" (shared memory on
+// one host, but across hosts Gloo only: "hierarchical" off), "pairs" or
+// "inboxes" (that shared-memory layout whatever the group's size). Any number of
 // ranks; tests/integration/netns/run_netns_hosts.sh --phase bench runs it on
 // two hosts of two.
 int worker(int iters, const std::string& transport) {
@@ -45,9 +51,11 @@ int worker(int iters, const std::string& transport) {
   const std::string config =
       std::string(R"({"schema_version": 1, "plugin_dirs": [")") + BP_BENCH_PLUGIN_DIR +
       R"("], "backends": [{"name": "cpu", "library": "backplane_cpu", "required": true, "options": )" +
-      (transport == "tcp"    ? R"({"shared_memory": false})"
-       : transport == "flat" ? R"({"hierarchical": false})"
-                             : "{}") +
+      (transport == "tcp"       ? R"({"shared_memory": false})"
+       : transport == "flat"    ? R"({"hierarchical": false})"
+       : transport == "pairs"   ? R"({"shared_memory_pair_rings": 32})"
+       : transport == "inboxes" ? R"({"shared_memory_pair_rings": 0})"
+                                : "{}") +
       "}]}";
   Registry reg = Registry::from_json(config, fs::current_path(), "bench_collectives");
   Rendezvous rdzv = Rendezvous::from_env();
@@ -168,13 +176,44 @@ double loopback_floor_ms(std::size_t bytes, int iters) {
   return bench::median(ms);
 }
 
+// The same all_reduce on `ranks` ranks over each shared-memory layout and TCP.
+int compare_layouts(const std::string& self, int iters, int ranks) {
+  std::cout << "all_reduce f32, " << ranks << " ranks on one host, median of " << iters
+            << " (64 MiB) / 9x100 (4 KiB)\n";
+  auto job = [&](const char* transport) {
+    return run_job(std::string(BP_BENCH_CLI) + " launch -n " + std::to_string(ranks) + " -- " + self +
+                   " --worker " + std::to_string(iters) + " " + transport);
+  };
+  const bool inboxes = ranks > 16;  // the default layout for this group
+  const bool can_pair = ranks <= 32;
+  auto chosen = job("shm");
+  auto other = inboxes ? (can_pair ? job("pairs") : std::map<std::string, double>()) : job("inboxes");
+  auto tcp = job("tcp");
+  if (chosen.empty() || tcp.empty()) return 1;
+  const char* chosen_name = inboxes ? "shared memory, inboxes (default)" : "shared memory, pairs (default)";
+  const char* other_name = inboxes ? "shared memory, pairs (forced)" : "shared memory, inboxes (forced)";
+  std::printf("%-36s %12s %12s\n", "", "64 MiB (ms)", "4 KiB (us)");
+  std::printf("%-36s %12.1f %12.1f\n", chosen_name, chosen["large_ms"], chosen["small_us"]);
+  if (!other.empty()) std::printf("%-36s %12.1f %12.1f\n", other_name, other["large_ms"], other["small_us"]);
+  std::printf("%-36s %12.1f %12.1f\n", "Gloo TCP (same run)", tcp["large_ms"], tcp["small_us"]);
+  std::printf("ratio 64 MiB default / Gloo TCP: %.2f\nratio 4 KiB  default / Gloo TCP: %.3f\n",
+              chosen["large_ms"] / tcp["large_ms"], chosen["small_us"] / tcp["small_us"]);
+  if (!other.empty())
+    std::printf("ratio 64 MiB inboxes / pairs:    %.2f\nratio 4 KiB  inboxes / pairs:    %.3f\n",
+                (inboxes ? chosen : other)["large_ms"] / (inboxes ? other : chosen)["large_ms"],
+                (inboxes ? chosen : other)["small_us"] / (inboxes ? other : chosen)["small_us"]);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "--worker")
     return worker(argc >= 3 ? std::atoi(argv[2]) : 15, argc >= 4 ? argv[3] : "shm");
   const int iters = argc >= 2 ? std::max(3, std::atoi(argv[1])) : 15;
+  const int ranks = argc >= 3 ? std::max(2, std::atoi(argv[2])) : 2;
   const std::string self = fs::canonical("/proc/self/exe").string();
+  if (ranks != 2) return compare_layouts(self, iters, ranks);
 
   std::cout << "all_reduce f32, 2 ranks on one host, median of " << iters << " (64 MiB) / 9x100 (4 KiB)\n";
   const double floor_ms = loopback_floor_ms(static_cast<std::size_t>(kLargeElems) * 4, 5);

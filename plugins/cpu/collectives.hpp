@@ -38,6 +38,11 @@ struct NetworkOptions {
   // Ranks that all share a host exchange data through shared memory
   // (shm_transport.hpp) unless this is false.
   bool shared_memory = true;
+  // The largest group on one host whose shared memory holds a byte ring per
+  // ordered pair of ranks (fastest; the memory grows with the square of the
+  // group). Larger groups get one inbox per rank, which every peer writes
+  // into (the memory grows linearly). Rank 0's value decides for the group.
+  int32_t pair_rings_max_ranks = 16;
   // Groups whose ranks span hosts, some host with two or more, combine each
   // host's ranks through shared memory and only the hosts' leaders over TCP
   // (hierarchical_link.cpp) unless this or shared_memory is false.

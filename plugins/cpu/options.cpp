@@ -41,6 +41,17 @@ int64_t threads_option(const nlohmann::json& value) {
   return static_cast<int64_t>(n);
 }
 
+int32_t pair_rings_option(const nlohmann::json& value) {
+  if (!value.is_number_unsigned() || value.get<uint64_t>() > static_cast<uint64_t>(kMaxPairRingsOption))
+    fail(BP_STATUS_INVALID_ARGUMENT,
+         "cpu: option \"shared_memory_pair_rings\" must be an integer from 0 to " +
+             std::to_string(kMaxPairRingsOption) +
+             " (the largest group on one host given a ring per pair of ranks; 0: every group uses inboxes), "
+             "got " +
+             value.dump());
+  return static_cast<int32_t>(value.get<uint64_t>());
+}
+
 // "\"a\", \"b\", ...": the names name_of gives the values 1 .. count - 1 (abi.h's tables).
 std::string quoted_names(int32_t count, const char* (*name_of)(int32_t)) {
   std::string out;
@@ -115,6 +126,8 @@ Options parse_options(const std::string& json_text) {
       parsed.dtypes = dtypes_option(value);
     } else if (key == "shared_memory") {
       parsed.network.shared_memory = bool_option(key, value);
+    } else if (key == "shared_memory_pair_rings") {
+      parsed.network.pair_rings_max_ranks = pair_rings_option(value);
     } else if (key == "flush_denormals") {
       parsed.flush_denormals = bool_option(key, value);
       if (parsed.flush_denormals && !kCanFlushDenormals)
@@ -132,7 +145,7 @@ Options parse_options(const std::string& json_text) {
       fail(BP_STATUS_INVALID_ARGUMENT,
            "cpu: unknown option " + nlohmann::json(key).dump() +
                " (accepted: \"threads\", \"collective\", \"ops\", \"dtypes\", \"hostname\", \"interface\", "
-               "\"shared_memory\", \"hierarchical\", \"flush_denormals\")");
+               "\"shared_memory\", \"shared_memory_pair_rings\", \"hierarchical\", \"flush_denormals\")");
     }
   }
   if (!parsed.network.hostname.empty() && !parsed.network.interface.empty())

@@ -16,6 +16,9 @@ namespace backplane::cpu {
 
 // Upper bound of the "threads" option: more would only exhaust the process's threads.
 inline constexpr int64_t kMaxThreadsOption = 1024;
+// Upper bound of "shared_memory_pair_rings": 32 ranks already need 992 rings,
+// 62 MiB of /dev/shm at their smallest.
+inline constexpr int32_t kMaxPairRingsOption = 32;
 
 // A set of ops: bit i stands for bp_op i.
 using OpSet = std::bitset<BP_OP_COUNT_>;

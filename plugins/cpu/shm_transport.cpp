@@ -2,14 +2,30 @@
 //
 // The segment: a header, one control block per rank (its doorbell, the
 // futex word every event for that rank bumps; whether it sleeps on it; its
-// state and process id), then one ring per ordered pair of ranks. A ring is
-// a byte stream: the sender advances `head`, the receiver `tail`, both
-// counting bytes since the start. A message is a 16-byte header (tag,
-// length) followed by its bytes; it may wrap and may be written and read in
-// pieces, so a message longer than the ring streams through it while both
-// ends make progress in their waits. There is no thread behind any of this:
-// each rank moves data only inside its own sends and waits, and every wait
-// moves everything it can, so two ranks sending to each other both progress.
+// state and process id), then the messages in one of two layouts.
+//
+// Pairs (groups of up to NetworkOptions::pair_rings_max_ranks): one ring per
+// ordered pair of ranks. A ring is a byte stream: the sender advances `head`,
+// the receiver `tail`, both counting bytes since the start. A message is a
+// 16-byte header (tag, length) followed by its bytes; it may wrap and may be
+// written and read in pieces, so a message longer than the ring streams
+// through it while both ends make progress in their waits.
+//
+// Inboxes (larger groups, whose pair rings would grow with the square of the
+// group): one ring per rank that all its peers write into. A sender reserves
+// a record (a 32-byte header: tag, message length, offset of the piece; then
+// up to a quarter of the inbox of the message's bytes) by compare-and-swap on
+// `head`, writes it, and publishes it through the record's commit word, kept
+// apart from the data so that old bytes never read as a commit. The owner
+// takes records in order: into the receive posted for that sender when there
+// is one, else into a queue of early pieces of its own memory, so an inbox
+// never stays full while its owner waits and no sender blocks another. A
+// send completes when the receiver acknowledges the whole message with a
+// record of its own (as over the pair rings, only once a receive took it).
+//
+// There is no thread behind any of this: each rank moves data only inside
+// its own sends and waits, and every wait moves everything it can, so two
+// ranks sending to each other both progress.
 #include "shm_transport.hpp"
 
 #include <fcntl.h>
@@ -47,15 +63,25 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr uint64_t kMagic = 0x6270736861726564ULL;  // "bpshared"
-constexpr uint32_t kVersion = 1;
-// More ranks than this on one host use Gloo: the rings grow with the square
-// of the group, and /dev/shm is often small (64 MiB in a default container).
-constexpr int32_t kMaxRanks = 16;
-// The rings of a group share this budget, each between 64 KiB and 1 MiB.
+constexpr uint32_t kVersion = 2;
+enum Layout : uint32_t { kPairs = 1, kInboxes = 2 };
+// The rings of a group share this budget (/dev/shm is often small: 64 MiB in
+// a default container), each pair ring between 64 KiB and 1 MiB, each inbox
+// between 64 KiB and 2 MiB.
 constexpr uint64_t kRingBudget = uint64_t{32} << 20;
 constexpr uint64_t kMinRing = uint64_t{64} << 10;
 constexpr uint64_t kMaxRing = uint64_t{1} << 20;
+constexpr uint64_t kMaxInbox = uint64_t{2} << 20;
 constexpr uint64_t kHeaderBytes = 16;  // tag, length
+// Inbox records start on a cell and fill whole cells; a commit word per cell.
+constexpr uint64_t kCell = 64;
+constexpr uint64_t kRecordHeader = 32;  // tag, length, offset, unused
+// A sender waits for room rather than cut a message into pieces smaller than
+// this (the rest of a message shorter than it goes whole).
+constexpr uint64_t kMinPiece = uint64_t{4} << 10;
+// The sender field of a commit word has 24 bits.
+constexpr int32_t kMaxInboxRanks = (1 << 24) - 1;
+enum RecordKind : uint64_t { kData = 1, kAck = 2 };
 // A wait first spins this long (the peer is usually a few microseconds
 // behind), then sleeps, waking at least every kSleepSlice to look for dead
 // peers. It does not spin when the group has more ranks than this process
@@ -80,6 +106,28 @@ struct alignas(64) RingControl {
   alignas(64) uint64_t tail;  // bytes consumed, by the receiver
 };
 
+// An inbox: this control, a commit word per cell, then the ring's bytes.
+struct alignas(64) InboxControl {
+  alignas(64) uint64_t head;         // bytes reserved, by the senders
+  alignas(64) uint64_t tail;         // bytes consumed, by the owner
+  alignas(64) uint32_t room_wanted;  // a sender found it full: wake the peers
+};
+
+struct RecordHeader {
+  uint64_t tag;
+  uint64_t length;  // of the whole message
+  uint64_t offset;  // of this piece in it
+  uint64_t unused;
+};
+static_assert(sizeof(RecordHeader) == kRecordHeader);
+
+// A commit word: the record's piece length (an ack's count), kind and
+// sender + 1; 0 while the cell starts no published record.
+constexpr uint64_t commit_word(uint64_t piece, RecordKind kind, int32_t sender) noexcept {
+  return (piece << 32) | (static_cast<uint64_t>(kind) << 24) | static_cast<uint64_t>(sender + 1);
+}
+constexpr uint64_t round_to_cell(uint64_t n) noexcept { return (n + kCell - 1) & ~(kCell - 1); }
+
 // Atomics in memory shared between processes must not hide a lock.
 static_assert(std::atomic_ref<uint32_t>::is_always_lock_free &&
               std::atomic_ref<uint64_t>::is_always_lock_free);
@@ -89,18 +137,25 @@ std::atomic_ref<T> shared(T& value) noexcept {
   return std::atomic_ref<T>(value);
 }
 
-uint64_t ring_bytes_for(int32_t n) {
-  const uint64_t rings = static_cast<uint64_t>(n) * static_cast<uint64_t>(n - 1);
-  uint64_t r = kMaxRing;
-  while (r > kMinRing && r * rings > kRingBudget) r /= 2;
+uint64_t rings_of(int32_t n, Layout layout) {
+  return layout == kPairs ? static_cast<uint64_t>(n) * static_cast<uint64_t>(n - 1)
+                          : static_cast<uint64_t>(n);
+}
+
+uint64_t ring_bytes_for(int32_t n, Layout layout) {
+  uint64_t r = layout == kPairs ? kMaxRing : kMaxInbox;
+  while (r > kMinRing && r * rings_of(n, layout) > kRingBudget) r /= 2;
   return r;
 }
 
 uint64_t blocks_offset() { return 64; }
 uint64_t rings_offset(int32_t n) { return blocks_offset() + sizeof(RankBlock) * static_cast<uint64_t>(n); }
-uint64_t ring_stride(uint64_t ring_bytes) { return sizeof(RingControl) + ring_bytes; }
-uint64_t segment_bytes(int32_t n, uint64_t ring_bytes) {
-  return rings_offset(n) + ring_stride(ring_bytes) * static_cast<uint64_t>(n) * static_cast<uint64_t>(n - 1);
+uint64_t ring_stride(uint64_t ring_bytes, Layout layout) {
+  return layout == kPairs ? sizeof(RingControl) + ring_bytes
+                          : sizeof(InboxControl) + ring_bytes / kCell * sizeof(uint64_t) + ring_bytes;
+}
+uint64_t segment_bytes(int32_t n, Layout layout, uint64_t ring_bytes) {
+  return rings_offset(n) + ring_stride(ring_bytes, layout) * rings_of(n, layout);
 }
 
 void cpu_relax() noexcept {
@@ -186,6 +241,7 @@ struct ShmGroup::Segment {
   uint32_t size;
   uint64_t ring_bytes;
   char nonce[32];
+  uint32_t layout;
 
   RankBlock& block(int32_t r) noexcept {
     return reinterpret_cast<RankBlock*>(reinterpret_cast<unsigned char*>(this) + blocks_offset())[r];
@@ -196,10 +252,23 @@ struct ShmGroup::Segment {
     const uint64_t index = static_cast<uint64_t>(from) * static_cast<uint64_t>(n - 1) +
                            static_cast<uint64_t>(to < from ? to : to - 1);
     return *reinterpret_cast<RingControl*>(reinterpret_cast<unsigned char*>(this) + rings_offset(n) +
-                                           index * ring_stride(ring_bytes));
+                                           index * ring_stride(ring_bytes, kPairs));
   }
   static unsigned char* data(RingControl& c) noexcept {
     return reinterpret_cast<unsigned char*>(&c) + sizeof(RingControl);
+  }
+  // The inbox of rank `r`, its commit words and its bytes.
+  InboxControl& inbox(int32_t r) noexcept {
+    return *reinterpret_cast<InboxControl*>(reinterpret_cast<unsigned char*>(this) +
+                                            rings_offset(static_cast<int32_t>(size)) +
+                                            static_cast<uint64_t>(r) * ring_stride(ring_bytes, kInboxes));
+  }
+  static uint64_t* commits(InboxControl& c) noexcept {
+    return reinterpret_cast<uint64_t*>(reinterpret_cast<unsigned char*>(&c) + sizeof(InboxControl));
+  }
+  unsigned char* data(InboxControl& c) const noexcept {
+    return reinterpret_cast<unsigned char*>(&c) + sizeof(InboxControl) +
+           ring_bytes / kCell * sizeof(uint64_t);
   }
 };
 static_assert(sizeof(ShmGroup::Segment) <= 64, "the header fits before the rank blocks");
@@ -262,11 +331,12 @@ void remove_stale_segments() {
 // Creates, sizes (with its pages reserved, so that a full /dev/shm is an
 // error here rather than SIGBUS later) and maps a new segment. "" and a
 // reason on failure.
-std::string create_segment(const std::string& name, int32_t n, const std::string& nonce, Mapping& map) {
+std::string create_segment(const std::string& name, int32_t n, Layout layout, const std::string& nonce,
+                           Mapping& map) {
   const common::UniqueFd f(shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
   if (!f.valid()) return std::string("shm_open: ") + std::strerror(errno);
-  const uint64_t ring = ring_bytes_for(n);
-  const uint64_t bytes = segment_bytes(n, ring);
+  const uint64_t ring = ring_bytes_for(n, layout);
+  const uint64_t bytes = segment_bytes(n, layout, ring);
   if (const int e = posix_fallocate(f.get(), 0, static_cast<off_t>(bytes)); e != 0) {
     shm_unlink(name.c_str());
     return "reserving " + std::to_string(bytes) + " bytes: " + std::strerror(e);
@@ -281,17 +351,19 @@ std::string create_segment(const std::string& name, int32_t n, const std::string
   s->version = kVersion;
   s->size = static_cast<uint32_t>(n);
   s->ring_bytes = ring;
+  s->layout = layout;
   std::memcpy(s->nonce, nonce.data(), std::min(nonce.size(), sizeof(s->nonce)));
   shared(s->magic).store(kMagic, std::memory_order_release);
   return "";
 }
 
-std::string open_segment(const std::string& name, int32_t n, const std::string& nonce, Mapping& map) {
+std::string open_segment(const std::string& name, int32_t n, Layout layout, const std::string& nonce,
+                         Mapping& map) {
   const common::UniqueFd f(shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0));
   if (!f.valid()) return std::string("shm_open: ") + std::strerror(errno);
   struct stat st {};
   if (fstat(f.get(), &st) != 0) return std::string("fstat: ") + std::strerror(errno);
-  const uint64_t bytes = segment_bytes(n, ring_bytes_for(n));
+  const uint64_t bytes = segment_bytes(n, layout, ring_bytes_for(n, layout));
   if (static_cast<uint64_t>(st.st_size) != bytes)
     return "the segment has " + std::to_string(st.st_size) + " bytes, not " + std::to_string(bytes);
   map.base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, f.get(), 0);
@@ -299,7 +371,8 @@ std::string open_segment(const std::string& name, int32_t n, const std::string& 
   map.bytes = bytes;
   auto* s = static_cast<ShmGroup::Segment*>(map.base);
   if (shared(s->magic).load(std::memory_order_acquire) != kMagic || s->version != kVersion ||
-      s->size != static_cast<uint32_t>(n) || s->ring_bytes != ring_bytes_for(n) ||
+      s->size != static_cast<uint32_t>(n) || s->layout != layout ||
+      s->ring_bytes != ring_bytes_for(n, layout) ||
       std::memcmp(s->nonce, nonce.data(), std::min(nonce.size(), sizeof(s->nonce))) != 0)
     return "the segment is not the one rank 0 made";
   return "";
@@ -359,11 +432,12 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(const LinkSetup& setup) {
                       true)
                : skip("switched off (shared_memory)");
   if (!elsewhere.empty()) return skip(elsewhere);
-  if (size > kMaxRanks) return skip("more than " + std::to_string(kMaxRanks) + " ranks");
+  if (size > kMaxInboxRanks) return skip("more than " + std::to_string(kMaxInboxRanks) + " ranks");
 
   // Rank 0 makes the segment and names it; each rank maps it and says so;
   // once all have answered, rank 0 removes the name, so nothing is left in
-  // /dev/shm whatever happens to the ranks later.
+  // /dev/shm whatever happens to the ranks later. Rank 0 also chooses the
+  // layout, so that ranks whose options differ agree.
   Mapping map;
   std::string name;
   std::string nonce;
@@ -371,23 +445,31 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(const LinkSetup& setup) {
   NameRemover remover;  // rank 0: on every way out of here, the store failing included
   if (rank == 0) {
     remove_stale_segments();
+    const Layout layout = size <= setup.network.pair_rings_max_ranks ? kPairs : kInboxes;
     nonce = random_hex(16);
     const std::string suffix = random_hex(8);
     name = "/backplane-" + std::to_string(pid_namespace()) + "-" + std::to_string(getpid()) + "-" + suffix;
     problem = nonce.empty() || suffix.empty() ? "no random bytes from the kernel (getrandom) for its name"
-                                              : create_segment(name, size, nonce, map);
+                                              : create_segment(name, size, layout, nonce, map);
     if (problem.empty()) remover.name = name;
-    const std::string value = problem.empty() ? name + "\n" + nonce : std::string();
+    const std::string value =
+        problem.empty() ? name + "\n" + nonce + "\n" + std::to_string(layout) : std::string();
     store.set("shm/segment", std::vector<char>(value.begin(), value.end()));
     if (!problem.empty()) return skip("rank 0 could not make the segment: " + problem, true);
   } else {
     store.wait({"shm/segment"});
     const std::string value = text_of(store.get("shm/segment"));
-    const auto newline = value.find('\n');
-    if (newline == std::string::npos) return skip("rank 0 could not make the segment", true);
-    name = value.substr(0, newline);
-    nonce = value.substr(newline + 1);
-    problem = open_segment(name, size, nonce, map);
+    const auto first = value.find('\n');
+    const auto second = first == std::string::npos ? first : value.find('\n', first + 1);
+    const std::string_view kind =
+        second == std::string::npos ? std::string_view() : std::string_view(value).substr(second + 1);
+    if (first == std::string::npos) return skip("rank 0 could not make the segment", true);
+    const Layout layout = kind == std::to_string(kPairs) ? kPairs : kInboxes;
+    name = value.substr(0, first);
+    nonce = value.substr(first + 1, second - first - 1);
+    problem = kind == std::to_string(kPairs) || kind == std::to_string(kInboxes)
+                  ? open_segment(name, size, layout, nonce, map)
+                  : "rank 0 named no layout (\"" + std::string(kind) + "\")";
   }
   auto* segment = static_cast<Segment*>(map.base);
   if (problem.empty()) {
@@ -423,11 +505,22 @@ std::unique_ptr<ShmGroup> ShmGroup::connect(const LinkSetup& setup) {
   if (!all_ready) return skip("rank " + refused, true);
   auto group = std::unique_ptr<ShmGroup>(new ShmGroup(rank, size, map.base, map.bytes));
   map.release();  // the group owns the mapping now
+  const uint64_t kib = segment->ring_bytes >> 10;
+  plugin::log(BP_LOG_DEBUG, "cpu: " + where + ": the shared-memory segment holds " +
+                                (group->inboxes_ ? "an inbox per rank, " : "a ring per pair of ranks, ") +
+                                std::to_string(kib) + " KiB each, " + std::to_string(group->bytes_ >> 10) +
+                                " KiB in all");
   return group;
 }
 
 ShmGroup::ShmGroup(int32_t rank, int32_t size, void* base, uint64_t bytes)
-    : rank_(rank), size_(size), base_(base), bytes_(bytes), segment_(static_cast<Segment*>(base)) {
+    : rank_(rank),
+      size_(size),
+      base_(base),
+      bytes_(bytes),
+      segment_(static_cast<Segment*>(base)),
+      inboxes_(segment_->layout == kInboxes) {
+  if (inboxes_) mail_.resize(static_cast<std::size_t>(size));
   // A pidfd per peer in another process shows when it exits, even killed
   // by SIGKILL; ranks that are threads of this process need none.
   cpu_set_t cpus;
@@ -499,8 +592,9 @@ struct ShmRun::Transfer {
   unsigned char* data;
   uint64_t bytes;
   uint64_t tag;
-  uint64_t done;  // bytes moved, header included
+  uint64_t done;  // bytes moved, header included (inboxes: payload bytes only)
   uint64_t end;   // a send: the ring position after its last byte, once written
+  uint64_t seq;   // a send over inboxes: its number among the messages to the peer
 };
 
 // A send is complete once the receiver has taken it out of the ring, not
@@ -533,14 +627,19 @@ Region& ShmRun::region(void* data, uint64_t bytes) {
 void ShmRun::send(Region& from, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   if (group_.interrupted()) fail_aborted();
   auto& r = static_cast<ShmRegion&>(from);
-  channels_[peer].sends.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0, 0});
-  pump_out(peer);  // as much as fits now; waits move the rest
+  const uint64_t seq = group_.inboxes_ ? group_.mail_[peer].sent++ : 0;
+  channels_[peer].sends.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0, 0, seq});
+  // As much as fits now; waits move the rest.
+  if (group_.inboxes_)
+    pump_to_inbox(peer);
+  else
+    pump_out(peer);
 }
 
 void ShmRun::recv(Region& into, int peer, uint64_t phase, uint64_t offset, uint64_t bytes) {
   if (group_.interrupted()) fail_aborted();
   auto& r = static_cast<ShmRegion&>(into);
-  channels_[peer].recvs.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0, 0});
+  channels_[peer].recvs.push_back({&r, r.data + offset, bytes, call_.tag(phase, bytes), 0, 0, 0});
 }
 
 bool ShmRun::pump_out(int peer) {
@@ -629,6 +728,7 @@ bool ShmRun::pump_in(int peer) {
 }
 
 bool ShmRun::progress() {
+  if (group_.inboxes_) return progress_inboxes();
   bool moved = false;
   for (int p = 0; p < group_.size_; ++p) {
     if (p == group_.rank_) continue;
@@ -661,7 +761,9 @@ int ShmRun::wait(ShmRegion& r, bool receiving, int expected) {
   for (;;) {
     const uint32_t rung = shared(bell).load(std::memory_order_acquire);
     progress();
-    if (taken < done.size()) return done[taken++];
+    // Over inboxes, not before the peers' messages received here are
+    // acknowledged: they wait for that to complete their sends.
+    if (taken < done.size() && group_.acks_owed_ == 0) return done[taken++];
     if (group_.interrupted()) fail_aborted();
     check_peers(false);
     if (!spun) {
@@ -688,6 +790,11 @@ int ShmRun::wait(ShmRegion& r, bool receiving, int expected) {
 // (looked for only when `exits`: it costs a system call) exited.
 void ShmRun::check_peers(bool exits) {
   ShmGroup::Segment& s = *group_.segment_;
+  // A record half written by a peer that died blocks the inbox: every peer's
+  // later messages are behind it.
+  if (exits && group_.inboxes_ && inbox_stalled())
+    for (int p = 0; p < group_.size_; ++p)
+      if (p != group_.rank_ && group_.exited(p)) fail_peer_gone(p, "exited while writing to this rank");
   for (int p = 0; p < group_.size_; ++p) {
     if (p == group_.rank_) continue;
     const Channel& ch = channels_[p];
@@ -701,6 +808,211 @@ void ShmRun::check_peers(bool exits) {
     if (!ch.owed()) continue;
     fail_peer_gone(p, state == kClosed ? "closed the connection" : "exited without closing the connection");
   }
+}
+
+// ---------------------------------------------------------------------------
+// The inbox layout
+// ---------------------------------------------------------------------------
+
+bool ShmRun::progress_inboxes() {
+  bool moved = deliver_early();
+  moved = drain_inbox() || moved;
+  moved = flush_acks() || moved;
+  for (int p = 0; p < group_.size_; ++p) {
+    if (p == group_.rank_) continue;
+    moved = pump_to_inbox(p) || moved;
+    Channel& ch = channels_[p];
+    const uint64_t acked = group_.mail_[p].acked;
+    for (; ch.taken_at < ch.send_at && ch.sends[ch.taken_at].seq < acked; ++ch.taken_at)
+      ch.sends[ch.taken_at].region->sent.push_back(p);
+  }
+  return moved;
+}
+
+bool ShmRun::post(int peer, uint64_t kind, uint64_t tag, uint64_t length, uint64_t offset,
+                  const unsigned char* from, uint64_t want, uint64_t& piece) {
+  ShmGroup::Segment& s = *group_.segment_;
+  InboxControl& box = s.inbox(peer);
+  const uint64_t cap = s.ring_bytes;
+  const uint64_t most = kind == kAck ? 0 : std::min(want, cap / 4 - kRecordHeader);
+  const uint64_t least = std::min(most, kMinPiece);
+  // The tail is read before the head, so that head - tail never underflows;
+  // a head refreshed by a failed exchange only makes the room look smaller.
+  uint64_t tail = shared(box.tail).load(std::memory_order_acquire);
+  uint64_t head = shared(box.head).load(std::memory_order_relaxed);
+  bool asked = false;
+  uint64_t n = 0;
+  for (;;) {
+    const uint64_t room = s.ring_bytes - (head - tail);
+    n = room >= kRecordHeader ? std::min(most, room - kRecordHeader) : 0;
+    if (room < kRecordHeader || n < least) {
+      if (asked) return false;
+      // Ask the owner to wake its peers when it makes room, then look again
+      // (the owner reads the flag after it moves the tail).
+      shared(box.room_wanted).store(1, std::memory_order_seq_cst);
+      asked = true;
+      tail = shared(box.tail).load(std::memory_order_seq_cst);
+      head = shared(box.head).load(std::memory_order_relaxed);
+      continue;
+    }
+    if (shared(box.head).compare_exchange_weak(head, head + round_to_cell(kRecordHeader + n),
+                                               std::memory_order_relaxed, std::memory_order_relaxed))
+      break;
+  }
+  unsigned char* data = s.data(box);
+  const uint64_t at = head & (cap - 1);  // a cell: the header never wraps
+  const RecordHeader header{tag, length, offset, 0};
+  std::memcpy(data + at, &header, sizeof header);
+  const uint64_t body = at + kRecordHeader;
+  const uint64_t first = std::min(n, cap - body);
+  if (n != 0) {
+    std::memcpy(data + body, from, first);
+    std::memcpy(data, from + first, n - first);
+  }
+  const uint64_t count = kind == kAck ? want : n;
+  shared(ShmGroup::Segment::commits(box)[at / kCell])
+      .store(commit_word(count, static_cast<RecordKind>(kind), group_.rank_), std::memory_order_release);
+  ring_bell(s.block(peer));
+  piece = n;
+  return true;
+}
+
+bool ShmRun::pump_to_inbox(int peer) {
+  Channel& ch = channels_[peer];
+  if (ch.send_at == ch.sends.size()) return false;
+  if (shared(group_.segment_->block(peer).state).load(std::memory_order_acquire) != kLive)
+    return false;  // none will read it
+  bool moved = false;
+  while (ch.send_at < ch.sends.size()) {
+    Transfer& t = ch.sends[ch.send_at];
+    uint64_t piece = 0;
+    if (!post(peer, kData, t.tag, t.bytes, t.done, t.data + t.done, t.bytes - t.done, piece)) break;
+    moved = true;
+    t.done += piece;
+    if (t.done == t.bytes) ++ch.send_at;  // (a zero-length message is its header alone)
+  }
+  return moved;
+}
+
+bool ShmRun::drain_inbox() {
+  ShmGroup::Segment& s = *group_.segment_;
+  InboxControl& box = s.inbox(group_.rank_);
+  uint64_t* commits = ShmGroup::Segment::commits(box);
+  const unsigned char* data = s.data(box);
+  const uint64_t cap = s.ring_bytes;
+  uint64_t tail = shared(box.tail).load(std::memory_order_relaxed);
+  const uint64_t start = tail;
+  for (;;) {
+    const uint64_t at = tail & (cap - 1);
+    uint64_t& commit = commits[at / kCell];
+    const uint64_t word = shared(commit).load(std::memory_order_acquire);
+    if (word == 0) break;
+    const int sender = static_cast<int>(word & 0xffffff) - 1;
+    const uint64_t kind = (word >> 24) & 0xff;
+    const uint64_t n = word >> 32;
+    if (sender < 0 || sender >= group_.size_ || sender == group_.rank_ || (kind != kData && kind != kAck) ||
+        (kind == kData && n > cap / 4 - kRecordHeader))
+      throw out_of_step_failure(call_.site.text(), "a peer", call_.site.op,
+                                " [shared memory: a record in this rank's inbox is corrupt]");
+    if (kind == kAck) {
+      group_.mail_[sender].acked += n;
+    } else if (shared(s.block(sender).state).load(std::memory_order_acquire) != kFailed) {
+      // (A failed peer's last messages belong to the collective it gave up.)
+      RecordHeader header;
+      std::memcpy(&header, data + at, sizeof header);
+      const uint64_t body = at + kRecordHeader;
+      const uint64_t first = std::min(n, cap - body);
+      accept(sender, header.tag, header.length, header.offset, data + body, first, data, n - first);
+    }
+    shared(commit).store(0, std::memory_order_relaxed);
+    tail += kind == kAck ? kCell : round_to_cell(kRecordHeader + n);
+    shared(box.tail).store(tail, std::memory_order_release);  // room for the senders at once
+  }
+  if (tail == start) return false;
+  // Senders that found the inbox full wait for this (see post).
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (shared(box.room_wanted).load(std::memory_order_seq_cst) != 0 &&
+      shared(box.room_wanted).exchange(0, std::memory_order_seq_cst) != 0)
+    for (int32_t p = 0; p < group_.size_; ++p)
+      if (p != group_.rank_) ring_bell(s.block(p));
+  return true;
+}
+
+void ShmRun::accept(int sender, uint64_t tag, uint64_t length, uint64_t offset, const unsigned char* a,
+                    uint64_t na, const unsigned char* b, uint64_t nb) {
+  ShmGroup::PeerMail& mail = group_.mail_[sender];
+  Channel& ch = channels_[sender];
+  if (!mail.early.empty() || ch.recv_at == ch.recvs.size()) {
+    ShmGroup::Piece early{tag, length, offset, std::vector<unsigned char>(na + nb)};
+    if (na != 0) std::memcpy(early.bytes.data(), a, na);
+    if (nb != 0) std::memcpy(early.bytes.data() + na, b, nb);
+    mail.early.push_back(std::move(early));
+    ++group_.early_pieces_;
+    return;
+  }
+  deliver(sender, tag, length, offset, a, na, b, nb);
+}
+
+void ShmRun::deliver(int sender, uint64_t tag, uint64_t length, uint64_t offset, const unsigned char* a,
+                     uint64_t na, const unsigned char* b, uint64_t nb) {
+  ShmGroup::PeerMail& mail = group_.mail_[sender];
+  Channel& ch = channels_[sender];
+  Transfer& t = ch.recvs[ch.recv_at];
+  if (tag != t.tag || length != t.bytes || offset != t.done || na + nb > t.bytes - t.done)
+    fail_out_of_step(sender);
+  if (na != 0) std::memcpy(t.data + t.done, a, na);
+  if (nb != 0) std::memcpy(t.data + t.done + na, b, nb);
+  t.done += na + nb;
+  if (t.done < t.bytes) return;
+  t.region->received.push_back(sender);
+  ++ch.recv_at;
+  ++mail.acks_owed;
+  ++group_.acks_owed_;
+}
+
+bool ShmRun::deliver_early() {
+  if (group_.early_pieces_ == 0) return false;
+  bool moved = false;
+  for (int p = 0; p < group_.size_; ++p) {
+    std::deque<ShmGroup::Piece>& early = group_.mail_[p].early;
+    Channel& ch = channels_[p];
+    if (early.empty() || ch.recv_at == ch.recvs.size()) continue;
+    if (shared(group_.segment_->block(p).state).load(std::memory_order_acquire) == kFailed) continue;
+    while (!early.empty() && ch.recv_at < ch.recvs.size()) {
+      ShmGroup::Piece piece = std::move(early.front());
+      early.pop_front();
+      --group_.early_pieces_;
+      deliver(p, piece.tag, piece.length, piece.offset, piece.bytes.data(), piece.bytes.size(), nullptr, 0);
+      moved = true;
+    }
+  }
+  return moved;
+}
+
+bool ShmRun::flush_acks() {
+  if (group_.acks_owed_ == 0) return false;
+  bool moved = false;
+  for (int p = 0; p < group_.size_; ++p) {
+    ShmGroup::PeerMail& mail = group_.mail_[p];
+    if (mail.acks_owed == 0) continue;
+    uint64_t unused = 0;
+    // A peer that closed or failed waits for nothing more.
+    const bool live = shared(group_.segment_->block(p).state).load(std::memory_order_acquire) == kLive;
+    if (live && !post(p, kAck, 0, 0, 0, nullptr, mail.acks_owed, unused)) continue;
+    group_.acks_owed_ -= mail.acks_owed;
+    mail.acks_owed = 0;
+    moved = true;
+  }
+  return moved;
+}
+
+bool ShmRun::inbox_stalled() const noexcept {
+  ShmGroup::Segment& s = *group_.segment_;
+  InboxControl& box = s.inbox(group_.rank_);
+  const uint64_t tail = shared(box.tail).load(std::memory_order_relaxed);
+  return shared(box.head).load(std::memory_order_acquire) != tail &&
+         shared(ShmGroup::Segment::commits(box)[(tail & (s.ring_bytes - 1)) / kCell])
+                 .load(std::memory_order_acquire) == 0;
 }
 
 void ShmRun::fail_out_of_step(int peer) const {

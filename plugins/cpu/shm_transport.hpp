@@ -1,6 +1,9 @@
 // The Link and Transport between ranks that share a host: one POSIX
 // shared-memory segment per communicator holding, for every ordered pair of
-// ranks, a byte ring that carries that pair's messages in order. A wait spins
+// ranks, a byte ring that carries that pair's messages in order, or, in a
+// group larger than NetworkOptions::pair_rings_max_ranks, one inbox per rank
+// that every peer writes into (so its memory grows linearly with the group,
+// not with its square). A wait spins
 // briefly, then sleeps on a futex, so that on a loaded machine it gives the
 // core away while on an idle one a message costs a copy and no wake-up.
 //
@@ -24,6 +27,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -89,11 +93,28 @@ class ShmGroup final : public Link {
   // their timeout. Any thread; the first call decides.
   void mark_closed(bool failed) noexcept;
 
+  // The inbox layout's state of one peer, kept from one collective to the
+  // next (a peer may run ahead into the next one).
+  struct Piece {
+    uint64_t tag, length, offset;
+    std::vector<unsigned char> bytes;
+  };
+  struct PeerMail {
+    std::deque<Piece> early;  // its pieces that came before their receive, in order
+    uint64_t sent = 0;        // messages sent to it
+    uint64_t acked = 0;       // of those, how many it has received
+    uint64_t acks_owed = 0;   // its messages received here, not yet acknowledged
+  };
+
   const int32_t rank_;
   const int32_t size_;
   void* base_;
   const uint64_t bytes_;
   Segment* segment_;
+  const bool inboxes_;                // the layout: inboxes, else pair rings
+  std::vector<PeerMail> mail_;        // per peer, inboxes only
+  uint64_t acks_owed_ = 0;            // the sum of mail_[].acks_owed
+  uint64_t early_pieces_ = 0;         // the sum of mail_[].early.size()
   std::vector<int32_t> names_;        // see name_ranks; empty: the ranks themselves
   std::vector<int> pidfds_;           // per peer: a pidfd to see it exit, -1 where none
   std::chrono::nanoseconds spin_{0};  // how long a wait spins before it sleeps
@@ -128,6 +149,28 @@ class ShmRun final : public Transport {
   bool progress();
   bool pump_out(int peer);
   bool pump_in(int peer);
+  // The inbox layout's progress: early pieces into receives posted since,
+  // this rank's inbox, acknowledgements owed, then sends.
+  bool progress_inboxes();
+  bool deliver_early();
+  bool drain_inbox();
+  bool flush_acks();
+  bool pump_to_inbox(int peer);
+  // Writes one record into `peer`'s inbox: a piece of at most `want` bytes
+  // of a message from `from` (its length put into `piece`), or an ack of
+  // `want` messages. False when the inbox has no room now.
+  bool post(int peer, uint64_t kind, uint64_t tag, uint64_t length, uint64_t offset,
+            const unsigned char* from, uint64_t want, uint64_t& piece);
+  // A piece from `sender` (its bytes in two parts, where the ring wraps):
+  // into the receive posted for it, else queued as early.
+  void accept(int sender, uint64_t tag, uint64_t length, uint64_t offset, const unsigned char* a, uint64_t na,
+              const unsigned char* b, uint64_t nb);
+  // The same into the receive posted for it (there is one).
+  void deliver(int sender, uint64_t tag, uint64_t length, uint64_t offset, const unsigned char* a,
+               uint64_t na, const unsigned char* b, uint64_t nb);
+  // Whether the record at the head of this rank's inbox is reserved but not
+  // yet written (its writer may have died writing it).
+  bool inbox_stalled() const noexcept;
   int wait(ShmRegion& region, bool receiving, int expected);
   void check_peers(bool exits);
   [[noreturn]] void fail_out_of_step(int peer) const;

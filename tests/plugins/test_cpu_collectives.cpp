@@ -106,10 +106,11 @@ class Plugin {
   Status create_status_;
 };
 
-// The two ways ranks on one host exchange data: shared memory (the default
-// when every rank shares the host) and Gloo over loopback TCP (what ranks on
-// different hosts use). The collectives' results and failures are tested on
-// both.
+// The ways ranks on one host exchange data: shared memory (the default when
+// every rank shares the host) in its two layouts (a ring per pair of ranks, and
+// the inbox per rank that groups above "shared_memory_pair_rings" ranks use),
+// and Gloo over loopback TCP (what ranks on different hosts use). The
+// collectives' results and failures are tested on each.
 struct TransportCase {
   const char* name;
   const char* options;
@@ -117,13 +118,15 @@ struct TransportCase {
 constexpr TransportCase kTransports[] = {
     {"shared memory", R"({"hostname": "127.0.0.1"})"},
     {"gloo", R"({"hostname": "127.0.0.1", "shared_memory": false})"},
+    {"shared memory inboxes", R"({"hostname": "127.0.0.1", "shared_memory_pair_rings": 0})"},
 };
 
 // Runs `body` once with a plugin on each transport.
 template <class Body>
 void for_each_transport(Body&& body) {
   for (const TransportCase& transport : kTransports) {
-    CAPTURE(transport.name);
+    const std::string name = transport.name;
+    CAPTURE(name);
     const Plugin p(transport.options);
     body(p);
   }
@@ -1552,6 +1555,82 @@ TEST_CASE("cpu_collectives: ranks on one host use shared memory unless a rank sw
   CHECK(logged_since(mixed, "rank 1 has it switched off or cannot tell its host") == 1);
 }
 
+TEST_CASE("cpu_collectives: a group of 20 ranks on one host shares memory through an inbox per rank") {
+  // Above 16 ranks a ring per pair would take 380 rings; an inbox per rank
+  // keeps the segment linear in the group: 20 inboxes of 1 MiB.
+  constexpr int kWorld = 20;
+  Plugin p(kTransports[0].options);
+  const std::size_t before = log_size();
+  Report report;
+  run_group(
+      p, kWorld,
+      [&](Comm& c, Report& rep) {
+        // The direct round (every rank sends to every other), then the ring.
+        for (int64_t n : {int64_t{5}, int64_t{70001}}) {
+          Tensor t(p, BP_DTYPE_F32, n);
+          fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+          if (const Status s = c.all_reduce(t, t, BP_REDUCE_SUM); !s.ok()) return rep.add(c.rank, s.message);
+          if (auto m = mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, kWorld); !m.empty())
+            rep.add(c.rank, what("all_reduce", BP_DTYPE_F32, BP_REDUCE_SUM, n) + ": " + m);
+        }
+        Tensor root_data(p, BP_DTYPE_I64, 3000);
+        fill(root_data, BP_DTYPE_I64, BP_REDUCE_SUM, c.rank);
+        if (const Status s = c.broadcast(root_data, 13); !s.ok()) return rep.add(c.rank, s.message);
+        for (int64_t i = 0; i < 3000; ++i)
+          if (root_data.as<int64_t>()[i] != value(BP_DTYPE_I64, BP_REDUCE_SUM, 13, i))
+            return rep.add(c.rank, "broadcast from rank 13: element " + std::to_string(i) + " differs");
+        Tensor mine(p, BP_DTYPE_F64, 100);
+        Tensor all(p, BP_DTYPE_F64, 100 * kWorld);
+        fill(mine, BP_DTYPE_F64, BP_REDUCE_SUM, c.rank);
+        if (const Status s = c.all_gather(mine, all); !s.ok()) return rep.add(c.rank, s.message);
+        for (int r = 0; r < kWorld; ++r)
+          if (get(BP_DTYPE_F64, all.data(), r * 100 + 7) !=
+              static_cast<double>(value(BP_DTYPE_F64, BP_REDUCE_SUM, r, 7)))
+            return rep.add(c.rank, "all_gather: block " + std::to_string(r) + " is wrong");
+        Tensor blocks(p, BP_DTYPE_F32, 64 * kWorld);
+        Tensor block(p, BP_DTYPE_F32, 64);
+        fill(blocks, BP_DTYPE_F32, BP_REDUCE_MAX, c.rank);
+        if (const Status s = c.reduce_scatter(blocks, block, BP_REDUCE_MAX); !s.ok())
+          return rep.add(c.rank, s.message);
+        if (auto m = mismatch(block, BP_DTYPE_F32, BP_REDUCE_MAX, kWorld, static_cast<uint64_t>(c.rank * 64));
+            !m.empty())
+          rep.add(c.rank, "reduce_scatter: " + m);
+        if (const Status s = c.barrier(); !s.ok()) rep.add(c.rank, s.message);
+      },
+      report, 60000, "twenty/");
+  CHECK_NO_PROBLEMS(report);
+  CHECK(logged_since(before, "connected to 19 peers through shared memory") == kWorld);
+  CHECK(logged_since(before, "holds an inbox per rank, 1024 KiB each") == kWorld);
+}
+
+TEST_CASE("cpu_collectives: rank 0's shared_memory_pair_rings chooses the layout for the whole group") {
+  Plugin pairs(kTransports[0].options);
+  Plugin inboxes(kTransports[2].options);
+  for (bool rank0_inboxes : {false, true}) {
+    CAPTURE(rank0_inboxes);
+    const std::size_t before = log_size();
+    const std::vector<Status> results = run_two_ranks(
+        rank0_inboxes ? inboxes : pairs, rank0_inboxes ? pairs : inboxes, 10000, "layout/", [&](Comm& c) {
+          Tensor t(c.p, BP_DTYPE_F32, 1000);
+          fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+          Status s = c.all_reduce(t, t, BP_REDUCE_SUM);
+          if (auto m = s.ok() ? mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2) : std::string(); !m.empty())
+            s = {BP_STATUS_INTERNAL, m};
+          return s;
+        });
+    for (const Status& r : results) {
+      MESSAGE(r.message);
+      CHECK(r.ok());
+    }
+    CHECK(logged_since(before, rank0_inboxes ? "holds an inbox per rank, 2048 KiB each"
+                                             : "holds a ring per pair of ranks, 1024 KiB each") == 2);
+  }
+  Plugin bad(R"({"shared_memory_pair_rings": 33})");
+  CHECK(bad.create_status().code == BP_STATUS_INVALID_ARGUMENT);
+  CHECK(bad.create_status().message.find("\"shared_memory_pair_rings\" must be an integer from 0 to 32") !=
+        std::string::npos);
+}
+
 namespace {
 
 // A segment's name: "/backplane-<pid namespace inode>-<pid>-<random>".
@@ -1629,7 +1708,7 @@ TEST_CASE(
     // Rank 0 publishes a segment that does not exist, as if its name had been
     // removed before rank 1 mapped it.
     MemoryStore store;
-    store.replace_sets("shm/segment", "/backplane-0-0-missing\n0123456789abcdef0123456789abcdef");
+    store.replace_sets("shm/segment", "/backplane-0-0-missing\n0123456789abcdef0123456789abcdef\n1");
     std::vector<Status> results(2);
     std::vector<std::thread> ranks;
     for (int r = 0; r < 2; ++r)
