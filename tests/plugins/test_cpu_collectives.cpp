@@ -1420,6 +1420,22 @@ std::string two_rank_sum(const Plugin& p) {
   return problems.empty() ? "" : problems.front();
 }
 
+// A 2-rank sum with rank r on plugin r (options that differ between ranks).
+void check_mixed_sum(const Plugin& p0, const Plugin& p1, const std::string& prefix) {
+  const std::vector<Status> results = run_two_ranks(p0, p1, 10000, prefix, [&](Comm& c) {
+    Tensor t(c.p, BP_DTYPE_F32, 1000);
+    fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
+    Status s = c.all_reduce(t, t, BP_REDUCE_SUM);
+    if (auto m = s.ok() ? mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2) : std::string(); !m.empty())
+      s = {BP_STATUS_INTERNAL, m};
+    return s;
+  });
+  for (const Status& r : results) {
+    MESSAGE(r.message);
+    CHECK(r.ok());
+  }
+}
+
 }  // namespace
 
 TEST_CASE("cpu_collectives: the hostname and interface options choose where to listen") {
@@ -1539,18 +1555,7 @@ TEST_CASE("cpu_collectives: ranks on one host use shared memory unless a rank sw
 
   // One rank with it off: both use Gloo, and the other says why.
   const std::size_t mixed = log_size();
-  const std::vector<Status> results = run_two_ranks(shm, tcp, 10000, "mixed/", [&](Comm& c) {
-    Tensor t(c.p, BP_DTYPE_F32, 1000);
-    fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
-    Status s = c.all_reduce(t, t, BP_REDUCE_SUM);
-    if (auto m = s.ok() ? mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2) : std::string(); !m.empty())
-      s = {BP_STATUS_INTERNAL, m};
-    return s;
-  });
-  for (const Status& r : results) {
-    MESSAGE(r.message);
-    CHECK(r.ok());
-  }
+  check_mixed_sum(shm, tcp, "mixed/");
   CHECK(logged_since(mixed, "through shared memory") == 0);
   CHECK(logged_since(mixed, "rank 1 has it switched off or cannot tell its host") == 1);
 }
@@ -1609,19 +1614,7 @@ TEST_CASE("cpu_collectives: rank 0's shared_memory_pair_rings chooses the layout
   for (bool rank0_inboxes : {false, true}) {
     CAPTURE(rank0_inboxes);
     const std::size_t before = log_size();
-    const std::vector<Status> results = run_two_ranks(
-        rank0_inboxes ? inboxes : pairs, rank0_inboxes ? pairs : inboxes, 10000, "layout/", [&](Comm& c) {
-          Tensor t(c.p, BP_DTYPE_F32, 1000);
-          fill(t, BP_DTYPE_F32, BP_REDUCE_SUM, c.rank);
-          Status s = c.all_reduce(t, t, BP_REDUCE_SUM);
-          if (auto m = s.ok() ? mismatch(t, BP_DTYPE_F32, BP_REDUCE_SUM, 2) : std::string(); !m.empty())
-            s = {BP_STATUS_INTERNAL, m};
-          return s;
-        });
-    for (const Status& r : results) {
-      MESSAGE(r.message);
-      CHECK(r.ok());
-    }
+    check_mixed_sum(rank0_inboxes ? inboxes : pairs, rank0_inboxes ? pairs : inboxes, "layout/");
     CHECK(logged_since(before, rank0_inboxes ? "holds an inbox per rank, 2048 KiB each"
                                              : "holds a ring per pair of ranks, 1024 KiB each") == 2);
   }
