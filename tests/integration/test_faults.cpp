@@ -135,8 +135,9 @@ std::string describe(const std::vector<Rank>& ranks) {
   return s.str();
 }
 
-// `backend`: "cpu" (ranks on one host exchange data through shared memory)
-// or "cpu_tcp" (the same plugin with shared memory off: Gloo over TCP).
+// `backend`: "cpu" (ranks on one host exchange data through shared memory),
+// "cpu_inboxes" (the same in the layout of groups above 16 ranks) or
+// "cpu_tcp" (the same plugin with shared memory off: Gloo over TCP).
 void check_dead_peer(int world, int die_rank, const std::string& backend = "cpu") {
   const fs::path dir = scratch_dir("die" + std::to_string(world) + backend);
   const uint16_t port = free_port();
@@ -161,7 +162,7 @@ void check_dead_peer(int world, int die_rank, const std::string& backend = "cpu"
     CHECK(s.output.find("rank " + std::to_string(die_rank)) != std::string::npos);
     // On shared memory the process's exit is seen (a survivor may instead
     // report another survivor's failure, which names the dead rank).
-    if (backend == "cpu" && world == 2)
+    if (backend != "cpu_tcp" && world == 2)
       CHECK(s.output.find("exited without closing the connection") != std::string::npos);
   }
   fs::remove_all(dir);
@@ -178,6 +179,15 @@ TEST_CASE("faults: a rank that dies mid-collective fails every survivor with an 
 }
 
 TEST_CASE("faults: the host rank dying fails the others (3 ranks)") { check_dead_peer(3, 0); }
+
+TEST_CASE("faults: a rank that dies mid-collective over shared-memory inboxes fails its peer (2 ranks)") {
+  check_dead_peer(2, 1, "cpu_inboxes");
+}
+
+TEST_CASE(
+    "faults: a rank that dies mid-collective over shared-memory inboxes fails every survivor (3 ranks)") {
+  check_dead_peer(3, 1, "cpu_inboxes");
+}
 
 TEST_CASE("faults: a rank that dies mid-collective over TCP fails its peer naming it (2 ranks)") {
   check_dead_peer(2, 1, "cpu_tcp");
