@@ -790,11 +790,7 @@ int ShmRun::wait(ShmRegion& r, bool receiving, int expected) {
 // (looked for only when `exits`: it costs a system call) exited.
 void ShmRun::check_peers(bool exits) {
   ShmGroup::Segment& s = *group_.segment_;
-  // A record half written by a peer that died blocks the inbox: every peer's
-  // later messages are behind it.
-  if (exits && group_.inboxes_ && inbox_stalled())
-    for (int p = 0; p < group_.size_; ++p)
-      if (p != group_.rank_ && group_.exited(p)) fail_peer_gone(p, "exited while writing to this rank");
+  if (exits && group_.inboxes_) check_inbox_peers();
   for (int p = 0; p < group_.size_; ++p) {
     if (p == group_.rank_) continue;
     const Channel& ch = channels_[p];
@@ -803,9 +799,12 @@ void ShmRun::check_peers(bool exits) {
     if (state == kFailed) fail_peer_gone(p, "closed the connection");
     const bool exited = state != kClosed && exits && group_.exited(p);
     if (state != kClosed && !exited) continue;
-    // What it wrote before it went may still complete the collective.
+    // What it wrote before it went may still complete the collective. Over
+    // inboxes, it may sit behind a record another peer is still writing
+    // (a dead writer is found by check_inbox_peers).
     progress();
     if (!ch.owed()) continue;
+    if (group_.inboxes_ && inbox_behind()) continue;
     fail_peer_gone(p, state == kClosed ? "closed the connection" : "exited without closing the connection");
   }
 }
@@ -836,14 +835,22 @@ bool ShmRun::post(int peer, uint64_t kind, uint64_t tag, uint64_t length, uint64
   const uint64_t cap = s.ring_bytes;
   const uint64_t most = kind == kAck ? 0 : std::min(want, cap / 4 - kRecordHeader);
   const uint64_t least = std::min(most, kMinPiece);
-  // The tail is read before the head, so that head - tail never underflows;
-  // a head refreshed by a failed exchange only makes the room look smaller.
+  // The tail is read before the head, so that head - tail never underflows,
+  // and the room is measured from a tail no later than the owner's. But the
+  // owner and other senders may go round the ring more than once between
+  // the two loads (or before a failed exchange refreshes the head): then
+  // head - tail exceeds the ring and both are read again.
   uint64_t tail = shared(box.tail).load(std::memory_order_acquire);
   uint64_t head = shared(box.head).load(std::memory_order_relaxed);
   bool asked = false;
   uint64_t n = 0;
   for (;;) {
-    const uint64_t room = s.ring_bytes - (head - tail);
+    if (head - tail > cap) {
+      tail = shared(box.tail).load(std::memory_order_acquire);
+      head = shared(box.head).load(std::memory_order_relaxed);
+      continue;
+    }
+    const uint64_t room = cap - (head - tail);
     n = room >= kRecordHeader ? std::min(most, room - kRecordHeader) : 0;
     if (room < kRecordHeader || n < least) {
       if (asked) return false;
@@ -1006,13 +1013,38 @@ bool ShmRun::flush_acks() {
   return moved;
 }
 
-bool ShmRun::inbox_stalled() const noexcept {
+bool ShmRun::inbox_behind() const noexcept {
+  InboxControl& box = group_.segment_->inbox(group_.rank_);
+  return shared(box.head).load(std::memory_order_acquire) != shared(box.tail).load(std::memory_order_relaxed);
+}
+
+// Once per sleep slice, over inboxes, what the channels do not show.
+void ShmRun::check_inbox_peers() {
   ShmGroup::Segment& s = *group_.segment_;
+  // Acknowledgements owed to a peer that closed, failed or died: nobody
+  // waits for them (and its inbox may stay full forever).
+  for (int p = 0; p < group_.size_; ++p) {
+    ShmGroup::PeerMail& mail = group_.mail_[p];
+    if (mail.acks_owed == 0) continue;
+    if (shared(s.block(p).state).load(std::memory_order_acquire) == kLive && !group_.exited(p)) continue;
+    group_.acks_owed_ -= mail.acks_owed;
+    mail.acks_owed = 0;
+  }
+  // A record reserved but still unwritten at the same place a whole slice
+  // later, while a live peer's process has exited: it died writing it, and
+  // every later message to this rank is behind it.
   InboxControl& box = s.inbox(group_.rank_);
   const uint64_t tail = shared(box.tail).load(std::memory_order_relaxed);
-  return shared(box.head).load(std::memory_order_acquire) != tail &&
-         shared(ShmGroup::Segment::commits(box)[(tail & (s.ring_bytes - 1)) / kCell])
-                 .load(std::memory_order_acquire) == 0;
+  const bool stalled = shared(box.head).load(std::memory_order_acquire) != tail &&
+                       shared(ShmGroup::Segment::commits(box)[(tail & (s.ring_bytes - 1)) / kCell])
+                               .load(std::memory_order_acquire) == 0;
+  const bool still = stalled && stalled_at_ == tail;
+  stalled_at_ = stalled ? tail : kNotStalled;
+  if (!still) return;
+  for (int p = 0; p < group_.size_; ++p)
+    if (p != group_.rank_ && shared(s.block(p).state).load(std::memory_order_acquire) == kLive &&
+        group_.exited(p))
+      fail_peer_gone(p, "exited while writing to this rank");
 }
 
 void ShmRun::fail_out_of_step(int peer) const {

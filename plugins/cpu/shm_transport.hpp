@@ -168,9 +168,12 @@ class ShmRun final : public Transport {
   // The same into the receive posted for it (there is one).
   void deliver(int sender, uint64_t tag, uint64_t length, uint64_t offset, const unsigned char* a,
                uint64_t na, const unsigned char* b, uint64_t nb);
-  // Whether the record at the head of this rank's inbox is reserved but not
-  // yet written (its writer may have died writing it).
-  bool inbox_stalled() const noexcept;
+  // Peers gone while owed acknowledgements (dropped), or while writing into
+  // this rank's inbox (the collective fails).
+  void check_inbox_peers();
+  // Whether a record in this rank's inbox is reserved but not yet written
+  // (after a drain: the one at its tail).
+  bool inbox_behind() const noexcept;
   int wait(ShmRegion& region, bool receiving, int expected);
   void check_peers(bool exits);
   [[noreturn]] void fail_out_of_step(int peer) const;
@@ -183,6 +186,9 @@ class ShmRun final : public Transport {
   const CallContext call_;
   std::vector<std::unique_ptr<ShmRegion>> regions_;
   std::vector<Channel> channels_;  // per peer
+  // Where this rank's inbox was stalled at the last look (inboxes only).
+  static constexpr uint64_t kNotStalled = ~uint64_t{0};
+  uint64_t stalled_at_ = kNotStalled;
 };
 
 }  // namespace backplane::cpu
