@@ -245,7 +245,7 @@ std::unique_ptr<Link> connect_levels(const LinkSetup& setup) {
     store.wait({key});
     if (text_of(store.get(key)) != "1" && refused.empty())
       refused = "the ranks on the host of rank " + std::to_string(p) +
-                " could not share memory (more than 16 of them, or see that host's log)";
+                " could not share memory (see that host's log)";
   }
   if (!ready) return skip("the ranks on this host could not share memory (see above)");
   if (!refused.empty()) return skip(refused);
