@@ -246,6 +246,8 @@ struct ShmGroup::Segment {
   RankBlock& block(int32_t r) noexcept {
     return reinterpret_cast<RankBlock*>(reinterpret_cast<unsigned char*>(this) + blocks_offset())[r];
   }
+  // Rank r's RankState, as it last published it.
+  uint32_t state(int32_t r) noexcept { return shared(block(r).state).load(std::memory_order_acquire); }
   // The ring carrying messages from `from` to `to`.
   RingControl& ring(int32_t from, int32_t to) noexcept {
     const int32_t n = static_cast<int32_t>(size);
@@ -646,8 +648,7 @@ bool ShmRun::pump_out(int peer) {
   Channel& ch = channels_[peer];
   if (ch.send_at == ch.sends.size()) return false;
   ShmGroup::Segment& s = *group_.segment_;
-  if (shared(s.block(peer).state).load(std::memory_order_acquire) != kLive)
-    return false;  // none will read it
+  if (s.state(peer) != kLive) return false;  // none will read it
   RingControl& ring = s.ring(group_.rank_, peer);
   unsigned char* data = ShmGroup::Segment::data(ring);
   const uint64_t cap = s.ring_bytes;
@@ -690,7 +691,7 @@ bool ShmRun::pump_in(int peer) {
   if (ch.recv_at == ch.recvs.size()) return false;
   ShmGroup::Segment& s = *group_.segment_;
   // A failed peer's last messages belong to the collective it gave up.
-  if (shared(s.block(peer).state).load(std::memory_order_acquire) == kFailed) return false;
+  if (s.state(peer) == kFailed) return false;
   RingControl& ring = s.ring(peer, group_.rank_);
   const unsigned char* data = ShmGroup::Segment::data(ring);
   const uint64_t cap = s.ring_bytes;
@@ -795,7 +796,7 @@ void ShmRun::check_peers(bool exits) {
     if (p == group_.rank_) continue;
     const Channel& ch = channels_[p];
     if (!ch.owed()) continue;
-    const uint32_t state = shared(s.block(p).state).load(std::memory_order_acquire);
+    const uint32_t state = s.state(p);
     if (state == kFailed) fail_peer_gone(p, "closed the connection");
     const bool exited = state != kClosed && exits && group_.exited(p);
     if (state != kClosed && !exited) continue;
@@ -887,8 +888,7 @@ bool ShmRun::post(int peer, uint64_t kind, uint64_t tag, uint64_t length, uint64
 bool ShmRun::pump_to_inbox(int peer) {
   Channel& ch = channels_[peer];
   if (ch.send_at == ch.sends.size()) return false;
-  if (shared(group_.segment_->block(peer).state).load(std::memory_order_acquire) != kLive)
-    return false;  // none will read it
+  if (group_.segment_->state(peer) != kLive) return false;  // none will read it
   bool moved = false;
   while (ch.send_at < ch.sends.size()) {
     Transfer& t = ch.sends[ch.send_at];
@@ -923,7 +923,7 @@ bool ShmRun::drain_inbox() {
                                 " [shared memory: a record in this rank's inbox is corrupt]");
     if (kind == kAck) {
       group_.mail_[sender].acked += n;
-    } else if (shared(s.block(sender).state).load(std::memory_order_acquire) != kFailed) {
+    } else if (s.state(sender) != kFailed) {
       // (A failed peer's last messages belong to the collective it gave up.)
       RecordHeader header;
       std::memcpy(&header, data + at, sizeof header);
@@ -984,7 +984,7 @@ bool ShmRun::deliver_early() {
     std::deque<ShmGroup::Piece>& early = group_.mail_[p].early;
     Channel& ch = channels_[p];
     if (early.empty() || ch.recv_at == ch.recvs.size()) continue;
-    if (shared(group_.segment_->block(p).state).load(std::memory_order_acquire) == kFailed) continue;
+    if (group_.segment_->state(p) == kFailed) continue;
     while (!early.empty() && ch.recv_at < ch.recvs.size()) {
       ShmGroup::Piece piece = std::move(early.front());
       early.pop_front();
@@ -1004,7 +1004,7 @@ bool ShmRun::flush_acks() {
     if (mail.acks_owed == 0) continue;
     uint64_t unused = 0;
     // A peer that closed or failed waits for nothing more.
-    const bool live = shared(group_.segment_->block(p).state).load(std::memory_order_acquire) == kLive;
+    const bool live = group_.segment_->state(p) == kLive;
     if (live && !post(p, kAck, 0, 0, 0, nullptr, mail.acks_owed, unused)) continue;
     group_.acks_owed_ -= mail.acks_owed;
     mail.acks_owed = 0;
@@ -1026,7 +1026,7 @@ void ShmRun::check_inbox_peers() {
   for (int p = 0; p < group_.size_; ++p) {
     ShmGroup::PeerMail& mail = group_.mail_[p];
     if (mail.acks_owed == 0) continue;
-    if (shared(s.block(p).state).load(std::memory_order_acquire) == kLive && !group_.exited(p)) continue;
+    if (s.state(p) == kLive && !group_.exited(p)) continue;
     group_.acks_owed_ -= mail.acks_owed;
     mail.acks_owed = 0;
   }
@@ -1035,15 +1035,14 @@ void ShmRun::check_inbox_peers() {
   // every later message to this rank is behind it.
   InboxControl& box = s.inbox(group_.rank_);
   const uint64_t tail = shared(box.tail).load(std::memory_order_relaxed);
-  const bool stalled = shared(box.head).load(std::memory_order_acquire) != tail &&
-                       shared(ShmGroup::Segment::commits(box)[(tail & (s.ring_bytes - 1)) / kCell])
-                               .load(std::memory_order_acquire) == 0;
+  const bool stalled =
+      inbox_behind() && shared(ShmGroup::Segment::commits(box)[(tail & (s.ring_bytes - 1)) / kCell])
+                                .load(std::memory_order_acquire) == 0;
   const bool still = stalled && stalled_at_ == tail;
   stalled_at_ = stalled ? tail : kNotStalled;
   if (!still) return;
   for (int p = 0; p < group_.size_; ++p)
-    if (p != group_.rank_ && shared(s.block(p).state).load(std::memory_order_acquire) == kLive &&
-        group_.exited(p))
+    if (p != group_.rank_ && s.state(p) == kLive && group_.exited(p))
       fail_peer_gone(p, "exited while writing to this rank");
 }
 
