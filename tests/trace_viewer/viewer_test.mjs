@@ -243,6 +243,12 @@ async function main() {
         const shown = await waitShown(page, shown => shown.index === i)
         if (shown === null) break
         await page.waitForFunction(() => document.querySelectorAll('td').length > 0, null, { timeout: 10000 }).catch(() => {})
+        // The table fills in over more than one frame: read it once the expected spans are in it (or
+        // after 10 s, and then report what is missing), not at its first row.
+        await page.waitForFunction(spans => {
+          const names = [...document.querySelectorAll('td')].map(td => td.textContent.trim())
+          return spans.every(span => names.some(n => n === span || n.startsWith(`${span} {`)))
+        }, args.expectSpans, { timeout: 10000 }).catch(() => {})
         contents.set(shown.name, await page.evaluate(() => [...document.querySelectorAll('td')].map(td => td.textContent.trim())))
       }
       for (let i = 1; i < first.count; i++) await page.keyboard.press('p')
