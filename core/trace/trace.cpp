@@ -18,6 +18,7 @@
 #include <backplane/trace.hpp>
 
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/file.h>
@@ -30,7 +31,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -43,6 +43,7 @@
 #include <thread>
 #include <tuple>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace backplane::trace::detail {
@@ -54,19 +55,27 @@ namespace {
 
 constexpr std::size_t kChunkEvents = 512;
 constexpr uint64_t kGrant = 256;
-constexpr std::size_t kPreparedChunks = 16;  // made at the start: 1.8 MB, 8192 events
-constexpr std::size_t kMaxSpareChunks = 64;
-// A recording thread wakes the writer once per this many full chunks (4096
-// events, about 1 MB); the writer also drains every 100 ms by itself. Each
-// wake is a futex system call, which cost about 6 ns an event when it came
-// with every chunk.
-constexpr uint32_t kWakeChunks = 8;
+// Made at the start: 7.4 MB, 32768 events, about the first 25 ms of a job of
+// tiny ops (the main job records some 1.2 million events a second a rank).
+// The writer runs only on an idle core, so in a job that keeps every core
+// busy it may write none back for that long; a chunk made on a recording
+// thread instead costs that thread 40-100 us of page faults (16 prepared
+// chunks left 25-30 such stalls in a 2-rank 20-epoch job, 8% of its step).
+constexpr std::size_t kPreparedChunks = 64;
+// A recording thread wakes the writer once per this many full chunks (as
+// many as were prepared, 32768 events); the writer also drains every 100 ms
+// by itself. On cores the job keeps busy, a woken writer runs at the next
+// scheduler tick and holds the core from a rank for 0.3-0.6 ms: woken every
+// 8th chunk, that was a tenth of a 2-rank step. Where a core is idle, it
+// writes the chunks back as fast as they fill.
+constexpr uint32_t kWakeChunks = 64;
 constexpr std::size_t kMaxNames = 65536;  // interned strings; later ones share one id
 
 struct Chunk {
   std::array<Event, kChunkEvents> events;
   std::atomic<uint32_t> count{0};
   std::atomic<Chunk*> next{nullptr};
+  Chunk* next_free = nullptr;  // in a ThreadBuffer's list of written chunks
 };
 
 // One recording thread's events in one session.
@@ -83,6 +92,23 @@ struct ThreadBuffer {
   uint64_t quota = 0;
   uint64_t kept = 0;
   uint32_t filled = 0;  // the recording thread's: chunks filled, for waking the writer every kWakeChunks
+  // Chunks the writer has written, for this thread to fill again (a fresh
+  // chunk's pages would fault in on the recording thread: 40-100 us each).
+  // The writer pushes onto `written_chunks`; the recording thread takes the
+  // whole list at once into `reuse`, its own. No lock: the writer runs at
+  // idle priority, and a lock it held when a core was taken from it kept the
+  // recording thread waiting until it got one back.
+  // At most kWakeChunks wait in the two lists (counted by both sides); the
+  // writer frees the rest, so a backlog's memory goes once it is written.
+  std::atomic<Chunk*> written_chunks{nullptr};
+  Chunk* reuse = nullptr;
+  std::atomic<int32_t> free_chunks{0};
+  ~ThreadBuffer() {
+    for (Chunk* c = written_chunks.load(std::memory_order_relaxed); c != nullptr;)
+      delete std::exchange(c, c->next_free);
+    for (Chunk* c = reuse; c != nullptr;) delete std::exchange(c, c->next_free);
+    for (Chunk* c = head; c != nullptr;) delete std::exchange(c, c->next.load(std::memory_order_relaxed));
+  }
 };
 
 // The string table: process-wide, never cleared (ids stay valid for every
@@ -134,8 +160,9 @@ struct State {
   std::mutex buffers_mutex;
   std::vector<std::unique_ptr<ThreadBuffer>> buffers;
 
-  // Chunks the writer has written, for the recording threads to fill again:
-  // a fresh chunk's pages would fault in on the recording thread.
+  // Chunks made at the start, for recording threads whose own written
+  // chunks (ThreadBuffer::reuse) do not suffice. Only recording threads take
+  // the mutex: never the writer.
   std::mutex spare_mutex;
   std::vector<Chunk*> spare;
   ~State() {
@@ -145,8 +172,12 @@ struct State {
   // The writer.
   int fd = -1;
   std::mutex writer_mutex;  // the part file and everything below
-  std::condition_variable wake;
-  bool stopping = false;
+  // The writer's doorbell, a futex word: a recording thread adds one and
+  // wakes it. Not a condition variable: glibc's has an internal lock that
+  // both sides take, and a recording thread that signalled while the
+  // idle-priority writer held it stalled for 300-430 us.
+  std::atomic<uint32_t> doorbell{0};
+  std::atomic<bool> stopping{false};
   // Set by stop() before it waits for writer_mutex: the writer, an idle
   // thread that may get almost no CPU on busy cores, leaves the rest of its
   // drain to stop(), which runs at the caller's priority.
@@ -421,12 +452,16 @@ void drain(State& s, bool yield_to_stop = false) {
       b->written = 0;
       c->count.store(0, std::memory_order_relaxed);
       c->next.store(nullptr, std::memory_order_relaxed);
-      std::lock_guard spare_lock(s.spare_mutex);
-      if (s.spare.size() < kMaxSpareChunks) {
-        s.spare.push_back(c);
-      } else {
+      if (b->free_chunks.load(std::memory_order_relaxed) >= static_cast<int32_t>(kWakeChunks)) {
         delete c;
+        continue;
       }
+      // Back to its thread (release: the resets above come with it).
+      c->next_free = b->written_chunks.load(std::memory_order_relaxed);
+      while (!b->written_chunks.compare_exchange_weak(c->next_free, c, std::memory_order_release,
+                                                      std::memory_order_relaxed)) {
+      }
+      b->free_chunks.fetch_add(1, std::memory_order_relaxed);
     }
     if (s.out.size() > (1u << 20)) write_out(s);
   }
@@ -454,11 +489,24 @@ void writer_loop(State& s) {
   sched_param idle{};
   if (::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &idle) != 0)
     (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(gettid_now()), 19);
-  std::unique_lock lock(s.writer_mutex);
-  while (!s.stopping) {
-    s.wake.wait_for(lock, std::chrono::milliseconds(100));
-    drain(s, /*yield_to_stop=*/true);
+  while (!s.stopping.load(std::memory_order_acquire)) {
+    // A ring after this load changes the word, so the wait below returns at
+    // once; one before it is drained now.
+    const uint32_t rung = s.doorbell.load(std::memory_order_acquire);
+    {
+      std::lock_guard lock(s.writer_mutex);
+      drain(s, /*yield_to_stop=*/true);
+    }
+    if (s.stopping.load(std::memory_order_acquire)) break;
+    const timespec tick{0, 100'000'000};
+    (void)::syscall(SYS_futex, &s.doorbell, FUTEX_WAIT_PRIVATE, rung, &tick, nullptr, 0);
   }
+}
+
+// Wakes the writer (a recording thread, or stop()).
+void ring(State& s) noexcept {
+  s.doorbell.fetch_add(1, std::memory_order_release);
+  (void)::syscall(SYS_futex, &s.doorbell, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
 }
 
 int32_t parse_int_or(const char* text, int32_t otherwise) {
@@ -606,11 +654,8 @@ void stop() {
     g_state = nullptr;
   }
   s->stop_requested.store(true, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(s->writer_mutex);
-    s->stopping = true;
-  }
-  s->wake.notify_all();
+  s->stopping.store(true, std::memory_order_release);
+  ring(*s);
   s->writer.join();
   {
     std::lock_guard lock(s->writer_mutex);
@@ -625,13 +670,6 @@ void stop() {
         Record::end);
     s->out.append(kPartTrailer);
     write_out(*s);
-    for (auto& b : s->buffers) {
-      for (Chunk* c = b->head; c != nullptr;) {
-        Chunk* next = c->next.load(std::memory_order_relaxed);
-        delete c;
-        c = next;
-      }
-    }
     if (s->fd >= 0 && ::close(s->fd) != 0 && s->write_error.empty()) s->write_error = std::strerror(errno);
     s->fd = -1;
   }
@@ -718,9 +756,13 @@ void record(const Event& e) noexcept {
   Chunk* c = b->tail;
   uint32_t n = c->count.load(std::memory_order_relaxed);
   if (n == kChunkEvents) [[unlikely]] {
-    Chunk* fresh = nullptr;
-    {
-      std::lock_guard spare_lock(s.spare_mutex);  // once per chunk, not per event
+    if (b->reuse == nullptr) b->reuse = b->written_chunks.exchange(nullptr, std::memory_order_acquire);
+    Chunk* fresh = b->reuse;
+    if (fresh != nullptr) {
+      b->reuse = fresh->next_free;
+      b->free_chunks.fetch_sub(1, std::memory_order_relaxed);
+    } else {
+      std::lock_guard spare_lock(s.spare_mutex);  // until this thread's first chunks come back
       if (!s.spare.empty()) {
         fresh = s.spare.back();
         s.spare.pop_back();
@@ -735,9 +777,7 @@ void record(const Event& e) noexcept {
     c->next.store(fresh, std::memory_order_release);
     b->tail = c = fresh;
     n = 0;
-    // Full chunks: the writer drains them now rather than at its next tick,
-    // so the chunks in use stay few and come back warm.
-    if (++b->filled % kWakeChunks == 0) s.wake.notify_one();
+    if (++b->filled % kWakeChunks == 0) ring(s);
   }
   --b->quota;
   ++b->kept;

@@ -486,8 +486,10 @@ TEST_CASE(
 TEST_CASE("train --max-restarts --trace: each start's parts are kept and merged, the restart marked") {
   TempDir tmp;
   const fs::path trace = tmp / "job.json";
+  // Long enough (about a second) for the writer's 100 ms ticks to write
+  // events while the job runs: shorter jobs write theirs when they end.
   const pid_t launcher =
-      bpcli::spawn(train_args(tmp, "2", "20",
+      bpcli::spawn(train_args(tmp, "2", "200",
                               {"--max-restarts", "1", "--restart-delay", "0.1", "--trace", trace.string()}),
                    tmp.path());
   // Kill a rank of the first start once its part holds events.

@@ -303,6 +303,59 @@ TEST_CASE("trace: max_events keeps the first events and counts the rest") {
   fs::remove_all(dir);
 }
 
+TEST_CASE("trace: a long recording on several threads keeps every event in order as its chunks are reused") {
+  // More events than the chunks made at the start hold (32768), on two
+  // threads, with a pause halfway through in which the writer writes the
+  // first half and hands its chunks back to their threads (up to 64 each; it
+  // frees the rest): the second half fills chunks written once already, and
+  // chunks made along the way.
+  const fs::path dir = scratch("reuse");
+  const fs::path file = dir / "t.json";
+  constexpr int kThreads = 2;
+  constexpr int64_t kEach = 70000;
+  {
+    bp::trace::Session session({file.string()});
+    auto half = [](int64_t from, int64_t to) {
+      for (int64_t i = from; i < to; ++i) {
+        bp::trace::Event e;
+        e.category = "test";
+        e.name = "tick";
+        e.start_ns = bp::trace::now_ns();
+        e.end_ns = e.start_ns + 1;
+        e.number_key = "i";
+        e.number = i;
+        bp::trace::record(e);
+      }
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t)
+      threads.emplace_back([&] {
+        half(0, kEach / 2);
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(300));  // the writer's 100 ms tick, on an idle core
+        half(kEach / 2, kEach);
+      });
+    for (std::thread& t : threads) t.join();
+  }
+  const json t = read_json(file);
+  std::map<int64_t, std::vector<int64_t>> by_thread;
+  for (const json& e : events(t, "X"))
+    if (e["name"] == "tick") by_thread[e["tid"].get<int64_t>()].push_back(e["args"]["i"].get<int64_t>());
+  REQUIRE(by_thread.size() == kThreads);
+  for (const auto& [tid, seen] : by_thread) {
+    INFO("thread " << tid);
+    REQUIRE(seen.size() == static_cast<std::size_t>(kEach));
+    int64_t wrong = -1;
+    for (int64_t i = 0; i < kEach && wrong < 0; ++i)
+      if (seen[static_cast<std::size_t>(i)] != i) wrong = i;
+    CHECK(wrong == -1);
+  }
+  const json& rank = t["otherData"]["backplane_trace"]["ranks"][0];
+  CHECK(rank["dropped"] == 0);
+  CHECK(rank["complete"] == true);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("trace: one session at a time, and none unless asked") {
   const bp::Registry r = trace_registry();
   const fs::path dir = scratch("one");
