@@ -63,7 +63,7 @@ class AloneLink final : public Link {
     return std::make_unique<Alone>();
   }
   void interrupt() noexcept override {}
-  void close() noexcept override {}
+  void close(std::string_view /*reason*/) noexcept override {}
 };
 
 }  // namespace
@@ -165,11 +165,13 @@ void Communicator::abort() noexcept {
   if (c.aborted.exchange(true, std::memory_order_acq_rel)) return;
   c.link->interrupt();  // first: local waits end now, whatever the store does
   try {
-    c.publish_once(c.abort_notice());
+    const std::string notice = c.abort_notice();
+    c.publish_once(notice);
+    c.link->close(notice);
   } catch (...) {
     // Building the message failed (out of memory): the peers see the close alone.
+    c.link->close({});
   }
-  c.link->close();
 }
 
 // ---------------------------------------------------------------------------
@@ -204,11 +206,12 @@ void guarded(Communicator::Impl& c, const char* op, Fn&& body) {
   auto poison = [&](CommFailure f) {
     c.failed = true;
     c.failure = f;
-    c.publish_once(c.aborted.load(std::memory_order_acquire) ? c.abort_notice() : f.message);
+    const std::string reason = c.aborted.load(std::memory_order_acquire) ? c.abort_notice() : f.message;
+    c.publish_once(reason);
     // Also after an abort, whose thread may not have closed it yet: once
     // closed, Gloo no longer reads into or writes from this collective's
     // tensors, which the caller may free as soon as this returns.
-    c.link->close();
+    c.link->close(reason);
     fail(f.code, f.message);
   };
   try {

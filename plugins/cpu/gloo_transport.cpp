@@ -233,7 +233,7 @@ std::unique_ptr<Transport> GlooMesh::begin(const FailureBoard& board, const Call
   return std::make_unique<GlooRun>(*this, board, call);
 }
 
-void GlooMesh::close() noexcept {
+void GlooMesh::close(std::string_view /*reason*/) noexcept {
   if (context == nullptr) return;
   const SigpipeBlock block;
   for (int32_t p = 0; p < size; ++p) {

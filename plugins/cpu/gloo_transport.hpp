@@ -67,8 +67,9 @@ class GlooMesh final : public Link {
   void interrupt() noexcept override;
   bool interrupted() const noexcept { return interrupted_.load(std::memory_order_acquire); }
   // Closes every connection, so that peers waiting on this rank fail now
-  // rather than at their timeout. Thread-safe; idempotent.
-  void close() noexcept override;
+  // rather than at their timeout (they read `reason` from the store's
+  // failure board). Thread-safe; idempotent.
+  void close(std::string_view reason) noexcept override;
 
  private:
   friend class GlooRun;

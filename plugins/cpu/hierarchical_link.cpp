@@ -155,9 +155,9 @@ class HierarchicalLink final : public Link {
     if (local_ != nullptr) local_->interrupt();
     mesh_->interrupt();
   }
-  void close() noexcept override {
-    if (local_ != nullptr) local_->close();
-    mesh_->close();
+  void close(std::string_view reason) noexcept override {
+    if (local_ != nullptr) local_->close(reason);
+    mesh_->close(reason);
   }
 
  private:

@@ -63,7 +63,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr uint64_t kMagic = 0x6270736861726564ULL;  // "bpshared"
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 enum Layout : uint32_t { kPairs = 1, kInboxes = 2 };
 // The rings of a group share this budget (/dev/shm is often small: 64 MiB in
 // a default container), each pair ring between 64 KiB and 1 MiB, each inbox
@@ -94,11 +94,17 @@ constexpr auto kSleepSlice = milliseconds(10);
 // nothing more is read from it or written to it.
 enum RankState : uint32_t { kUnattached = 0, kLive = 1, kClosed = 2, kFailed = 3 };
 
+// A failed rank's error, kept for its peers on this host: the store's failure
+// board may be gone with the rank that served it.
+constexpr std::size_t kReasonBytes = 1000;
+
 struct alignas(64) RankBlock {
   uint32_t doorbell;  // futex word
   uint32_t sleeping;
   uint32_t state;
   int32_t pid;
+  uint32_t reason_bytes;  // published (release) before state becomes kFailed
+  char reason[kReasonBytes];
 };
 
 struct alignas(64) RingControl {
@@ -551,6 +557,23 @@ void ShmGroup::interrupt() noexcept {
 
 std::unique_ptr<Transport> ShmGroup::begin(const FailureBoard& board, const CallContext& call) {
   return std::make_unique<ShmRun>(*this, board, call);
+}
+
+void ShmGroup::close(std::string_view reason) noexcept {
+  if (!closed_.load(std::memory_order_acquire) && !reason_written_.exchange(true)) {
+    RankBlock& b = segment_->block(rank_);
+    const std::size_t n = std::min(reason.size(), kReasonBytes);
+    std::memcpy(b.reason, reason.data(), n);
+    shared(b.reason_bytes).store(static_cast<uint32_t>(n), std::memory_order_release);
+  }
+  mark_closed(true);
+}
+
+std::string ShmGroup::reason(int32_t peer) const {
+  RankBlock& b = segment_->block(peer);
+  if (segment_->state(peer) != kFailed) return "";
+  const uint32_t n = shared(b.reason_bytes).load(std::memory_order_acquire);
+  return std::string(b.reason, std::min<std::size_t>(n, kReasonBytes));
 }
 
 void ShmGroup::mark_closed(bool failed) noexcept {
@@ -1053,7 +1076,9 @@ void ShmRun::fail_out_of_step(int peer) const {
 }
 
 void ShmRun::fail_peer_gone(int peer, const char* how) const {
-  throw peer_lost_failure(call_.site.text(), group_.describe(peer), how, board_.read(group_.named(peer)),
+  std::string cause = board_.read(group_.named(peer));
+  if (cause.empty()) cause = group_.reason(peer);
+  throw peer_lost_failure(call_.site.text(), group_.describe(peer), how, cause,
                           "did it exit, fail or get killed?", " [shared memory]");
 }
 

@@ -68,8 +68,9 @@ class ShmGroup final : public Link {
   void interrupt() noexcept override;
   bool interrupted() const noexcept { return interrupted_.load(std::memory_order_acquire); }
   // Marks this rank failed: its peers' waits on it fail now, and its unread
-  // messages are dropped.
-  void close() noexcept override { mark_closed(true); }
+  // messages are dropped. `reason` goes into the segment first, for the
+  // peers' messages (reason()).
+  void close(std::string_view reason) noexcept override;
 
   // Ranks of this group as its communicator numbers them, when the group is
   // part of a larger one (one host's ranks under a hierarchical link):
@@ -82,6 +83,8 @@ class ShmGroup final : public Link {
   std::string describe(int32_t peer) const;
   // Whether `peer`'s process has exited (never for a rank of this process).
   bool exited(int32_t peer) const noexcept;
+  // The error `peer` left in the segment when it failed; "" if none.
+  std::string reason(int32_t peer) const;
 
   struct Segment;  // the shared layout (shm_transport.cpp)
 
@@ -120,6 +123,7 @@ class ShmGroup final : public Link {
   std::chrono::nanoseconds spin_{0};  // how long a wait spins before it sleeps
   std::atomic<bool> interrupted_{false};
   std::atomic<bool> closed_{false};
+  std::atomic<bool> reason_written_{false};
 };
 
 // One collective on a group, the counterpart of GlooRun. Every exception it

@@ -15,6 +15,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "collectives.hpp"
 #include "kv_store.hpp"
@@ -153,8 +154,10 @@ class Link {
   virtual void interrupt() noexcept = 0;
   // Closes this rank's end as failed, so that peers waiting on it fail now
   // rather than at their timeout, and this rank's memory is no longer read
-  // or written on their behalf. Idempotent.
-  virtual void close() noexcept = 0;
+  // or written on their behalf. `reason` is this rank's error: links whose
+  // peers can read it without the store (shared memory) keep it for them, as
+  // the store may be gone with the rank that served it. Idempotent.
+  virtual void close(std::string_view reason) noexcept = 0;
 };
 
 // What connecting a Link needs. Each connect function sets up through

@@ -218,6 +218,9 @@ class MemoryStore {
   const bp_kv_store* table() const { return &table_; }
   // Makes every set fail with `message` (an IO status), to test error reporting.
   void fail_sets(std::string message) { fail_sets_ = std::move(message); }
+  // Makes every get fail from now on, as when the rank that served the store
+  // has exited. Thread-safe.
+  void fail_gets() { fail_gets_.store(true); }
   // Stores `value` instead of what a set of a key ending in `suffix` carries,
   // to stand for a rank that publishes something else.
   void replace_sets(std::string suffix, std::string value) {
@@ -261,6 +264,7 @@ class MemoryStore {
   }
   static bp_status* get(bp_kv_get_args* a) {
     MemoryStore& s = self(a->ctx);
+    if (s.fail_gets_.load()) return error(BP_STATUS_IO, "the store's host closed the connection");
     std::unique_lock<std::mutex> lock(s.mutex_);
     if (std::string e = s.wait_for_keys(lock, &a->key, 1, a->timeout_ms); !e.empty())
       return error(BP_STATUS_TIMEOUT, e);
@@ -288,6 +292,7 @@ class MemoryStore {
   std::condition_variable changed_;
   std::map<std::string, std::vector<uint8_t>> data_;
   std::string fail_sets_;
+  std::atomic<bool> fail_gets_{false};
   std::string replace_suffix_;
   std::string replace_value_;
   std::atomic<int> freed_{0};
@@ -1231,6 +1236,51 @@ TEST_CASE("cpu_collectives: a rank that never calls makes the others time out na
     CHECK(late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
     destroy_comm(p, comm);
   });
+}
+
+TEST_CASE("cpu_collectives: a late rank on the same host learns its peer's error once the store is gone") {
+  // The rank that served the store fails and exits before its peer calls: on
+  // shared memory the peer reads the error from the segment; Gloo's peers have
+  // only the store's failure board, so they say the connection closed.
+  for (const TransportCase& transport : kTransports) {
+    const std::string name = transport.name;
+    CAPTURE(name);
+    const Plugin p(transport.options);
+    const bool shared_memory = name != "gloo";
+    MemoryStore store;
+    Status late;
+    std::promise<void> done;
+    std::shared_future<void> done_future = done.get_future().share();
+    std::thread rank1([&] {
+      bp_comm* comm = nullptr;
+      if (!create_comm(p, &store, 1, 2, 1500, "gone/", &comm).ok()) return;
+      done_future.wait();
+      Comm c{p, comm, 1, 2};
+      Tensor t(p, BP_DTYPE_F32, 1000);
+      late = c.all_reduce(t, t, BP_REDUCE_SUM);
+      destroy_comm(p, comm);
+    });
+    bp_comm* comm = nullptr;
+    Status result;
+    const Status created = create_comm(p, &store, 0, 2, 1500, "gone/", &comm);
+    if (created.ok()) {
+      Comm c{p, comm, 0, 2};
+      Tensor t(p, BP_DTYPE_F32, 1000);
+      result = c.all_reduce(t, t, BP_REDUCE_SUM);
+    }
+    store.fail_gets();  // rank 0's store has gone with it
+    done.set_value();
+    rank1.join();
+    REQUIRE(created.ok());
+    CHECK(result.code == BP_STATUS_TIMEOUT);
+    MESSAGE(late.message);
+    CHECK(late.code == BP_STATUS_COLLECTIVE);
+    CHECK(late.message.find("peer rank 0") != std::string::npos);
+    const bool has_reason =
+        late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos;
+    CHECK(has_reason == shared_memory);
+    destroy_comm(p, comm);
+  }
 }
 
 TEST_CASE("cpu_collectives: ranks that disagree on a call fail instead of crashing") {
