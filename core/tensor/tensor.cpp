@@ -171,15 +171,21 @@ class BlockList {
     --count_;
     return n;
   }
+  // False (the caller frees p) once closed, or when full.
   bool push(void* p) noexcept {
-    if (closed_ || count_ >= kMaxBlocks) return false;
+    if (state_ != State::open || count_ >= kMaxBlocks) return false;
     head_ = new (p) Node{head_};
     ++count_;
     return true;
   }
+  // Whether the thread's closer has been set up (BlockPool::first_push).
+  bool opened() const noexcept { return state_ != State::fresh; }
+  void open() noexcept {
+    if (state_ == State::fresh) state_ = State::open;
+  }
   // At thread exit: frees what is held; later frees go to operator delete.
   void close(std::size_t size, std::align_val_t align) noexcept {
-    closed_ = true;
+    state_ = State::closed;
     while (void* p = pop()) ::operator delete(p, size, align);
   }
 
@@ -187,21 +193,40 @@ class BlockList {
   struct Node {
     Node* next;
   };
+  enum class State : uint8_t { fresh, open, closed };
   Node* head_ = nullptr;
   int count_ = 0;
-  bool closed_ = false;
+  State state_ = State::fresh;
 };
 
 template <class T>
 struct BlockPool {
   static_assert(sizeof(T) >= sizeof(void*));
-  // Trivially destructible, so it stays usable after the closer below has
-  // run (another thread_local's destructor may still free a tensor).
+  // Constant-initialised and trivially destructible: one thread-local access
+  // and no guard on every op's path, and still usable after the closer has
+  // run (another thread_local's destructor may free a tensor). A guarded
+  // thread_local here cost two __tls_get_addr calls per allocation and two
+  // per free (this is a shared library: the general-dynamic TLS model).
   static BlockList& list() noexcept {
-    static thread_local BlockList l;
+    static thread_local constinit BlockList l;
+    return l;
+  }
+  // Keeps a freed block; false: the caller frees it. The fast path is one
+  // thread-local access.
+  static bool push(void* p) noexcept {
+    if (list().push(p)) [[likely]]
+      return true;
+    return first_push(p);
+  }
+  // The list refused: it is full or closed, or this is the thread's first
+  // free, which sets up the closer that empties the list when the thread ends.
+  [[gnu::cold, gnu::noinline]] static bool first_push(void* p) noexcept {
+    BlockList& l = list();
+    if (l.opened()) return false;
     static thread_local Closer closer{&l};
     (void)closer;
-    return l;
+    l.open();
+    return l.push(p);
   }
   struct Closer {
     BlockList* l;
@@ -221,7 +246,7 @@ struct PoolAllocator {
     return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(alignof(T))));
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    if (kPoolBlocks && n == 1 && BlockPool<T>::list().push(p)) return;
+    if (kPoolBlocks && n == 1 && BlockPool<T>::push(p)) return;
     ::operator delete(p, n * sizeof(T), std::align_val_t(alignof(T)));
   }
   template <class U>
