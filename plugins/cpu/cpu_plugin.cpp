@@ -52,6 +52,7 @@ class CpuPlugin {
     narrowed_ = !ops_.all() || dtypes_ != HeldDTypes::capabilities();
     network_ = std::move(options.network);
     fp_mode_ = options.flush_denormals ? kFlushDenormalBits : 0u;
+    special_ = narrowed_ || fp_mode_ != 0;
   }
 
   int32_t device_count() { return 1; }
@@ -133,16 +134,12 @@ class CpuPlugin {
     return buffer;
   }
 
+  // engine() loads the kernels (with OpenBLAS's threads) in the host's mode
+  // at the first use.
   void execute(const bp_execute_args& args) {
-    if (narrowed_) [[unlikely]]
-      check_claimed(args);
-    const EngineApi& kernels = engine();  // loaded (with OpenBLAS's threads) in the host's mode
-    if (fp_mode_ != 0) [[unlikely]] {
-      const FpModeScope fp(fp_mode_);
-      rethrow(kernels.execute(&args, threads_));
-      return;
-    }
-    rethrow(kernels.execute(&args, threads_));
+    if (special_) [[unlikely]]
+      return execute_special(args);
+    rethrow(engine().execute(&args, threads_));
   }
 
   // Collectives: forwarded to the Communicator (collectives.hpp) inside the engine.
@@ -178,6 +175,19 @@ class CpuPlugin {
       fail(BP_STATUS_INVALID_ARGUMENT,
            std::string("cpu: ") + what + ": not a live cpu buffer (NULL, freed, or another backend's)");
     return buffer;
+  }
+
+  // execute on a device narrowed by "ops" / "dtypes" or that flushes
+  // subnormals: one test on the path of every op of a default device.
+  [[gnu::noinline]] void execute_special(const bp_execute_args& args) {
+    if (narrowed_) check_claimed(args);
+    const EngineApi& kernels = engine();
+    if (fp_mode_ != 0) {
+      const FpModeScope fp(fp_mode_);
+      rethrow(kernels.execute(&args, threads_));
+      return;
+    }
+    rethrow(kernels.execute(&args, threads_));
   }
 
   // The host sends only what the device claims (abi.h, "Trust contract"), and the
@@ -218,6 +228,7 @@ class CpuPlugin {
   bool narrowed_ = false;   // "ops" or "dtypes" narrows the device: execute checks what it is sent
   NetworkOptions network_;  // where collectives listen (options "hostname" / "interface")
   unsigned fp_mode_ = 0;    // option "flush_denormals": the MXCSR bits ops run with (fp_mode.hpp)
+  bool special_ = false;    // narrowed_ or fp_mode_: execute goes through execute_special
 };
 
 }  // namespace
