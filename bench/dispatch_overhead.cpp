@@ -5,6 +5,8 @@
 // op, without the core), splitting the overhead between the two.
 // Prints the added nanoseconds per op; the target is < 100 ns (limit 150 ns).
 // Where a python3 with torch is on PATH, PyTorch's per-op time is printed too.
+// With `--ops N through|plugin` it runs N adds by one path and nothing else,
+// for counting instructions under valgrind (docs/benchmarks.md).
 //
 // The direct reference is the add loop written here, as the cpu plugin writes
 // its contiguous kernel: an `omp simd` loop on one thread (the plugin runs with
@@ -104,7 +106,18 @@ struct DirectPlugin {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int batches = argc > 1 ? std::atoi(argv[1]) : 15;
+  // `--ops N through|plugin`: only N adds by one path, untimed, for counting
+  // instructions (valgrind --tool=callgrind; the difference between two N
+  // divided by their difference is the count per op, without the set-up).
+  const bool count_only = argc > 3 && std::string(argv[1]) == "--ops";
+  const long count_ops = count_only ? std::atol(argv[2]) : 0;
+  const std::string count_path = count_only ? argv[3] : "";
+  if (argc > 1 && std::string(argv[1]) == "--ops" &&
+      (!count_only || count_ops < 0 || (count_path != "through" && count_path != "plugin"))) {
+    std::fprintf(stderr, "usage: bench_dispatch [batches] | bench_dispatch --ops N through|plugin\n");
+    return 2;
+  }
+  const int batches = argc > 1 && !count_only ? std::atoi(argv[1]) : 15;
   constexpr int kIters = 200000;
   constexpr int64_t kN = 16;
   try {
@@ -162,6 +175,13 @@ int main(int argc, char** argv) {
       bp::Tensor c = a + b;
       sink = static_cast<float>(c.numel());
     };
+    if (count_only) {
+      if (count_path == "through")
+        for (long i = 0; i < count_ops; ++i) through();
+      else
+        for (long i = 0; i < count_ops; ++i) plugin_only();
+      return 0;
+    }
     // Interleave the three so drift on a noisy machine hits them alike.
     std::vector<double> d, da, p, t;
     for (int i = 0; i < batches; ++i) {
