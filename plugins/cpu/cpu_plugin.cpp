@@ -99,8 +99,11 @@ class CpuPlugin {
   void buffer_free(bp_buffer* buffer) {
     if (buffer == nullptr) return;
     if (!is_live(buffer)) [[unlikely]]  // leaking beats corrupting the heap on a double free
-      fail(BP_STATUS_INVALID_ARGUMENT, "cpu: buffer_free: not a live cpu buffer (freed twice?); ignored");
+      not_live_free();
     free_buffer(buffer);
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] static void not_live_free() {
+    fail(BP_STATUS_INVALID_ARGUMENT, "cpu: buffer_free: not a live cpu buffer (freed twice?); ignored");
   }
 
   void buffer_write(bp_buffer* buffer, uint64_t offset, const void* src, uint64_t size) {

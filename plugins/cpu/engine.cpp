@@ -12,6 +12,10 @@
 namespace backplane::cpu {
 namespace {
 
+[[noreturn, gnu::cold, gnu::noinline]] void unsupported(int32_t op) {
+  plugin::fail(BP_STATUS_UNSUPPORTED, "cpu: " + plugin::op_name(op) + " is not supported");
+}
+
 bp_status* execute(const bp_execute_args* args, int threads) {
   return plugin::guard([&] {
     const OpCall call{*args, threads};
@@ -38,7 +42,7 @@ bp_status* execute(const bp_execute_args* args, int threads) {
       case BP_OP_KIND_GATHER:
         return run_take(call);
       default:
-        plugin::fail(BP_STATUS_UNSUPPORTED, "cpu: " + plugin::op_name(args->op) + " is not supported");
+        unsupported(args->op);
     }
   });
 }

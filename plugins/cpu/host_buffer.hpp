@@ -179,7 +179,7 @@ class BlockCache {
   // A block of `bytes` (a rounded size of kMinBlock or more): a cached one,
   // else a new one if the room allows. nullptr when refused or malloc fails;
   // `refused` then says which.
-  void* acquire(uint64_t bytes, bool& refused) noexcept {
+  [[gnu::noinline]] void* acquire(uint64_t bytes, bool& refused) noexcept {
     refused = false;
     if (kUseBlockCache)
       if (void* raw = take(bytes)) return raw;
@@ -196,7 +196,7 @@ class BlockCache {
   // Keeps a freed block for reuse, evicting others (largest first) to stay
   // under the cap, so that sizes no longer in use do not pin memory forever.
   // A block larger than the cap is freed at once.
-  void release(void* raw, uint64_t bytes) noexcept {
+  [[gnu::noinline]] void release(void* raw, uint64_t bytes) noexcept {
     if (!kUseBlockCache || bytes > cap_.load(std::memory_order_relaxed)) {
       std::free(raw);
       return;
@@ -228,7 +228,7 @@ class BlockCache {
   // A small block of `bytes` (a rounded size for which is_small holds): a
   // cached one, else a new one from malloc (nullptr when malloc fails). Never
   // refused for want of room.
-  void* acquire_small(uint64_t bytes) noexcept {
+  [[gnu::noinline]] void* acquire_small(uint64_t bytes) noexcept {
     if (kUseBlockCache) {
       std::lock_guard<std::mutex> lock(mutex_);
       void*& head = small_free_[small_class(bytes)];
@@ -249,7 +249,7 @@ class BlockCache {
   // Keeps a freed small block on its class's list (the list's link is written
   // into the block itself), unless that would pass the cap or kMaxSmallHeld:
   // then it is freed.
-  void release_small(void* raw, uint64_t bytes) noexcept {
+  [[gnu::noinline]] void release_small(void* raw, uint64_t bytes) noexcept {
     if (kUseBlockCache) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (held_ + bytes <= cap_.load(std::memory_order_relaxed) && small_held_ + bytes <= kMaxSmallHeld) {
@@ -383,17 +383,19 @@ class BlockCache {
 
 // Returns nullptr when the allocation fails, is refused for want of room (then
 // `refused` is set) or the size is absurd. A size-0 buffer still owns a block,
-// so every handle is distinct and freeable.
-inline bp_buffer* allocate_buffer(uint64_t size, bool& refused,
-                                  BlockCache& cache = BlockCache::instance()) noexcept {
+// so every handle is distinct and freeable. `cache()` gives the BlockCache; it
+// is called only for the sizes the cache keeps (the cache's entries are out
+// of line), so a small buffer's path is malloc and the header, with no frame.
+template <class Cache>
+inline bp_buffer* allocate_buffer_from(uint64_t size, bool& refused, Cache cache) noexcept {
   refused = false;
   constexpr uint64_t kMax = UINT64_MAX / 2;
   if (size > kMax) return nullptr;
   // Room for the header and for rounding the data start up to kAlignment (malloc
   // aligns to at least 16, so at most kAlignment - 16 bytes are skipped).
   const uint64_t block = BlockCache::rounded(size + sizeof(BufferHeader) + kAlignment - 1);
-  void* raw = block >= BlockCache::kMinBlock ? cache.acquire(block, refused)
-              : BlockCache::is_small(block)  ? cache.acquire_small(block)
+  void* raw = block >= BlockCache::kMinBlock ? cache().acquire(block, refused)
+              : BlockCache::is_small(block)  ? cache().acquire_small(block)
                                              : std::malloc(static_cast<std::size_t>(block));
   if (raw == nullptr) return nullptr;
   const uintptr_t data =
@@ -402,6 +404,14 @@ inline bp_buffer* allocate_buffer(uint64_t size, bool& refused,
   *header_of(buffer) =
       BufferHeader{raw, size, kLiveMagic, reinterpret_cast<unsigned char*>(data), nullptr, nullptr, block};
   return buffer;
+}
+
+inline bp_buffer* allocate_buffer(uint64_t size, bool& refused, BlockCache& cache) noexcept {
+  return allocate_buffer_from(size, refused, [&]() -> BlockCache& { return cache; });
+}
+// The plugin's cache (BlockCache::instance).
+inline bp_buffer* allocate_buffer(uint64_t size, bool& refused) noexcept {
+  return allocate_buffer_from(size, refused, []() -> BlockCache& { return BlockCache::instance(); });
 }
 
 // Adopts `size` bytes at `data` (owned by someone else) as a buffer. Returns nullptr
@@ -417,23 +427,32 @@ inline bp_buffer* wrap_buffer(void* data, uint64_t size, void (*release)(void*),
   return buffer;
 }
 
-// Frees an owned buffer's block (one of more than 1 KiB back to `cache`), or a wrapped
-// buffer's header block after calling its release callback (exactly once: the
-// magic is cleared first).
-inline void free_buffer(bp_buffer* buffer, BlockCache& cache = BlockCache::instance()) noexcept {
+// Frees an owned buffer's block (one of more than 1 KiB back to `cache()`), or
+// a wrapped buffer's header block after calling its release callback (exactly
+// once: the magic is cleared first).
+template <class Cache>
+inline void free_buffer_to(bp_buffer* buffer, Cache cache) noexcept {
   BufferHeader* header = header_of(buffer);
   header->magic = kFreedMagic;
   if (header->release != nullptr) [[unlikely]]
     header->release(header->release_ctx);
   if (BlockCache::is_small(header->block_bytes)) {
-    cache.release_small(header->raw, header->block_bytes);
+    cache().release_small(header->raw, header->block_bytes);
     return;
   }
   if (header->block_bytes >= BlockCache::kMinBlock) [[unlikely]] {
-    cache.release(header->raw, header->block_bytes);
+    cache().release(header->raw, header->block_bytes);
     return;
   }
   std::free(header->raw);
+}
+
+inline void free_buffer(bp_buffer* buffer, BlockCache& cache) noexcept {
+  free_buffer_to(buffer, [&]() -> BlockCache& { return cache; });
+}
+// To the plugin's cache (BlockCache::instance).
+inline void free_buffer(bp_buffer* buffer) noexcept {
+  free_buffer_to(buffer, []() -> BlockCache& { return BlockCache::instance(); });
 }
 
 }  // namespace backplane::cpu
