@@ -1197,44 +1197,57 @@ TEST_CASE("cpu_collectives: a rank that disappears from three fails both others"
   });
 }
 
+// Rank 0 calls all_reduce alone and times out (timeout 1500 ms); rank 1,
+// connected all along, calls only then, after `between` has run.
+struct LateCall {
+  Status created;  // rank 0's comm_create
+  Status result;   // rank 0's all_reduce
+  Status late;     // rank 1's
+};
+template <class Between>
+LateCall call_late(const Plugin& p, MemoryStore& store, const char* prefix, Between between) {
+  LateCall out;
+  std::promise<void> done;
+  std::shared_future<void> done_future = done.get_future().share();
+  std::thread rank1([&] {
+    bp_comm* comm = nullptr;
+    if (!create_comm(p, &store, 1, 2, 1500, prefix, &comm).ok()) return;
+    done_future.wait();
+    Comm c{p, comm, 1, 2};
+    Tensor t(p, BP_DTYPE_F32, 1000);
+    out.late = c.all_reduce(t, t, BP_REDUCE_SUM);
+    destroy_comm(p, comm);
+  });
+  bp_comm* comm = nullptr;
+  out.created = create_comm(p, &store, 0, 2, 1500, prefix, &comm);
+  if (out.created.ok()) {
+    Comm c{p, comm, 0, 2};
+    Tensor t(p, BP_DTYPE_F32, 1000);
+    out.result = c.all_reduce(t, t, BP_REDUCE_SUM);
+  }
+  between();
+  done.set_value();
+  rank1.join();
+  if (out.created.ok()) destroy_comm(p, comm);
+  return out;
+}
+
 TEST_CASE("cpu_collectives: a rank that never calls makes the others time out naming it") {
   for_each_transport([&](const Plugin& p) {
     MemoryStore store;
-    Status late;  // rank 1's call, made after rank 0 gave up
-    std::promise<void> done;
-    std::shared_future<void> done_future = done.get_future().share();
-    std::thread rank1([&] {
-      bp_comm* comm = nullptr;
-      if (!create_comm(p, &store, 1, 2, 1500, "silent/", &comm).ok()) return;
-      done_future.wait();  // alive and connected, but calls only once rank 0 has timed out
-      Comm c{p, comm, 1, 2};
-      Tensor t(p, BP_DTYPE_F32, 1000);
-      late = c.all_reduce(t, t, BP_REDUCE_SUM);
-      destroy_comm(p, comm);
-    });
-    bp_comm* comm = nullptr;
-    Status result;
-    const Status created = create_comm(p, &store, 0, 2, 1500, "silent/", &comm);
-    if (created.ok()) {
-      Comm c{p, comm, 0, 2};
-      Tensor t(p, BP_DTYPE_F32, 1000);
-      result = c.all_reduce(t, t, BP_REDUCE_SUM);
-    }
-    done.set_value();
-    rank1.join();
-    REQUIRE(created.ok());
-    MESSAGE(result.message);
-    CHECK(result.code == BP_STATUS_TIMEOUT);
+    const LateCall r = call_late(p, store, "silent/", [] {});
+    REQUIRE(r.created.ok());
+    MESSAGE(r.result.message);
+    CHECK(r.result.code == BP_STATUS_TIMEOUT);
     // The time really waited, then the configured timeout.
-    CHECK(result.message.find("timed out after ") != std::string::npos);
-    CHECK(result.message.find(" ms (timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
+    CHECK(r.result.message.find("timed out after ") != std::string::npos);
+    CHECK(r.result.message.find(" ms (timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
     // The late rank learns why its peer is gone: rank 0's own error.
-    MESSAGE(late.message);
-    CHECK(late.code == BP_STATUS_COLLECTIVE);
-    CHECK(late.message.find("peer rank 0") != std::string::npos);
-    CHECK(late.message.find("after failing itself") != std::string::npos);
-    CHECK(late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
-    destroy_comm(p, comm);
+    MESSAGE(r.late.message);
+    CHECK(r.late.code == BP_STATUS_COLLECTIVE);
+    CHECK(r.late.message.find("peer rank 0") != std::string::npos);
+    CHECK(r.late.message.find("after failing itself") != std::string::npos);
+    CHECK(r.late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos);
   });
 }
 
@@ -1248,38 +1261,15 @@ TEST_CASE("cpu_collectives: a late rank on the same host learns its peer's error
     const Plugin p(transport.options);
     const bool shared_memory = name != "gloo";
     MemoryStore store;
-    Status late;
-    std::promise<void> done;
-    std::shared_future<void> done_future = done.get_future().share();
-    std::thread rank1([&] {
-      bp_comm* comm = nullptr;
-      if (!create_comm(p, &store, 1, 2, 1500, "gone/", &comm).ok()) return;
-      done_future.wait();
-      Comm c{p, comm, 1, 2};
-      Tensor t(p, BP_DTYPE_F32, 1000);
-      late = c.all_reduce(t, t, BP_REDUCE_SUM);
-      destroy_comm(p, comm);
-    });
-    bp_comm* comm = nullptr;
-    Status result;
-    const Status created = create_comm(p, &store, 0, 2, 1500, "gone/", &comm);
-    if (created.ok()) {
-      Comm c{p, comm, 0, 2};
-      Tensor t(p, BP_DTYPE_F32, 1000);
-      result = c.all_reduce(t, t, BP_REDUCE_SUM);
-    }
-    store.fail_gets();  // rank 0's store has gone with it
-    done.set_value();
-    rank1.join();
-    REQUIRE(created.ok());
-    CHECK(result.code == BP_STATUS_TIMEOUT);
-    MESSAGE(late.message);
-    CHECK(late.code == BP_STATUS_COLLECTIVE);
-    CHECK(late.message.find("peer rank 0") != std::string::npos);
+    const LateCall r = call_late(p, store, "gone/", [&] { store.fail_gets(); });  // gone with rank 0
+    REQUIRE(r.created.ok());
+    CHECK(r.result.code == BP_STATUS_TIMEOUT);
+    MESSAGE(r.late.message);
+    CHECK(r.late.code == BP_STATUS_COLLECTIVE);
+    CHECK(r.late.message.find("peer rank 0") != std::string::npos);
     const bool has_reason =
-        late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos;
+        r.late.message.find("(timeout 1500 ms) waiting for peer rank 1") != std::string::npos;
     CHECK(has_reason == shared_memory);
-    destroy_comm(p, comm);
   }
 }
 
