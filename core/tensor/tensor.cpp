@@ -180,9 +180,7 @@ class BlockList {
   }
   // Whether the thread's closer has been set up (BlockPool::first_push).
   bool opened() const noexcept { return state_ != State::fresh; }
-  void open() noexcept {
-    if (state_ == State::fresh) state_ = State::open;
-  }
+  void open() noexcept { state_ = State::open; }  // once, while fresh
   // At thread exit: frees what is held; later frees go to operator delete.
   void close(std::size_t size, std::align_val_t align) noexcept {
     state_ = State::closed;

@@ -165,6 +165,9 @@ class BlockCache {
     static BlockCache* cache = new BlockCache(&read_process_room, nullptr);
     return *cache;
   }
+  static BlockCache& or_instance(BlockCache* cache) noexcept {
+    return cache != nullptr ? *cache : instance();
+  }
   // The size a block of `bytes` is made with: large ones round up to kGranule,
   // small ones to their size class (which may reach kMinBlock: a large block
   // then), the rest stay as they are.
@@ -383,19 +386,18 @@ class BlockCache {
 
 // Returns nullptr when the allocation fails, is refused for want of room (then
 // `refused` is set) or the size is absurd. A size-0 buffer still owns a block,
-// so every handle is distinct and freeable. `cache()` gives the BlockCache; it
-// is called only for the sizes the cache keeps (the cache's entries are out
-// of line), so a small buffer's path is malloc and the header, with no frame.
-template <class Cache>
-inline bp_buffer* allocate_buffer_from(uint64_t size, bool& refused, Cache cache) noexcept {
+// so every handle is distinct and freeable. `cache` (null: the plugin's,
+// BlockCache::instance) is reached only for the sizes it keeps, through its
+// out-of-line entries, so a small buffer's path is malloc and the header.
+inline bp_buffer* allocate_buffer(uint64_t size, bool& refused, BlockCache* cache = nullptr) noexcept {
   refused = false;
   constexpr uint64_t kMax = UINT64_MAX / 2;
   if (size > kMax) return nullptr;
   // Room for the header and for rounding the data start up to kAlignment (malloc
   // aligns to at least 16, so at most kAlignment - 16 bytes are skipped).
   const uint64_t block = BlockCache::rounded(size + sizeof(BufferHeader) + kAlignment - 1);
-  void* raw = block >= BlockCache::kMinBlock ? cache().acquire(block, refused)
-              : BlockCache::is_small(block)  ? cache().acquire_small(block)
+  void* raw = block >= BlockCache::kMinBlock ? BlockCache::or_instance(cache).acquire(block, refused)
+              : BlockCache::is_small(block)  ? BlockCache::or_instance(cache).acquire_small(block)
                                              : std::malloc(static_cast<std::size_t>(block));
   if (raw == nullptr) return nullptr;
   const uintptr_t data =
@@ -404,14 +406,6 @@ inline bp_buffer* allocate_buffer_from(uint64_t size, bool& refused, Cache cache
   *header_of(buffer) =
       BufferHeader{raw, size, kLiveMagic, reinterpret_cast<unsigned char*>(data), nullptr, nullptr, block};
   return buffer;
-}
-
-inline bp_buffer* allocate_buffer(uint64_t size, bool& refused, BlockCache& cache) noexcept {
-  return allocate_buffer_from(size, refused, [&]() -> BlockCache& { return cache; });
-}
-// The plugin's cache (BlockCache::instance).
-inline bp_buffer* allocate_buffer(uint64_t size, bool& refused) noexcept {
-  return allocate_buffer_from(size, refused, []() -> BlockCache& { return BlockCache::instance(); });
 }
 
 // Adopts `size` bytes at `data` (owned by someone else) as a buffer. Returns nullptr
@@ -427,32 +421,23 @@ inline bp_buffer* wrap_buffer(void* data, uint64_t size, void (*release)(void*),
   return buffer;
 }
 
-// Frees an owned buffer's block (one of more than 1 KiB back to `cache()`), or
-// a wrapped buffer's header block after calling its release callback (exactly
-// once: the magic is cleared first).
-template <class Cache>
-inline void free_buffer_to(bp_buffer* buffer, Cache cache) noexcept {
+// Frees an owned buffer's block (one of more than 1 KiB back to `cache`, null:
+// the plugin's), or a wrapped buffer's header block after calling its release
+// callback (exactly once: the magic is cleared first).
+inline void free_buffer(bp_buffer* buffer, BlockCache* cache = nullptr) noexcept {
   BufferHeader* header = header_of(buffer);
   header->magic = kFreedMagic;
   if (header->release != nullptr) [[unlikely]]
     header->release(header->release_ctx);
   if (BlockCache::is_small(header->block_bytes)) {
-    cache().release_small(header->raw, header->block_bytes);
+    BlockCache::or_instance(cache).release_small(header->raw, header->block_bytes);
     return;
   }
   if (header->block_bytes >= BlockCache::kMinBlock) [[unlikely]] {
-    cache().release(header->raw, header->block_bytes);
+    BlockCache::or_instance(cache).release(header->raw, header->block_bytes);
     return;
   }
   std::free(header->raw);
-}
-
-inline void free_buffer(bp_buffer* buffer, BlockCache& cache) noexcept {
-  free_buffer_to(buffer, [&]() -> BlockCache& { return cache; });
-}
-// To the plugin's cache (BlockCache::instance).
-inline void free_buffer(bp_buffer* buffer) noexcept {
-  free_buffer_to(buffer, []() -> BlockCache& { return BlockCache::instance(); });
 }
 
 }  // namespace backplane::cpu

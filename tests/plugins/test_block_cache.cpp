@@ -50,7 +50,7 @@ struct Process {
   // A buffer of `size` bytes; nullptr when refused.
   bp_buffer* alloc(uint64_t size) {
     bool refused = false;
-    bp_buffer* b = allocate_buffer(size, refused, cache);
+    bp_buffer* b = allocate_buffer(size, refused, &cache);
     if (b != nullptr) live += backplane::cpu::header_of(b)->block_bytes;
     CHECK((b == nullptr) == refused);  // these sizes never fail in malloc itself
     CHECK(used() <= limit);            // past it the kernel would have killed the process
@@ -58,7 +58,7 @@ struct Process {
   }
   void free(bp_buffer* b) {
     live -= backplane::cpu::header_of(b)->block_bytes;
-    free_buffer(b, cache);
+    free_buffer(b, &cache);
     CHECK(cache.held() <= cache.cap());
   }
 };
@@ -277,7 +277,7 @@ TEST_CASE("cpu block cache: threads allocating and freeing small buffers each ke
         s = s * 6364136223846793005ULL + 1442695040888963407ULL;
         if (mine.size() < 16 && (s >> 63) == 0) {
           bool refused = false;
-          bp_buffer* b = allocate_buffer(1100 + (s >> 40) % 60000, refused, cache);
+          bp_buffer* b = allocate_buffer(1100 + (s >> 40) % 60000, refused, &cache);
           if (b == nullptr) continue;
           std::memset(backplane::cpu::buffer_data(b), t + 1, backplane::cpu::buffer_size(b));
           mine.push_back(b);
@@ -288,10 +288,10 @@ TEST_CASE("cpu block cache: threads allocating and freeing small buffers each ke
           int64_t wrong = 0;
           for (uint64_t k = 0; k < backplane::cpu::buffer_size(b); ++k) wrong += d[k] != t + 1;
           corrupted += wrong;
-          free_buffer(b, cache);
+          free_buffer(b, &cache);
         }
       }
-      for (bp_buffer* b : mine) free_buffer(b, cache);
+      for (bp_buffer* b : mine) free_buffer(b, &cache);
     });
   for (std::thread& th : threads) th.join();
   CHECK(corrupted.load() == 0);
