@@ -11,6 +11,9 @@
 // unevenly: the partial backend composes axpby from three ops).
 //
 //   bench_placement [steps]       (default 400 per measurement)
+//   bench_placement --steps N native|placed
+//                                 only N steps of one side, untimed, for counting
+//                                 instructions under valgrind (docs/benchmarks.md)
 #include "bench_util.hpp"
 
 #include <backplane/backplane.hpp>
@@ -57,7 +60,16 @@ struct Step {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 400;
+  // `--steps N native|placed`: N steps of one side and nothing else (the
+  // difference between two N, divided by theirs, is the count per step).
+  const bool count_only = argc > 1 && std::string(argv[1]) == "--steps";
+  const long count_steps = count_only && argc > 3 ? std::atol(argv[2]) : -1;
+  const std::string count_side = count_only && argc > 3 ? argv[3] : "";
+  if (count_only && (count_steps < 0 || (count_side != "native" && count_side != "placed"))) {
+    std::fprintf(stderr, "usage: bench_placement [steps] | bench_placement --steps N native|placed\n");
+    return 2;
+  }
+  const int steps = argc > 1 && !count_only ? std::atoi(argv[1]) : 400;
   const std::string lib = std::string(BP_BENCH_PLUGIN_DIR) + "/libbackplane_cpu.so";
   const std::string json =
       R"({"schema_version": 1, "backends": [
@@ -71,6 +83,11 @@ int main(int argc, char** argv) {
   bp::set_log_level(bp::LogLevel::warning);  // the first fallback of each op is logged at info
   Step native(registry.backend("cpu").device());
   Step placed(registry.backend("small").device());
+  if (count_only) {
+    Step& side = count_side == "native" ? native : placed;
+    for (long i = 0; i < count_steps; ++i) side.run();
+    return 0;
+  }
 
   // Same seeds, same data: the two must compute the same losses.
   for (int i = 0; i < 20; ++i) {
@@ -97,7 +114,7 @@ int main(int argc, char** argv) {
       steps);
   std::printf("  cpu (native)                         %8.1f us/step\n", bench::median(native_us));
   std::printf("  small (fill/copy/matmul) + host:cpu  %8.1f us/step\n", bench::median(placed_us));
-  std::printf("  placed / native                      %8.2fx   (target <= 1.15)\n", bench::median(ratio));
+  std::printf("  placed / native                      %8.3fx   (target <= 1.15)\n", bench::median(ratio));
   std::printf("  fallback: %zu (op, dtype) pairs, %llu calls, %llu bytes moved\n", stats.size(),
               static_cast<unsigned long long>(calls), static_cast<unsigned long long>(bytes));
   return 0;
