@@ -165,8 +165,12 @@ struct BackendImpl {
   void require_dtype_capability(int32_t device, DType dtype, std::string_view api) const;
   // The async rule: before the host reads or writes memory through a
   // pointer, work queued on an async device must have landed. A no-op on a
-  // synchronous device.
-  void synchronize_if_async(int32_t device, std::string_view what) const;
+  // synchronous device (a flag test, inline).
+  void synchronize_if_async(int32_t device, std::string_view what) const {
+    if (has(device, Capability::async) && api.synchronize != nullptr) [[unlikely]]
+      synchronize_now(device, what);
+  }
+  void synchronize_now(int32_t device, std::string_view what) const;  // the entry itself, unconditionally
   // The host address of byte 0 of `buffer` on a host_visible device (DLPack
   // kDLCPU); nullptr on any other device. Asked afresh each time: nothing
   // that could go stale is cached. Synchronising on an async device.

@@ -161,8 +161,7 @@ void BackendImpl::require_dtype_capability(int32_t device, DType dtype, std::str
                   config_source + " to hold them on that backend's device for this one");
 }
 
-void BackendImpl::synchronize_if_async(int32_t device, std::string_view what) const {
-  if (!has(device, Capability::async) || api.synchronize == nullptr) return;
+void BackendImpl::synchronize_now(int32_t device, std::string_view what) const {
   bp_synchronize_args args{};
   args.struct_size = BP_SYNCHRONIZE_ARGS_STRUCT_SIZE;
   args.plugin = plugin;

@@ -270,6 +270,21 @@ bool same_layout(const TensorImpl& a, const TensorImpl& b) noexcept {
   return a.dtype == b.dtype && a.byte_offset == b.byte_offset && a.shape == b.shape && a.strides == b.strides;
 }
 
+// x's bytes on (exec, dev) when its storage's replica is an import there laid
+// out as x: replica_view's common case without the lock or a reference count
+// (the import lives as long as x's storage, see ReplicaSlot::pinned), and
+// with its synchronisation. Null: ask replica_view.
+const TensorImpl* pinned_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& exec, int32_t dev) {
+  const Storage& s = *x.storage;
+  const Storage::ReplicaSlot* slot = s.replica_slot.load(std::memory_order_acquire);
+  if (slot == nullptr) return nullptr;
+  const TensorImpl* r = slot->pinned.load(std::memory_order_acquire);
+  if (r == nullptr || r->storage->backend != exec || r->storage->device != dev || !same_layout(*r, x))
+    return nullptr;
+  s.backend->synchronize_if_async(s.device, "op_fallback");  // as replica_view does for an import
+  return r;
+}
+
 // x's bytes on (exec, dev): s's replica there (made now when missing or
 // elsewhere) when it has x's layout, else a view of it (the slot keeps the
 // last one, so an operand seen again allocates nothing). `moved` gets the
@@ -283,14 +298,34 @@ std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::s
   std::shared_ptr<TensorImpl> dropped, dropped_view;  // freed outside the lock
   std::lock_guard lock(slot.mutex);
   if (!slot.replica || slot.replica->storage->backend != exec || slot.replica->storage->device != dev) {
+    // An import made there before (the fallback target changed back) serves
+    // again, so `retired` holds at most one per device. (Room first: nothing
+    // below throws once a replica has moved.)
+    const bool retire = slot.alias && slot.replica;
+    if (retire) slot.retired.reserve(slot.retired.size() + 1);
+    auto kept = std::find_if(slot.retired.begin(), slot.retired.end(), [&](const auto& r) {
+      return r->storage->backend == exec && r->storage->device == dev;
+    });
     std::shared_ptr<TensorImpl> r;
-    bool alias = false;
-    moved += make_replica(x, exec, dev, r, alias, needed_by, copy_ns);
+    bool alias = true;
+    const bool made = kept == slot.retired.end();
+    if (made) {
+      moved += make_replica(x, exec, dev, r, alias, needed_by, copy_ns);
+    } else {
+      r = std::move(*kept);
+      slot.retired.erase(kept);
+    }
+    // An import being replaced may be in use through `pinned`: kept until
+    // the storage goes.
+    if (retire) slot.retired.push_back(slot.replica);
     dropped = std::exchange(slot.replica, std::move(r));
     dropped_view = std::move(slot.view);
     slot.alias = alias;
-    if (alias_out != nullptr) *alias_out = alias;
-    return slot.replica;
+    slot.pinned.store(alias ? slot.replica.get() : nullptr, std::memory_order_release);
+    if (made) {  // laid out as x, and synchronised if an import
+      if (alias_out != nullptr) *alias_out = alias;
+      return slot.replica;
+    }
   }
   if (alias_out != nullptr) *alias_out = slot.alias;
   // An import reads (or, in place, writes) s's own memory: work queued on
@@ -309,10 +344,12 @@ std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::s
   return v;
 }
 
-void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t op, DType dtype,
-               const char* api) {
-  OpFallbackState::Counter& c = counter(home, op, dtype);
-  if (c.logged.load(std::memory_order_relaxed) || c.logged.exchange(true, std::memory_order_relaxed)) return;
+// The pair's first fallback, logged once (c is its counter). Cold: every
+// later call of the pair only reads c.logged (see log_first).
+[[gnu::cold, gnu::noinline]] void log_first_slow(OpFallbackState::Counter& c, BackendImpl& home, int32_t hd,
+                                                 const BackendImpl& exec, int32_t op, DType dtype,
+                                                 const char* api) {
+  if (c.logged.exchange(true, std::memory_order_relaxed)) return;
   try {
     std::string msg = "op_fallback: " + home.device_id(hd) + " does not run " + op_name(op) + " on " +
                       std::string(to_string(dtype));
@@ -324,6 +361,12 @@ void log_first(BackendImpl& home, int32_t hd, const BackendImpl& exec, int32_t o
     log(LogLevel::debug, msg);
   } catch (...) {  // a throwing log handler loses the message, not the op
   }
+}
+
+void log_first(OpFallbackState::Counter& c, BackendImpl& home, int32_t hd, const BackendImpl& exec,
+               int32_t op, DType dtype, const char* api) {
+  if (!c.logged.load(std::memory_order_relaxed)) [[unlikely]]
+    log_first_slow(c, home, hd, exec, op, dtype, api);
 }
 
 }  // namespace
@@ -421,8 +464,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     if (o.home_backend() != home->get() || o.home_index() != home_device)
       device_mismatch(*operands_[0], *operands_[i], api);
   }
-  BackendImpl& h = **home;
-  h.require_loaded();
+  BackendImpl& h = **home;  // loaded: it holds an operand, or the creation op's constructor loaded it
   OpFallbackState::Counter& c = counter(h, op, dtype);
   // An in-place op that runs nowhere in place: nothing placed or counted
   // (ok() is false; the caller composes it). `st` is gone after this.
@@ -435,14 +477,15 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
   // device 0 alone: a backend's devices may differ in flags and answers.
   const std::shared_ptr<BackendImpl>* known =
       home_device == 0 ? c.runs_there.load(std::memory_order_relaxed) : nullptr;
-  if (known != nullptr && out_dtype == dtype && known == fallback_target(h) &&
-      holds_all(**known, operands_, n_)) {
+  // (It ran there, so it loaded and has a device 0: fallback_target's other tests hold.)
+  if (known != nullptr && out_dtype == dtype && known == h.op_fallback.target_ref() &&
+      op_fallback_off_reason() == nullptr && holds_all(**known, operands_, n_)) {
     st.exec = known;
     device_ = 0;
     st.placed = true;
-  } else if (const bool surely_not = !ready(h, home_device, op, dtype, out_dtype, operands_, n_) &&
-                                     lacks_pair(h, home_device, op, dtype);
-             !surely_not && runs(h, home_device, op, dtype, out_dtype, operands_, n_)) {
+  } else if (const bool here = ready(h, home_device, op, dtype, out_dtype, operands_, n_),
+             surely_not = !here && lacks_pair(h, home_device, op, dtype);
+             here || (!surely_not && runs(h, home_device, op, dtype, out_dtype, operands_, n_))) {
     // From cached answers first: the home device runs it (ready), surely
     // does not (lacks_pair), or runs() asks.
     st.exec = home;
@@ -483,6 +526,12 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     const TensorImpl& x = *operands_[i];
     const Storage& s = *x.storage;
     if (s.backend == exec && s.device == device_) continue;
+    if (i < PlacedState::kInline) {
+      if (const TensorImpl* r = pinned_replica(x, exec, device_)) {  // an import: nothing moved or filed
+        st.lend_operand(i, r);
+        continue;
+      }
+    }
     uint64_t moved = 0;
     bool alias = false;
     if (st.placed) {
@@ -509,7 +558,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     // than when it ends: the counter's line is at hand.
     c.calls.fetch_add(1, std::memory_order_relaxed);
     if (to_host > 0) c.bytes_to_host.fetch_add(to_host, std::memory_order_relaxed);
-    log_first(h, home_device, *exec, op, dtype, api);
+    log_first(c, h, home_device, *exec, op, dtype, api);
   }
 }
 

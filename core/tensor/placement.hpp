@@ -13,6 +13,7 @@
 
 #include "tensor/op_common.hpp"
 
+#include <bit>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -38,8 +39,10 @@ struct PlacedState {
   bool placed = false;  // exec is not home: the op fell back
   bool timed = false;   // a placed op whose time the report samples (start is set)
   uint8_t held = 0;     // bit i: inline operand i is constructed
+  uint8_t lent = 0;     // bit i: operand i is lent_operands[i], an import its storage keeps (no count)
   std::chrono::steady_clock::time_point start;
   std::unique_ptr<std::shared_ptr<const TensorImpl>[]> more;  // operands kInline.. when n > kInline
+  const TensorImpl* lent_operands[kInline];
 
   // Constructed only when set: a placed op with one replica pays for one
   // shared_ptr, not for zeroing all of them (a few ns on every placed op).
@@ -47,14 +50,19 @@ struct PlacedState {
   PlacedState(const PlacedState&) = delete;
   PlacedState& operator=(const PlacedState&) = delete;
   ~PlacedState() {
-    for (int i = 0; i < kInline; ++i)
-      if ((held >> i & 1U) != 0) operands[i].~shared_ptr();
+    for (unsigned h = held; h != 0; h &= h - 1) operands[std::countr_zero(h)].~shared_ptr();
   }
   // Operand i's bytes on exec (a replica, or a view of one); null: the
   // caller's operand as it is.
   const TensorImpl* operand(int i) const noexcept {
     if (i >= kInline) return more[static_cast<std::size_t>(i - kInline)].get();
+    if ((lent >> i & 1U) != 0) return lent_operands[i];
     return (held >> i & 1U) != 0 ? operands[i].get() : nullptr;
+  }
+  // Operand i (< kInline) is `v`, which outlives the op without a count.
+  void lend_operand(int i, const TensorImpl* v) noexcept {
+    lent_operands[i] = v;
+    lent = static_cast<uint8_t>(lent | 1U << i);
   }
   void set_operand(int i, std::shared_ptr<const TensorImpl> v) noexcept {
     if (i >= kInline) {
@@ -108,6 +116,7 @@ class Placement {
       device_ = device;
       return;
     }
+    backend->require_loaded();  // an optional backend loads on its first use; operands' are loaded
     place(op, dtype, dtype, api, &backend, device);
   }
   Placement(const Placement&) = delete;

@@ -298,9 +298,9 @@ std::shared_ptr<TensorImpl> new_impl() {
   return std::allocate_shared<TensorImpl>(PoolAllocator<TensorImpl>{});
 }
 
-Storage::ReplicaSlot& Storage::replica() const {
+Storage::ReplicaSlot& Storage::first_replica() const {
   ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire);
-  if (slot != nullptr) return *slot;
+  if (slot != nullptr) return *slot;  // another thread's, made since replica() looked
   PoolAllocator<ReplicaSlot> pool;
   ReplicaSlot* fresh = new (pool.allocate(1)) ReplicaSlot();
   if (replica_slot.compare_exchange_strong(slot, fresh, std::memory_order_acq_rel)) return *fresh;

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace backplane::detail {
 
@@ -49,6 +50,13 @@ struct Storage {
     std::shared_ptr<TensorImpl> replica;  // guarded by mutex; laid out as the operand that made it
     std::shared_ptr<TensorImpl> view;     // guarded by mutex: the last other layout asked for, over replica
     bool alias = false;                   // the replica imports these very bytes
+    // The replica while it is an import (alias), for placement's look-up
+    // without the lock or a reference count (pinned_replica). An import is
+    // never freed before this storage: one that is replaced (the fallback
+    // target changed) moves to `retired`, so the pointer stays valid while
+    // any tensor over this storage lives.
+    std::atomic<const TensorImpl*> pinned{nullptr};
+    std::vector<std::shared_ptr<TensorImpl>> retired;  // guarded by mutex
   };
   mutable std::atomic<ReplicaSlot*> replica_slot{nullptr};
 
@@ -56,9 +64,14 @@ struct Storage {
   int32_t home_index() const noexcept { return home ? home_device : device; }
   // Called after the bytes were written in place (copy_, collectives).
   void invalidate_replica() const noexcept;
+  ReplicaSlot& first_replica() const;  // replica()'s first call on this storage
   // The replica slot, made on first use (one thread wins a race; the others'
   // go back): from a per-thread pool, as TensorImpls are.
-  ReplicaSlot& replica() const;
+  ReplicaSlot& replica() const {
+    if (ReplicaSlot* slot = replica_slot.load(std::memory_order_acquire)) [[likely]]
+      return *slot;
+    return first_replica();
+  }
 
   Storage(std::shared_ptr<BackendImpl> b, int32_t dev, uint64_t size);
   // Takes ownership of `adopted`, a buffer the plugin already made (e.g. by

@@ -123,18 +123,24 @@ class CpuPlugin {
   // release is never called and the host keeps the memory.
   bp_buffer* buffer_import(const bp_buffer_import_args& a) {
     check_device(a.device);
+    if ((a.dl_device_type != BP_DL_CPU && a.dl_device_type != BP_DL_CUDA_HOST) ||
+        (a.data == nullptr && a.size > 0)) [[unlikely]]
+      bad_import(a);
+    bp_buffer* buffer = wrap_buffer(a.data, a.size, a.release, a.release_ctx);
+    if (buffer == nullptr) [[unlikely]]
+      fail(BP_STATUS_OUT_OF_MEMORY, "cpu: buffer_import: cannot allocate a buffer header");
+    return buffer;
+  }
+  // Placement imports on every op that falls back to this backend: the
+  // messages are built only here.
+  [[noreturn, gnu::cold, gnu::noinline]] static void bad_import(const bp_buffer_import_args& a) {
     if (a.dl_device_type != BP_DL_CPU && a.dl_device_type != BP_DL_CUDA_HOST)
       fail(BP_STATUS_UNSUPPORTED,
            "cpu: buffer_import: DLPack device type " + std::to_string(a.dl_device_type) +
                " is not host memory; the cpu backend imports kDLCPU (1) and kDLCUDAHost (3) "
                "only: copy the tensor to host memory first");
-    if (a.data == nullptr && a.size > 0)
-      fail(BP_STATUS_INVALID_ARGUMENT,
-           "cpu: buffer_import: data is NULL but size is " + std::to_string(a.size) + " bytes");
-    bp_buffer* buffer = wrap_buffer(a.data, a.size, a.release, a.release_ctx);
-    if (buffer == nullptr)
-      fail(BP_STATUS_OUT_OF_MEMORY, "cpu: buffer_import: cannot allocate a buffer header");
-    return buffer;
+    fail(BP_STATUS_INVALID_ARGUMENT,
+         "cpu: buffer_import: data is NULL but size is " + std::to_string(a.size) + " bytes");
   }
 
   // engine() loads the kernels (with OpenBLAS's threads) in the host's mode

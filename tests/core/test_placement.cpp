@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -403,4 +404,67 @@ TEST_CASE(
     CHECK(after[i] == doctest::Approx(2 * y_now[i]));
     CHECK(after[i] != doctest::Approx(before[i]));
   }
+}
+
+TEST_CASE(
+    "placement: ops find an operand's import without the lock, and it stays valid while the fallback "
+    "target changes under running ops") {
+  const std::string json = R"({"schema_version": 1, "backends": [
+    {"name": "cpu", "library": )" +
+                           cpu_library() +
+                           R"(},
+    {"name": "cpu2", "library": )" +
+                           cpu_library() +
+                           R"(},
+    {"name": "small", "library": )" +
+                           cpu_library() +
+                           R"(, "options": {"ops": ["fill", "copy", "matmul"], "dtypes": ["f32"]},
+     "op_fallback": "host:cpu"}]})";
+  const bp::Registry r = bp::Registry::from_json(json, fixture_dir(), "placement test");
+  const bp::Device small = r.backend("small").device();
+  const bp::OpFallback to_cpu{bp::OpFallback::Kind::host, "cpu"}, to_cpu2{bp::OpFallback::Kind::host, "cpu2"};
+  std::vector<float> v(4096);
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 13) - 6.0f;
+  const bp::Tensor x = bp::Tensor::from_vector<float>(small, {64, 64}, v);
+
+  // One thread: each target imports x's memory once; a write in place
+  // through one import is what the other reads (the same bytes).
+  std::vector<float> twice(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) twice[i] = 2 * v[i];
+  CHECK(bp::add(x, x).to_vector<float>() == twice);
+  r.set_op_fallback("small", to_cpu2);
+  CHECK(bp::add(x, x).to_vector<float>() == twice);
+  bp::axpby_(x, 2.0, x, 0.0);  // on cpu2, in x's own memory
+  std::vector<float> four(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) four[i] = 4 * v[i];
+  r.set_op_fallback("small", to_cpu);
+  CHECK(bp::add(x, x).to_vector<float>() == four);
+  std::vector<float> sym(v.size());  // x's transpose (a view of the import) plus x
+  for (std::size_t i = 0; i < 64; ++i)
+    for (std::size_t j = 0; j < 64; ++j) sym[i * 64 + j] = twice[j * 64 + i] + twice[i * 64 + j];
+  CHECK(bp::add(bp::transpose(x, 0, 1), x).to_vector<float>() == sym);
+  uint64_t moved = 0;
+  for (const auto& s : r.backend("small").op_fallback_stats()) moved += s.bytes_moved();
+  CHECK(moved == 0);
+
+  // Ops on x in one thread while another switches the target (and so x's
+  // import) again and again: every result right, no import freed under an op
+  // (AddressSanitizer), no race (ThreadSanitizer).
+  std::vector<float> relu_x(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) relu_x[i] = std::max(2 * v[i], 0.0f);
+  std::atomic<bool> done{false};
+  std::atomic<int> wrong{0}, user_ops{0};
+  std::thread user([&] {
+    while (!done.load()) {
+      if (bp::add(x, x).to_vector<float>() != four) wrong.fetch_add(1);
+      user_ops.fetch_add(1);
+    }
+  });
+  for (int i = 0; i < 300 || user_ops.load() < 300; ++i) {
+    r.set_op_fallback("small", i % 2 == 0 ? to_cpu2 : to_cpu);
+    if (bp::relu(x).to_vector<float>() != relu_x) wrong.fetch_add(1);
+  }
+  done.store(true);
+  user.join();
+  CHECK(wrong.load() == 0);
 }
