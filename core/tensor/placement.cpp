@@ -464,7 +464,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
     if (o.home_backend() != home->get() || o.home_index() != home_device)
       device_mismatch(*operands_[0], *operands_[i], api);
   }
-  BackendImpl& h = **home;  // loaded: it holds an operand, or the creation op's constructor loaded it
+  BackendImpl& h = **home;  // loaded: it holds an operand, or a creation op's caller checked usable()
   OpFallbackState::Counter& c = counter(h, op, dtype);
   // An in-place op that runs nowhere in place: nothing placed or counted
   // (ok() is false; the caller composes it). `st` is gone after this.
@@ -475,9 +475,12 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
   // The decision. A pair device 0 surely lacks, found running on the current
   // target before: one load (and the operands' dtype flags there). Kept for
   // device 0 alone: a backend's devices may differ in flags and answers.
+  // Acquire, paired with the release below: the thread that stored it had
+  // seen the target loaded (an optional one loads inside that first
+  // fallback), so its devices are visible here and fallback_target's other
+  // tests need not be repeated.
   const std::shared_ptr<BackendImpl>* known =
-      home_device == 0 ? c.runs_there.load(std::memory_order_relaxed) : nullptr;
-  // (It ran there, so it loaded and has a device 0: fallback_target's other tests hold.)
+      home_device == 0 ? c.runs_there.load(std::memory_order_acquire) : nullptr;
   if (known != nullptr && out_dtype == dtype && known == h.op_fallback.target_ref() &&
       op_fallback_off_reason() == nullptr && holds_all(**known, operands_, n_)) {
     st.exec = known;
@@ -499,7 +502,7 @@ void Placement::place(int32_t op, DType dtype, DType out_dtype, const char* api,
                    n_, api);
     }
     if (surely_not && out_dtype == dtype && home_device == 0)
-      c.runs_there.store(host, std::memory_order_relaxed);
+      c.runs_there.store(host, std::memory_order_release);
     st.exec = host;
     device_ = 0;
     st.placed = true;

@@ -116,7 +116,6 @@ class Placement {
       device_ = device;
       return;
     }
-    backend->require_loaded();  // an optional backend loads on its first use; operands' are loaded
     place(op, dtype, dtype, api, &backend, device);
   }
   Placement(const Placement&) = delete;

@@ -434,7 +434,12 @@ TEST_CASE(
   CHECK(bp::add(x, x).to_vector<float>() == twice);
   r.set_op_fallback("small", to_cpu2);
   CHECK(bp::add(x, x).to_vector<float>() == twice);
-  bp::axpby_(x, 2.0, x, 0.0);  // on cpu2, in x's own memory
+  const bp::Tensor zero = bp::zeros(small, {64, 64});
+  bp::axpby_(x, 2.0, zero, 0.0);  // on cpu2, through its import of x's memory
+  const auto after_axpby = r.backend("small").op_fallback_stats();
+  const bp::OpFallbackStats* axpby = find_stats(after_axpby, bp::Op::axpby, bp::DType::f32);
+  REQUIRE(axpby != nullptr);
+  CHECK(axpby->calls == 1);
   std::vector<float> four(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) four[i] = 4 * v[i];
   r.set_op_fallback("small", to_cpu);
