@@ -3,6 +3,7 @@
 // or local), and calls the plugin's collective entries with the job's store
 // exposed as bp_kv_store callbacks.
 #include "distributed/collective_route.hpp"
+#include "distributed/store_linger.hpp"
 #include "tensor/op_common.hpp"
 #include "tensor/placement.hpp"
 #include "tensor/tensor_impl.hpp"
@@ -97,6 +98,7 @@ class KvStoreBridge {
     table_.status_message = &KvStoreBridge::status_message;
     table_.status_free = &KvStoreBridge::status_free;
   }
+  Store* store() const noexcept { return store_.get(); }
   KvStoreBridge(const KvStoreBridge&) = delete;
   KvStoreBridge& operator=(const KvStoreBridge&) = delete;
 
@@ -231,6 +233,10 @@ struct ProcessGroup::Impl {
   Impl(const Impl&) = delete;
   Impl& operator=(const Impl&) = delete;
   ~Impl() {
+    // A failed rank's peers may still need the store it hosts: its failure
+    // board says why this rank stopped.
+    if (aborted.load(std::memory_order_acquire) && bridge && bridge->store() != nullptr)
+      store_detail::linger_on_close(*bridge->store());
     if (comm == nullptr) return;
     call_logged(coll().api.comm_destroy, comm, "comm_destroy");
   }

@@ -12,6 +12,7 @@
 #include <mutex>
 
 #include "distributed/store.hpp"
+#include "distributed/store_linger.hpp"
 #include "trace/recorder.hpp"
 #include "trace/trace_format.hpp"
 
@@ -174,6 +175,10 @@ class TcpStore final : public Store {
   milliseconds timeout() const override { return timeout_; }
   std::string address() const override { return address_; }
 
+  void linger_on_close() noexcept {
+    if (server_) server_->linger_on_close();
+  }
+
  private:
   // "0.203 s (timeout 0.2 s)": what was waited, measured, and what was asked.
   static std::string waited_text(Clock::time_point started, milliseconds timeout) {
@@ -283,6 +288,10 @@ std::shared_ptr<Store> make_tcp_store(const TcpStoreOptions& options) {
   }
   const std::string secret = options.job_token ? *options.job_token : job_token_from_env();
   return std::make_shared<TcpStore>(options, secret);
+}
+
+void store_detail::linger_on_close(Store& store) noexcept {
+  if (auto* tcp = dynamic_cast<TcpStore*>(&store)) tcp->linger_on_close();
 }
 
 }  // namespace backplane

@@ -71,6 +71,12 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
+  // Called when this process's rank failed a collective: when the server
+  // is destroyed, ranks still connected may need what it holds (the failure
+  // board naming why), so it keeps serving them until they disconnect, at
+  // most limits.failed_linger. Otherwise it closes at once.
+  void linger_on_close() noexcept { linger_.store(true, std::memory_order_relaxed); }
+
   uint16_t port() const { return port_; }
   // "127.0.0.1:29500", "0.0.0.0:29500": what the server listens on.
   const std::string& bound() const { return bound_; }
@@ -140,6 +146,7 @@ class Server {
   void complete(const WaiterPtr& w);
   void expire(const WaiterPtr& w);
   void shutdown();
+  void close_or_linger();
 
   int32_t world_size_;
   std::string secret_;
@@ -170,6 +177,9 @@ class Server {
   bool accept_paused_ = false;                   // at the unauthenticated cap
   std::chrono::milliseconds accept_backoff_{0};  // after EMFILE/ENFILE; 0 when accepting works
   bool stopping_ = false;
+  bool lingering_ = false;                // destroyed, serving connected ranks (linger_on_close)
+  asio::steady_timer linger_timer_{io_};  // ends the linger at limits.failed_linger
+  std::atomic<bool> linger_{false};       // set by linger_on_close, from any thread
 };
 
 // One connection per client, multiplexed: each request carries an id and

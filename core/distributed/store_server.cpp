@@ -197,7 +197,7 @@ void Server::listen(const std::string& host, uint16_t port) {
 }
 
 Server::~Server() {
-  asio::post(io_, [this] { shutdown(); });
+  asio::post(io_, [this] { close_or_linger(); });
   if (thread_.joinable()) thread_.join();
   // Handlers still queued hold the last references to closed sessions; the
   // io_context's destructor (it is the first member) destroys them.
@@ -215,11 +215,34 @@ void Server::run() {
   }
 }
 
+// The destructor's first step: shutdown now, or (linger_on_close) once the
+// ranks still connected have gone or limits.failed_linger has passed.
+void Server::close_or_linger() {
+  if (!linger_.load(std::memory_order_relaxed) || limits_.failed_linger.count() == 0 || ranks_.empty())
+    return shutdown();
+  lingering_ = true;
+  log(LogLevel::debug, where_ + ": this rank failed; serving " + std::to_string(ranks_.size()) +
+                           " rank(s) still connected for up to " +
+                           std::to_string(limits_.failed_linger.count()) +
+                           " ms, so that they can read why (BACKPLANE_STORE_FAILED_LINGER_MS)");
+  linger_timer_.expires_after(limits_.failed_linger);
+  linger_timer_.async_wait([this](const error_code& ec) {
+    if (ec || stopping_) return;
+    std::string left;
+    for (const int32_t r : ranks_) left += (left.empty() ? "" : ", ") + std::to_string(r);
+    log(LogLevel::info, where_ + ": closing after " + std::to_string(limits_.failed_linger.count()) +
+                            " ms with rank(s) " + left + " still connected");
+    shutdown();
+  });
+}
+
 void Server::shutdown() {
   stopping_ = true;
+  lingering_ = false;
   error_code ignored;
   acceptor_.close(ignored);
   accept_retry_.cancel();
+  linger_timer_.cancel();
   drop_log_timer_.cancel();
   if (auto line = drop_log_.summary(Clock::now())) log(line->level, where_ + ": " + line->text);
   for (const auto& s : sessions_) {
@@ -669,6 +692,10 @@ void Server::close(const SessionPtr& s, LogLevel level, const std::string& why) 
   if (s->greeted) ranks_.erase(s->rank);
   leave_unauthenticated(s);
   sessions_.erase(s);
+  if (lingering_ && ranks_.empty())  // the last rank that could need the store has gone
+    asio::post(io_, [this] {
+      if (!stopping_) shutdown();
+    });
 }
 
 // A connection dropped before it proved the secret: logged through

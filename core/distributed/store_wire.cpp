@@ -100,6 +100,8 @@ Limits Limits::from_env() {
       milliseconds(env_limit("BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS", l.handshake_timeout.count(), 1, kDay));
   l.frame_idle_timeout =
       milliseconds(env_limit("BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS", l.frame_idle_timeout.count(), 1, kDay));
+  l.failed_linger =
+      milliseconds(env_limit("BACKPLANE_STORE_FAILED_LINGER_MS", l.failed_linger.count(), 0, kDay));
   return l;
 }
 

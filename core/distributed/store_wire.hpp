@@ -103,6 +103,9 @@ struct Limits {
   std::size_t max_unauthenticated = 64;                  // BACKPLANE_STORE_MAX_UNAUTHENTICATED
   std::chrono::milliseconds handshake_timeout{5000};     // BACKPLANE_STORE_HANDSHAKE_TIMEOUT_MS
   std::chrono::milliseconds frame_idle_timeout{30'000};  // BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS
+  // How long a store whose rank failed a collective keeps serving ranks
+  // still connected when it closes (Server::linger_on_close).
+  std::chrono::milliseconds failed_linger{10'000};  // BACKPLANE_STORE_FAILED_LINGER_MS
 
   static Limits from_env();
   // The largest payload a request of `op` may announce.

@@ -3,6 +3,7 @@
 // hostile input, and Rendezvous::from_env for each launcher's variables.
 #include "test_support.hpp"
 
+#include <backplane/backplane.hpp>
 #include <backplane/rendezvous.hpp>
 
 #include "distributed/slurm_hostlist.hpp"
@@ -962,4 +963,86 @@ TEST_CASE("rendezvous: two ranks meet through their stores in either order") {
   CHECK(from0 == "zero");
   // Both sides derive the same group prefixes.
   CHECK(r0.next_group_prefix() == r1.next_group_prefix());
+}
+
+TEST_CASE(
+    "store: a rank whose group failed keeps its store serving the ranks still connected, until they leave") {
+  // Two ranks in threads, a real cpu group between them. Rank 0 hosts the
+  // store, leaves a note in it and ends its group: aborted (a failed
+  // collective does the same) or cleanly. Then rank 1 reads the note.
+  const bp::Registry registry =
+      bp::Registry::from_json(R"({"schema_version": 1, "backends": [{"name": "cpu", "library": )" +
+                                  bptest::json_path(bptest::plugin_dir() / "libbackplane_cpu.so") +
+                                  R"(, "options": {"threads": 1}}]})",
+                              ".", "store linger test");
+  const bp::Device device = registry.backend("cpu").device();
+  // Bounded, so that a rank whose set-up failed fails the test instead of hanging it.
+  auto wait_for = [](const std::atomic<bool>& flag) {
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (!flag.load() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+  };
+  struct Case {
+    bool failed;
+    const char* linger_ms;  // BACKPLANE_STORE_FAILED_LINGER_MS, or null for the default (10 s)
+  };
+  for (const Case c : {Case{true, nullptr}, Case{false, nullptr}, Case{true, "50"}}) {
+    const bool failed = c.failed;
+    const bool served = failed && c.linger_ms == nullptr;  // rank 1 asks after 300 ms
+    CAPTURE(failed);
+    CAPTURE(c.linger_ms);
+    std::optional<bptest::ScopedEnv> linger;
+    if (c.linger_ms != nullptr) linger.emplace("BACKPLANE_STORE_FAILED_LINGER_MS", c.linger_ms);
+    const uint16_t port = free_port();
+    std::atomic<bool> rank1_joined{false}, rank0_leaving{false};
+    double rank0_close_s = 0;
+    std::string note_seen;
+    bp::Error note_error(bp::Errc::internal, "");
+    Worker rank1([&] {
+      bp::Rendezvous rv(1, 2, "127.0.0.1", port, 10s);
+      bp::ProcessGroup pg = bp::ProcessGroup::create(device, rv);
+      rank1_joined.store(true);
+      wait_for(rank0_leaving);
+      std::this_thread::sleep_for(300ms);  // rank 0's store is closing by now
+      try {
+        note_seen = text(rv.store()->get("note", 2s));
+      } catch (const bp::Error& e) {
+        note_error = e;
+      }
+    });  // rank 1 leaves: its connection to the store closes
+    {
+      std::optional<bp::Rendezvous> rv(std::in_place, 0, 2, "127.0.0.1", port, 10s);
+      std::optional<bp::ProcessGroup> pg(bp::ProcessGroup::create(device, *rv));
+      rv->store()->set("note", bytes("rank 0 failed: why"));
+      wait_for(rank1_joined);  // its group is set up through the store
+      if (failed) pg->abort();
+      rank0_leaving.store(true);
+      const auto start = std::chrono::steady_clock::now();
+      pg.reset();
+      rv.reset();  // the last owner of the store: the server closes (or lingers) here
+      rank0_close_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    CHECK(rank1.join() == "");
+    if (served) {
+      CHECK(note_seen == "rank 0 failed: why");
+      // It served rank 1 until rank 1 left (about 0.3 s), not its 10 s limit.
+      CHECK(rank0_close_s > 0.2);
+      CHECK(rank0_close_s < 5.0);
+    } else {
+      // Closed at once (no failure), or at the 50 ms limit, before rank 1 asked.
+      CHECK(note_seen.empty());
+      CHECK(note_error.code() == bp::Errc::io_error);
+      BP_CHECK_CONTAINS(note_error.message(), "did rank 0 exit?");
+      if (failed) {
+        CHECK(rank0_close_s >= 0.05);
+        CHECK(rank0_close_s < 5.0);
+      }
+    }
+  }
+  // The limit's variable is checked where the store starts.
+  bptest::ScopedEnv bad("BACKPLANE_STORE_FAILED_LINGER_MS", "soon");
+  bp::TcpStoreOptions o = options(0, 1, 0);
+  o.is_server = true;
+  const bp::Error e = bptest::error_from([&] { bp::make_tcp_store(o); });
+  CHECK(e.code() == bp::Errc::invalid_argument);
+  BP_CHECK_CONTAINS(e.message(), "BACKPLANE_STORE_FAILED_LINGER_MS='soon'");
 }

@@ -12,7 +12,9 @@
 //            rank named by --die-rank kills itself
 //            (SIGKILL) after the first round. Survivors must fail with
 //            Errc::timeout or Errc::collective_error within the timeout:
-//            exits 0 and prints the error then, 3 if no error came.
+//            exits 0 and prints the error then, 3 if no error came. With
+//            --late-rank R --late-ms N, rank R waits N ms before its next
+//            round (so the others may have failed and exited by then).
 //   staged   like a short `all` on a backend whose collectives go through
 //            a host:<backend> fallback; checks the staging device.
 // Every failure prints "rank R: FAIL ..." and exits 1.
@@ -21,6 +23,7 @@
 #include "worker_support.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -29,6 +32,7 @@
 #include <iostream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace backplane;
@@ -215,6 +219,8 @@ int main(int argc, char** argv) {
     }
     if (mode == "die") {
       const int die_rank = std::stoi(worker::arg(argc, argv, "--die-rank", "1"));
+      const int late_rank = std::stoi(worker::arg(argc, argv, "--late-rank", "-1"));
+      const int late_ms = std::stoi(worker::arg(argc, argv, "--late-ms", "0"));
       const int64_t elements = std::stoll(worker::arg(argc, argv, "--elements", "1024"));
       Tensor x = make<float>(device, Shape{elements}, pg.rank());
       for (int round = 0; round < 1000; ++round) {
@@ -232,6 +238,7 @@ int main(int argc, char** argv) {
             std::cout << "rank " << pg.rank() << ": dying now" << std::endl;
             std::raise(SIGKILL);
           }
+          if (pg.rank() == late_rank) std::this_thread::sleep_for(std::chrono::milliseconds(late_ms));
         }
       }
       std::cout << "rank " << pg.rank() << ": no error after 1000 rounds" << std::endl;

@@ -138,15 +138,18 @@ std::string describe(const std::vector<Rank>& ranks) {
 // `backend`: "cpu" (ranks on one host exchange data through shared memory),
 // "cpu_inboxes" (the same in the layout of groups above 16 ranks) or
 // "cpu_tcp" (the same plugin with shared memory off: Gloo over TCP).
-void check_dead_peer(int world, int die_rank, const std::string& backend = "cpu") {
+// `late`: the extra worker arguments (--late-rank R --late-ms N) that hold one
+// survivor back until the others have failed and exited.
+void check_dead_peer(int world, int die_rank, const std::string& backend = "cpu",
+                     const std::vector<std::string>& late = {}) {
   const fs::path dir = scratch_dir("die" + std::to_string(world) + backend);
   const uint16_t port = free_port();
   std::vector<Rank> ranks;
   const auto start = std::chrono::steady_clock::now();
-  for (int r = 0; r < world; ++r)
-    ranks.push_back(
-        start_rank(r, world, port, 3.0,
-                   {"--backend", backend, "--mode", "die", "--die-rank", std::to_string(die_rank)}, dir));
+  std::vector<std::string> args{"--backend", backend,      "--mode",
+                                "die",       "--die-rank", std::to_string(die_rank)};
+  args.insert(args.end(), late.begin(), late.end());
+  for (int r = 0; r < world; ++r) ranks.push_back(start_rank(r, world, port, 3.0, args, dir));
   wait_all(ranks, std::chrono::seconds(60));
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   INFO(describe(ranks));
@@ -195,6 +198,18 @@ TEST_CASE("faults: a rank that dies mid-collective over TCP fails its peer namin
 
 TEST_CASE("faults: a rank that dies mid-collective over TCP fails every survivor (3 ranks)") {
   check_dead_peer(3, 1, "cpu_tcp");
+}
+
+TEST_CASE(
+    "faults: over TCP, a survivor that calls after the store's rank failed and exited still learns why "
+    "(3 ranks)") {
+  // Rank 0 hosts the store, fails on rank 2's death and exits while rank 1
+  // is held back. Rank 1 then reads from rank 0 first (its ring neighbour),
+  // finds the connection closed, and learns why only from the failure board
+  // in rank 0's store, which a failed rank keeps serving to the ranks still
+  // connected (BACKPLANE_STORE_FAILED_LINGER_MS=0 turns that off: rank 1
+  // then says only that rank 0 closed the connection).
+  check_dead_peer(3, 2, "cpu_tcp", {"--late-rank", "1", "--late-ms", "1500"});
 }
 
 TEST_CASE("faults: a rank that never arrives times out group creation with a clear error") {
