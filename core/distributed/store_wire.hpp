@@ -105,7 +105,7 @@ struct Limits {
   std::chrono::milliseconds frame_idle_timeout{30'000};  // BACKPLANE_STORE_FRAME_IDLE_TIMEOUT_MS
   // How long a store whose rank failed a collective keeps serving ranks
   // still connected when it closes (Server::linger_on_close).
-  std::chrono::milliseconds failed_linger{10'000};  // BACKPLANE_STORE_FAILED_LINGER_MS
+  std::chrono::milliseconds failed_linger{2000};  // BACKPLANE_STORE_FAILED_LINGER_MS
 
   static Limits from_env();
   // The largest payload a request of `op` may announce.

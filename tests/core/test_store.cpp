@@ -983,7 +983,7 @@ TEST_CASE(
   };
   struct Case {
     bool failed;
-    const char* linger_ms;  // BACKPLANE_STORE_FAILED_LINGER_MS, or null for the default (10 s)
+    const char* linger_ms;  // BACKPLANE_STORE_FAILED_LINGER_MS, or null for the default (2 s)
   };
   for (const Case c : {Case{true, nullptr}, Case{false, nullptr}, Case{true, "50"}}) {
     const bool failed = c.failed;
@@ -1024,7 +1024,7 @@ TEST_CASE(
     CHECK(rank1.join() == "");
     if (served) {
       CHECK(note_seen == "rank 0 failed: why");
-      // It served rank 1 until rank 1 left (about 0.3 s), not its 10 s limit.
+      // It served rank 1 until rank 1 left (about 0.3 s), not its 2 s limit.
       CHECK(rank0_close_s > 0.2);
       CHECK(rank0_close_s < 5.0);
     } else {

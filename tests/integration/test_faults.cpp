@@ -209,7 +209,7 @@ TEST_CASE(
   // in rank 0's store, which a failed rank keeps serving to the ranks still
   // connected (BACKPLANE_STORE_FAILED_LINGER_MS=0 turns that off: rank 1
   // then says only that rank 0 closed the connection).
-  check_dead_peer(3, 2, "cpu_tcp", {"--late-rank", "1", "--late-ms", "1500"});
+  check_dead_peer(3, 2, "cpu_tcp", {"--late-rank", "1", "--late-ms", "1000"});
 }
 
 TEST_CASE("faults: a rank that never arrives times out group creation with a clear error") {
