@@ -28,14 +28,14 @@ namespace {
 std::string cpu_library() { return json_path(plugin_dir() / "libbackplane_cpu.so"); }
 
 // "cpu" (the whole cpu plugin), "small" (fill, copy, matmul on f32 only) and
-// "opaque", the last two falling back to cpu unless `fallback` is false.
-bp::Registry placement_registry(bool fallback = true) {
+// "opaque", the last two falling back to cpu unless `fallback` is false; with
+// `cpu2`, a second whole cpu backend to switch small's fallback to.
+bp::Registry placement_registry(bool fallback = true, bool cpu2 = false) {
   const std::string fb = fallback ? R"(, "op_fallback": "host:cpu")" : "";
+  const std::string second = cpu2 ? R"({"name": "cpu2", "library": )" + cpu_library() + "},\n" : "";
   const std::string json = R"({"schema_version": 1, "backends": [
     {"name": "cpu", "library": )" +
-                           cpu_library() +
-                           R"(},
-    {"name": "small", "library": )" +
+                           cpu_library() + "},\n" + second + R"(    {"name": "small", "library": )" +
                            cpu_library() +
                            R"(, "options": {"ops": ["fill", "copy", "matmul"], "dtypes": ["f32"]})" + fb +
                            R"(},
@@ -409,18 +409,7 @@ TEST_CASE(
 TEST_CASE(
     "placement: ops find an operand's import without the lock, and it stays valid while the fallback "
     "target changes under running ops") {
-  const std::string json = R"({"schema_version": 1, "backends": [
-    {"name": "cpu", "library": )" +
-                           cpu_library() +
-                           R"(},
-    {"name": "cpu2", "library": )" +
-                           cpu_library() +
-                           R"(},
-    {"name": "small", "library": )" +
-                           cpu_library() +
-                           R"(, "options": {"ops": ["fill", "copy", "matmul"], "dtypes": ["f32"]},
-     "op_fallback": "host:cpu"}]})";
-  const bp::Registry r = bp::Registry::from_json(json, fixture_dir(), "placement test");
+  const bp::Registry r = placement_registry(true, true);
   const bp::Device small = r.backend("small").device();
   const bp::OpFallback to_cpu{bp::OpFallback::Kind::host, "cpu"}, to_cpu2{bp::OpFallback::Kind::host, "cpu2"};
   std::vector<float> v(4096);
