@@ -238,7 +238,6 @@ void Server::close_or_linger() {
 
 void Server::shutdown() {
   stopping_ = true;
-  lingering_ = false;
   error_code ignored;
   acceptor_.close(ignored);
   accept_retry_.cancel();

@@ -266,6 +266,11 @@ uint64_t make_replica(const TensorImpl& x, const std::shared_ptr<BackendImpl>& e
   return s.nbytes;
 }
 
+// Whether replica r's bytes are on (exec, dev).
+bool lives_on(const TensorImpl& r, const std::shared_ptr<BackendImpl>& exec, int32_t dev) noexcept {
+  return r.storage->backend == exec && r.storage->device == dev;
+}
+
 bool same_layout(const TensorImpl& a, const TensorImpl& b) noexcept {
   return a.dtype == b.dtype && a.byte_offset == b.byte_offset && a.shape == b.shape && a.strides == b.strides;
 }
@@ -279,8 +284,7 @@ const TensorImpl* pinned_replica(const TensorImpl& x, const std::shared_ptr<Back
   const Storage::ReplicaSlot* slot = s.replica_slot.load(std::memory_order_acquire);
   if (slot == nullptr) return nullptr;
   const TensorImpl* r = slot->pinned.load(std::memory_order_acquire);
-  if (r == nullptr || r->storage->backend != exec || r->storage->device != dev || !same_layout(*r, x))
-    return nullptr;
+  if (r == nullptr || !lives_on(*r, exec, dev) || !same_layout(*r, x)) return nullptr;
   s.backend->synchronize_if_async(s.device, "op_fallback");  // as replica_view does for an import
   return r;
 }
@@ -297,15 +301,14 @@ std::shared_ptr<const TensorImpl> replica_view(const TensorImpl& x, const std::s
   Storage::ReplicaSlot& slot = s.replica();
   std::shared_ptr<TensorImpl> dropped, dropped_view;  // freed outside the lock
   std::lock_guard lock(slot.mutex);
-  if (!slot.replica || slot.replica->storage->backend != exec || slot.replica->storage->device != dev) {
+  if (!slot.replica || !lives_on(*slot.replica, exec, dev)) {
     // An import made there before (the fallback target changed back) serves
     // again, so `retired` holds at most one per device. (Room first: nothing
     // below throws once a replica has moved.)
     const bool retire = slot.alias && slot.replica;
     if (retire) slot.retired.reserve(slot.retired.size() + 1);
-    auto kept = std::find_if(slot.retired.begin(), slot.retired.end(), [&](const auto& r) {
-      return r->storage->backend == exec && r->storage->device == dev;
-    });
+    auto kept = std::find_if(slot.retired.begin(), slot.retired.end(),
+                             [&](const auto& r) { return lives_on(*r, exec, dev); });
     std::shared_ptr<TensorImpl> r;
     bool alias = true;
     const bool made = kept == slot.retired.end();

@@ -7,6 +7,7 @@
 #include <backplane_common/memory_room.hpp>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "device.hpp"
@@ -191,11 +192,8 @@ class CpuPlugin {
   [[gnu::noinline]] void execute_special(const bp_execute_args& args) {
     if (narrowed_) check_claimed(args);
     const EngineApi& kernels = engine();
-    if (fp_mode_ != 0) {
-      const FpModeScope fp(fp_mode_);
-      rethrow(kernels.execute(&args, threads_));
-      return;
-    }
+    std::optional<FpModeScope> fp;  // only with "flush_denormals": else the host's mode stands
+    if (fp_mode_ != 0) fp.emplace(fp_mode_);
     rethrow(kernels.execute(&args, threads_));
   }
 
